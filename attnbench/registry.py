@@ -1,0 +1,196 @@
+"""The plugin registry: capabilities as data, ``reasons(case)``, and discovery.
+
+An impl is a function ``(q, k, v, *, causal, scale) -> out`` in the canonical layout
+(q (B, Hq, Sq, D), k/v (B, Hkv, Skv, D), out (B, Hq, Sq, D)) or in the layout it declares
+(``layout="bshd"``: q (B, Sq, Hq, D), ...); the harness converts outside the timed region.
+
+Impls come from three places: every module in ``impls/``, each ``--plugin`` file or module,
+and the entry-point group ``attnbench.impls`` of installed packages. A plugin that fails to
+import, or needs a package that is missing, is still listed, as unavailable with a reason.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from attnbench.case import DEVICES, DTYPES, Case, CaseError
+
+IMPLS_DIR = Path(__file__).resolve().parent.parent / "impls"
+ENTRY_POINT_GROUP = "attnbench.impls"
+LAYOUTS = ("bhsd", "bshd")
+
+
+class RegistryError(ValueError):
+    """A plugin that breaks the registry contract (bad capability, duplicate name)."""
+
+
+@dataclass(frozen=True)
+class Impl:
+    name: str
+    fn: Callable | None
+    devices: tuple[str, ...] = DEVICES
+    dtypes: tuple[str, ...] = tuple(DTYPES)
+    head_dims: tuple[int, ...] | None = None  # None: any head dim
+    causal: bool = True
+    cross: bool = True  # seq_q != seq_kv
+    gqa: bool = True  # kv_heads < heads
+    backward: bool = True
+    layout: str = "bhsd"
+    description: str = ""
+    source: str = ""
+    unavailable: str | None = None  # why it cannot run at all (missing dependency, import error)
+    check: Callable[[Case], list[str]] | None = field(default=None, repr=False)
+
+    @property
+    def available(self) -> bool:
+        return self.unavailable is None
+
+    def reasons(self, case: Case) -> list[str]:
+        """Why this impl cannot run ``case``; empty when it can."""
+        if self.unavailable:
+            return [self.unavailable]
+        out = []
+        if case.device_type not in self.devices:
+            out.append(f"device={case.device_type} (supported: {', '.join(self.devices)})")
+        if case.dtype not in self.dtypes:
+            out.append(f"dtype={case.dtype} (supported: {', '.join(self.dtypes)})")
+        if self.head_dims is not None and case.head_dim not in self.head_dims:
+            out.append(f"head_dim={case.head_dim} "
+                       f"(supported: {', '.join(map(str, self.head_dims))})")
+        if case.causal and not self.causal:
+            out.append("causal=True (supported: False)")
+        if case.cross and not self.cross:
+            out.append(f"seq_q={case.seq_q} != seq_kv={case.seq_kv} (supported: equal lengths)")
+        if case.gqa and not self.gqa:
+            out.append(f"kv_heads={case.kv_heads} < heads={case.heads} "
+                       f"(supported: kv_heads == heads)")
+        if case.backward and not self.backward:
+            out.append(f"mode={case.mode} (supported: fwd; no backward)")
+        if not out and self.check is not None:
+            out.extend(self.check(case))
+        return out
+
+
+_IMPLS: dict[str, Impl] = {}
+_LOADED: set[str] = set()
+_current_source = ""
+
+
+def register(name: str, *, devices: Iterable[str] = DEVICES,
+             dtypes: Iterable[str] = tuple(DTYPES), head_dims: Iterable[int] | None = None,
+             causal: bool = True, cross: bool = True, gqa: bool = True, backward: bool = True,
+             layout: str = "bhsd", requires: dict[str, str] | None = None,
+             check: Callable[[Case], list[str]] | None = None, description: str = ""):
+    """Decorator registering an attention function with what it supports.
+
+    ``requires`` maps importable module names to the command that installs them; if one is
+    missing the impl is registered as unavailable with that command in its reason.
+    ``check(case) -> list[str]`` adds reasons that only the impl itself can know.
+    """
+    def decorate(fn: Callable) -> Callable:
+        missing = [(mod, cmd) for mod, cmd in (requires or {}).items() if not _importable(mod)]
+        unavailable = "; ".join(f"needs {mod}, which is not installed (install: {cmd})"
+                                for mod, cmd in missing) or None
+        add(Impl(name=name, fn=fn, devices=_valid(name, "devices", devices, DEVICES),
+                 dtypes=_valid(name, "dtypes", dtypes, DTYPES),
+                 head_dims=None if head_dims is None else tuple(head_dims),
+                 causal=causal, cross=cross, gqa=gqa, backward=backward,
+                 layout=_valid(name, "layout", [layout], LAYOUTS)[0],
+                 description=description or (fn.__doc__ or "").strip().split("\n")[0],
+                 source=_current_source, unavailable=unavailable, check=check))
+        return fn
+    return decorate
+
+
+def add(impl: Impl) -> None:
+    if not impl.name or impl.name != impl.name.lower() or not impl.name.replace("_", "").isalnum():
+        raise RegistryError(f"impl name {impl.name!r} must be short lowercase letters, digits, _")
+    old = _IMPLS.get(impl.name)
+    if old is not None and old.source != impl.source:
+        raise RegistryError(f"impl name {impl.name!r} is already registered by {old.source}")
+    _IMPLS[impl.name] = impl
+
+
+def _valid(name: str, what: str, values: Iterable[str], allowed: Iterable[str]) -> tuple:
+    values, allowed = tuple(values), tuple(allowed)
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        raise RegistryError(f"impl {name!r}: {what} {bad} not in {list(allowed)}")
+    return values
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _load(source: str, loader: Callable[[], object], fallback_name: str) -> None:
+    """Run ``loader`` with ``source`` recorded; a failure becomes an unavailable impl."""
+    global _current_source
+    if source in _LOADED:
+        return
+    _LOADED.add(source)
+    _current_source = source
+    try:
+        loader()
+    except Exception as exc:  # noqa: BLE001 - any plugin failure is reported, never raised
+        name = "".join(c if c.isalnum() else "_" for c in fallback_name.lower()) or "plugin"
+        if name in _IMPLS:
+            name = f"{name}_plugin"
+        _IMPLS[name] = Impl(name=name, fn=None, source=source,
+                            unavailable=f"plugin {source} failed to import: "
+                                        f"{type(exc).__name__}: {exc}".strip())
+    finally:
+        _current_source = ""
+
+
+def _load_file(path: Path) -> None:
+    module_name = f"attnbench_plugin_{path.stem}_{abs(hash(str(path))) % 10**8}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+
+
+def plugin_source(spec: str) -> Path | str:
+    """A ``--plugin`` value as a file path or a module name; CaseError if it is neither."""
+    path = Path(spec)
+    if path.suffix == ".py" or "/" in spec or path.exists():
+        if not path.is_file():
+            raise CaseError(f"--plugin {spec}: no such file (give a .py file or an importable "
+                            f"module name)")
+        return path.resolve()
+    if not all(part.isidentifier() for part in spec.split(".")):
+        raise CaseError(f"--plugin {spec!r} is neither a file nor a module name")
+    if not _importable(spec):
+        raise CaseError(f"--plugin {spec}: no such file or importable module")
+    return spec
+
+
+def discover(plugins: Iterable[str] = (), *, builtin: bool = True,
+             entry_points: bool = True) -> dict[str, Impl]:
+    """Load impls from impls/, entry points and ``plugins``; return the registry by name."""
+    if builtin and IMPLS_DIR.is_dir():
+        for path in sorted(IMPLS_DIR.glob("[!_]*.py")):
+            _load(f"impls/{path.name}", lambda p=path: _load_file(p), path.stem)
+    if entry_points:
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            _load(f"entry point {ep.name} ({ep.value})", ep.load, ep.name)
+    for spec in plugins:
+        src = plugin_source(spec)
+        if isinstance(src, Path):
+            _load(str(src), lambda p=src: _load_file(p), src.stem)
+        else:
+            _load(f"module {src}", lambda m=src: importlib.import_module(m), src)
+    return dict(_IMPLS)
+
+
+def get(name: str) -> Impl:
+    return _IMPLS[name]

@@ -1,0 +1,177 @@
+"""The row schema (defined here once), durable CSV append/read, raw samples and env.json."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import pandas as pd
+
+STATUSES = ("ok", "unsupported", "oom", "error", "timeout", "crash")
+
+# name -> (pandas dtype, meaning). The order here is the CSV's column order.
+COLUMNS: dict[str, tuple[str, str]] = {
+    "run_id": ("string", "the sweep this row belongs to"),
+    "impl": ("string", "registered impl name"),
+    "mode": ("string", "fwd, bwd (backward alone) or fwd_bwd"),
+    "batch": ("Int64", "B"),
+    "heads": ("Int64", "Hq, query heads"),
+    "kv_heads": ("Int64", "Hkv, key/value heads (< heads: GQA/MQA)"),
+    "seq_q": ("Int64", "Sq, query length"),
+    "seq_kv": ("Int64", "Skv, key/value length"),
+    "head_dim": ("Int64", "D"),
+    "dtype": ("string", "float32, bfloat16 or float16"),
+    "causal": ("boolean", "top-left aligned causal mask (SDPA's is_causal)"),
+    "device": ("string", "cpu or cuda"),
+    "status": ("string", "one of " + ", ".join(STATUSES)),
+    "reason": ("string", "why the status is not ok, or why agrees is false"),
+    "time_ms": ("Float64", "median time of one call, milliseconds"),
+    "time_ms_p20": ("Float64", "20th percentile of the samples"),
+    "time_ms_p80": ("Float64", "80th percentile of the samples"),
+    "samples": ("Int64", "number of timing samples behind the median"),
+    "tflops": ("Float64", "case FLOPs (unmasked pairs only) / time_ms, 1e12 FLOP/s"),
+    "peak_mem_mib": ("Float64", "peak memory above what was allocated before the call, MiB"),
+    "max_abs_err": ("Float64", "worst max |x - ref| over out (and dq, dk, dv with backward)"),
+    "rel_err": ("Float64", "worst ||x - ref||_2 / ||ref||_2 over the same tensors"),
+    "agrees": ("boolean", "error within the agreement bound (README: accuracy rule)"),
+    "err_bound": ("Float64", "the rel_err bound this row was held to"),
+    "flops": ("Float64", "FLOPs of the timed work"),
+    "seed": ("Int64", "seed of the inputs"),
+}
+METRICS = ("time_ms", "time_ms_p20", "time_ms_p80", "samples", "tflops", "peak_mem_mib",
+           "max_abs_err", "rel_err", "agrees", "err_bound")
+CASE_KEY = ("impl", "mode", "batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim",
+            "dtype", "causal", "device")
+SAMPLE_COLUMNS = ("run_id", *CASE_KEY, "sample", "time_ms")
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "" if value != value else repr(value)  # NaN never becomes a number
+    return str(value)
+
+
+class CsvAppender:
+    """Appends rows to a CSV, each one flushed and fsynced before ``write`` returns."""
+
+    def __init__(self, path: Path, columns: tuple[str, ...]):
+        self.path, self.columns = Path(path), tuple(columns)
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        self._file = open(self.path, "a", newline="", encoding="utf-8")
+        self._writer = csv.DictWriter(self._file, fieldnames=self.columns, extrasaction="raise")
+        if new:
+            self._writer.writeheader()
+            self._sync()
+
+    def write(self, rows: list[dict] | dict) -> None:
+        for row in [rows] if isinstance(rows, dict) else rows:
+            self._writer.writerow({c: _fmt(row.get(c)) for c in self.columns})
+        self._sync()
+
+    def _sync(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def row_writer(run_dir: Path) -> CsvAppender:
+    return CsvAppender(Path(run_dir) / "results.csv", tuple(COLUMNS))
+
+
+def samples_writer(run_dir: Path) -> CsvAppender:
+    return CsvAppender(Path(run_dir) / "samples.csv", SAMPLE_COLUMNS)
+
+
+def read_results(path: Path) -> pd.DataFrame:
+    """results.csv (or its run folder) as a typed frame; blank cells stay missing."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.csv"
+    df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
+    for name, (dtype, _) in COLUMNS.items():
+        if name not in df:
+            continue
+        if dtype == "boolean":
+            df[name] = df[name].map({"True": True, "False": False}).astype("boolean")
+        elif dtype in ("Int64", "Float64"):
+            df[name] = pd.to_numeric(df[name]).astype(dtype)
+        else:
+            df[name] = df[name].astype(dtype)
+    return df
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent.parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def collect_env(argv: list[str], seed: int, device: str) -> dict:
+    import torch
+
+    cuda = torch.cuda.is_available() and device.startswith("cuda")
+    props = torch.cuda.get_device_properties(device) if cuda else None
+    status = _git("status", "--porcelain")
+    return {
+        "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join([Path(sys.executable).name, *argv]),
+        "seed": seed,
+        "device": device,
+        "gpu_name": props.name if props else None,
+        "gpu_sm_count": props.multi_processor_count if props else None,
+        "gpu_mem_gib": round(props.total_memory / 2**30, 2) if props else None,
+        "cpu_name": _cpu_name(),
+        "cpu_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "triton": _version("triton"),
+        "xformers": _version("xformers"),
+        "git_sha": _git("rev-parse", "HEAD"),
+        "git_dirty": None if status is None else bool(status),
+    }
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = Path(path).with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
