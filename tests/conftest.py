@@ -1,0 +1,24 @@
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from attnbench import registry  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def impls():
+    return registry.discover()
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; none is visible to torch")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
