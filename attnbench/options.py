@@ -6,10 +6,14 @@ same parser, so a bad value gets the same one-line message wherever it came from
 from __future__ import annotations
 
 import difflib
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 from attnbench.case import DEVICES, MODES, CaseError, canonical_dtype
 from attnbench.spec import PRESETS
@@ -46,12 +50,12 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _choice(allowed) -> Callable[[str], str]:
+def _choice(what: str, allowed) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in allowed:
             hint = difflib.get_close_matches(text, list(allowed), n=1)
             did = f"; did you mean {hint[0]!r}?" if hint else ""
-            raise ValueError(f"unknown value {text!r}{did} (allowed: {', '.join(allowed)})")
+            raise ValueError(f"unknown {what} {text!r}{did} (allowed: {', '.join(allowed)})")
         return text
     return parse
 
@@ -97,7 +101,7 @@ class Option:
 
 
 OPTIONS: dict[str, Option] = {
-    "preset": Option(_choice(PRESETS), f"base grid: {', '.join(PRESETS)} (default: gpu with "
+    "preset": Option(_choice("preset", PRESETS), f"base grid: {', '.join(PRESETS)} (default: gpu with "
                      "CUDA, else cpu); the options below override its fields"),
     "impls": Option(_list(str), "comma list of impl names (default: all)", grid=True),
     "batch": Option(_list(_positive_int), "batch sizes", grid=True),
@@ -111,7 +115,7 @@ OPTIONS: dict[str, Option] = {
     "dtype": Option(_list(_dtype), "float32, bfloat16, float16 (fp32, bf16, fp16 accepted)",
                     grid=True),
     "causal": Option(_causal, "true, false or both", grid=True),
-    "mode": Option(_list(_choice(MODES)), "fwd, bwd (backward alone), fwd_bwd", grid=True),
+    "mode": Option(_list(_choice("mode", MODES)), "fwd, bwd (backward alone), fwd_bwd", grid=True),
     "device": Option(_device, "cpu or cuda (default: cuda when available)", grid=True),
     "rep_ms": Option(_positive_float, "time spent measuring each row, ms (default 100; "
                      "smoke preset 10)", grid=True),
