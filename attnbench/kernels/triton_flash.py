@@ -301,16 +301,16 @@ def _is_hopper() -> bool:
 _BASE = {
     "fwd": [(64, 32, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3),
             (128, 128, 8, 2), (64, 32, 8, 2), (64, 64, 8, 2)],
-    "dq": [(64, 32, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 8, 3), (64, 32, 8, 2)],
-    "dkdv": [(32, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), (64, 128, 8, 3), (32, 128, 8, 3),
-             (32, 32, 4, 2), (32, 64, 8, 2)],
+    "dq": [(64, 32, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 8, 3), (64, 32, 8, 2),
+           (64, 64, 8, 2)],
+    "dkdv": [(32, 64, 4, 3), (32, 128, 8, 2), (64, 64, 4, 3), (64, 128, 8, 2), (32, 32, 4, 2),
+             (32, 64, 8, 2), (32, 64, 8, 3), (32, 32, 8, 2), (16, 32, 8, 2)],
 }
-# sm90 (228 KB shared memory, larger register file per SM in flight): deeper pipelines and
-# 128-wide tiles.
+# sm90 (228 KB shared memory per SM): deeper pipelines and 128-wide tiles.
 _HOPPER = {
-    "fwd": [(128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 4, 2)],
+    "fwd": [(128, 128, 8, 3), (128, 64, 8, 4)],
     "dq": [(128, 64, 8, 4), (128, 128, 8, 2)],
-    "dkdv": [(64, 128, 8, 2), (64, 128, 4, 3), (128, 128, 8, 2)],
+    "dkdv": [(64, 128, 8, 3), (32, 128, 8, 3)],
 }
 
 
@@ -321,16 +321,22 @@ def _configs(kind: str) -> list:
 
 
 def _smem_bytes(kind: str, m: int, n: int, stages: int, d: int, elt: int) -> int:
-    """Rough shared-memory estimate: the resident tiles plus the pipelined streamed tiles."""
-    if kind == "dkdv":  # k, v resident; q, dO streamed
-        return elt * d * (2 * n + 2 * m * max(stages - 1, 1)) + 4 * m * n
-    return elt * d * (m + 2 * n * max(stages - 1, 1)) + 4 * m * n  # q resident; k, v streamed
+    """Shared memory of a config: resident tiles + streamed tiles x stages. Matches what
+    Triton 3.9 allocates for sm90 with 16-byte aligned arguments (checked offline by
+    compiling every config in _BASE/_HOPPER for head dims 64, 128, 256)."""
+    if kind == "fwd":  # streamed: k, v
+        return elt * d * (m + 2 * n * stages)
+    if kind == "dq":  # resident: q, dO; streamed: k, v
+        return elt * d * (2 * m + 2 * n * stages)
+    return elt * d * (2 * n + 2 * m * stages) + 8 * m * stages  # streamed: q, dO, lse, delta
 
 
-def _register_ok(kind: str, m: int, n: int, warps: int, d: int) -> bool:
-    """fp32 accumulators per thread (acc or dk+dv) must leave room for the score tile."""
-    acc = (2 * n * d if kind == "dkdv" else m * d) // (32 * warps)
-    return acc + (m * n) // (32 * warps) <= 160
+def _registers_ok(kind: str, m: int, n: int, warps: int, d: int) -> bool:
+    """fp32 accumulator (acc, dq, or dk + dv) and score-tile elements per thread. Compiled for
+    sm90, configs above these limits spilled registers in the offline check."""
+    threads = 32 * warps
+    acc = (2 * n * d if kind == "dkdv" else m * d) // threads
+    return acc <= 64 and (m * n) // threads <= (64 if kind == "fwd" else 32)
 
 
 def _prune(kind: str):
@@ -341,7 +347,8 @@ def _prune(kind: str):
         keep = [c for c in configs
                 if _smem_bytes(kind, c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages,
                                d, elt) <= limit
-                and _register_ok(kind, c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, d)]
+                and _registers_ok(kind, c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps,
+                                  d)]
         if keep:
             return keep
         # nothing fits the estimates: keep the smallest tiles
