@@ -90,3 +90,17 @@ def test_no_cuda_exits_2_and_writes_nothing(tmp_path):
     assert proc.returncode == 2
     assert "CUDA" in proc.stderr and not out.exists()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_sm90_and_sm80():
+    """The GPU code path, compiled (not run) for H100 and A100 without a GPU."""
+    pytest.importorskip("triton")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    for arch, dtype in ((90, "bf16"), (80, "fp16")):
+        proc = subprocess.run([sys.executable, "-m", "attnbench.kernels.compile_check",
+                               "--arch", str(arch), "--dtype", dtype, "--head-dims", "128",
+                               "--first"], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+        assert proc.stdout.count("smem") == 3, proc.stdout
