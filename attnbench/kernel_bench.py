@@ -22,6 +22,8 @@ from typing import Callable
 
 import torch
 
+from attnbench.case import Case
+
 TOKENS = 16384  # B * N
 HIDDEN = 2048  # heads * head_dim
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -44,9 +46,9 @@ def shape(seq_len: int, head_dim: int) -> tuple[int, int]:
 
 
 def flops(batch: int, heads: int, seq_len: int, head_dim: int, causal: bool, mode: str) -> float:
-    pairs = seq_len * (seq_len + 1) // 2 if causal else seq_len * seq_len
-    fwd = 4.0 * batch * heads * pairs * head_dim
-    return fwd * {"fwd": 1.0, "bwd": 2.5}[mode]
+    """The harness's own FLOP count (attnbench.case), for a self-attention shape."""
+    return Case(batch=batch, heads=heads, kv_heads=heads, seq_q=seq_len, seq_kv=seq_len,
+                head_dim=head_dim, causal=causal, mode=mode).flops()
 
 
 def device_slug(name: str) -> str:
@@ -80,7 +82,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--head-dims", type=_int_list, default=None,
                    help=f"comma-separated head dims (default {','.join(map(str, HEAD_DIMS))})")
     p.add_argument("--modes", type=_modes, default=MODES, help="fwd,bwd (default both)")
-    p.add_argument("--causal", choices=("both", "on", "off"), default="both")
+    p.add_argument("--causal", choices=("both", "true", "false"), default="both")
     p.add_argument("--impls", default=None, help="comma-separated subset of the impls")
     p.add_argument("--quick", action="store_true",
                    help=f"N {QUICK['seq_lens']}, head dim {QUICK['head_dims']}, short timing")
@@ -93,7 +95,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.head_dims = args.head_dims or (QUICK["head_dims"] if args.quick else HEAD_DIMS)
     args.warmup = args.warmup or (QUICK["warmup"] if args.quick else 25)
     args.rep = args.rep or (QUICK["rep"] if args.quick else 100)
-    args.causals = {"both": (False, True), "on": (True,), "off": (False,)}[args.causal]
+    args.causals = {"both": (False, True), "true": (True,), "false": (False,)}[args.causal]
     for n in args.seq_lens:
         for d in args.head_dims:
             try:

@@ -40,7 +40,7 @@ def test_parse_args():
     a = kb.parse_args(["--quick"])
     assert a.seq_lens == kb.QUICK["seq_lens"] and a.rep == kb.QUICK["rep"]
     a = kb.parse_args(["--seq-lens", "1024,2048", "--head-dims", "64", "--modes", "bwd",
-                       "--causal", "on", "--out", "x.csv"])
+                       "--causal", "true", "--out", "x.csv"])
     assert (a.seq_lens, a.head_dims, a.modes, a.causals) == ((1024, 2048), (64,), ("bwd",),
                                                              (True,))
     assert a.out == Path("x.csv")
