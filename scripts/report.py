@@ -1,0 +1,3 @@
+import sys; from pathlib import Path; sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # noqa: E702,E401
+from attnbench.report_cli import report_main  # noqa: E402
+sys.exit(report_main())
