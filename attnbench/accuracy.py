@@ -3,8 +3,10 @@
 The rule (README, "Accuracy"): an impl agrees when every checked tensor (out; and dq, dk, dv
 with backward) is finite and both its relative error ||x - ref|| / ||ref|| and its max abs error
 are within ``2 x`` the error of the textbook formula run in the same dtype on the same device
-(the *baseline*), plus a floor of one machine epsilon of that dtype (relative; for max abs,
-eps x max|ref|). The floor keeps the bound meaningful where the baseline is exact by luck.
+(the *baseline*), plus a small floor: one machine epsilon of the dtype for the relative error,
+``4 eps x max|ref|`` for the max abs error (a maximum over many elements fluctuates more between
+two correct summation orders than a norm does: up to ~4x the baseline's was seen for correct
+fp32 impls). The floor keeps the bound meaningful where the baseline is exact by luck.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 AGREE_FACTOR = 2.0
+ABS_FLOOR_EPS = 4.0
 CHUNK_BYTES = 256 * 2**20  # score-matrix bytes per query chunk of the reference
 
 
@@ -91,7 +94,7 @@ def bound(baseline: Error, dtype: torch.dtype) -> tuple[float, float]:
     """(rel bound, max-abs bound) for a tensor whose baseline error is ``baseline``."""
     eps = torch.finfo(dtype).eps
     return (AGREE_FACTOR * baseline.rel + eps,
-            AGREE_FACTOR * baseline.max_abs + eps * baseline.ref_max_abs)
+            AGREE_FACTOR * baseline.max_abs + ABS_FLOOR_EPS * eps * baseline.ref_max_abs)
 
 
 def agrees(err: Error, baseline: Error, dtype: torch.dtype) -> bool:

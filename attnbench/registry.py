@@ -194,3 +194,8 @@ def discover(plugins: Iterable[str] = (), *, builtin: bool = True,
 
 def get(name: str) -> Impl:
     return _IMPLS[name]
+
+
+class Unsupported(Exception):
+    """Raised by an impl at call time when the library it wraps refuses the case; the row
+    becomes ``status=unsupported`` with this message as its reason."""

@@ -1,7 +1,25 @@
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "tests"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # synth.py: synthetic sweep output for report tests
+
+from attnbench import registry  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def impls():
+    return registry.discover()
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; none is visible to torch")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,64 @@
+"""The sweep spec: presets, and their expansion into validated cases."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, replace
+
+from attnbench.case import MODES, Case, CaseError, canonical_dtype
+
+PRESETS: dict[str, dict] = {
+    # seconds, for tests and a first look
+    "smoke": dict(batch=[1], heads=[2], seq_len=[64, 128], head_dim=[32], dtype=["float32"],
+                  causal=[False, True], mode=["fwd", "fwd_bwd"], rep_ms=[10.0]),
+    # under 3 minutes on 2 cores, long enough (2048) to show naive's N^2 memory
+    "cpu": dict(batch=[1], heads=[4], seq_len=[256, 512, 1024, 2048], head_dim=[64],
+                dtype=["float32"], causal=[False, True], mode=["fwd", "bwd"]),
+    "gpu": dict(batch=[2], heads=[16], seq_len=[512, 1024, 2048, 4096, 8192, 16384],
+                head_dim=[64, 128], dtype=["bfloat16"], causal=[False, True],
+                mode=["fwd", "bwd"]),
+}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A grid: every combination of the lists becomes one case. ``kv_heads`` / ``seq_len_kv``
+    of None mean "same as heads" / "same as seq_len"."""
+    batch: list[int]
+    heads: list[int]
+    seq_len: list[int]
+    head_dim: list[int]
+    dtype: list[str]
+    causal: list[bool]
+    mode: list[str]
+    device: str = "cpu"
+    kv_heads: list[int] | None = None
+    seq_len_kv: list[int] | None = None
+    rep_ms: list[float] = field(default_factory=lambda: [100.0])  # timer budget per row
+    preset: str | None = None
+    overrides: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_preset(cls, name: str, device: str, **overrides) -> "Spec":
+        if name not in PRESETS:
+            raise CaseError(f"unknown preset {name!r} (allowed: {', '.join(PRESETS)})")
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return replace(cls(**PRESETS[name], device=device, preset=name), **given,
+                       overrides=given)
+
+    def cases(self) -> list[Case]:
+        """All cases, sequence length varying fastest so one impl's growth is contiguous."""
+        for mode in self.mode:
+            if mode not in MODES:
+                raise CaseError(f"unknown mode {mode!r} (allowed: {', '.join(MODES)})")
+        dtypes = [canonical_dtype(d) for d in self.dtype]
+        out = []
+        for mode, dtype, causal, d, b, h in itertools.product(
+                self.mode, dtypes, self.causal, self.head_dim, self.batch, self.heads):
+            for hkv, s in itertools.product(self.kv_heads or [h], self.seq_len):
+                for skv in self.seq_len_kv or [s]:
+                    out.append(Case(batch=b, heads=h, kv_heads=hkv, seq_q=s, seq_kv=skv,
+                                    head_dim=d, dtype=dtype, causal=causal, mode=mode,
+                                    device=self.device))
+        if not out:
+            raise CaseError("the grid is empty: every list needs at least one value")
+        return list(dict.fromkeys(out))  # drop duplicates, keep order

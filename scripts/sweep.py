@@ -1,0 +1,8 @@
+"""Sweep attention impls over a grid of cases: see README.md or --help."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from attnbench.cli import main  # noqa: E402
+
+sys.exit(main())

@@ -1,0 +1,167 @@
+"""The CLI end to end on the CPU, as a user runs it."""
+import csv
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from attnbench.cli import main
+from attnbench.results import COLUMNS, METRICS, read_results
+
+ROOT = Path(__file__).resolve().parent.parent
+REQUIRED = ("run_id, impl, mode, batch, heads, kv_heads, seq_q, seq_kv, head_dim, dtype, causal, "
+            "device, status, reason, time_ms, time_ms_p20, time_ms_p80, samples, tflops, "
+            "peak_mem_mib, max_abs_err, rel_err, agrees").split(", ")
+
+USER_PLUGIN = '''
+import torch.nn.functional as F
+from attnbench.registry import register
+
+@register("my_sdpa", devices=("cpu", "cuda"), backward=False)
+def my_sdpa(q, k, v, *, causal, scale):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+'''
+
+
+def sweep(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), *args],
+                          capture_output=True, text=True, cwd=cwd, timeout=600,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("smoke")
+    plugin = tmp / "outside" / "my_plugin.py"
+    plugin.parent.mkdir()
+    plugin.write_text(textwrap.dedent(USER_PLUGIN))
+    proc = sweep("--preset", "smoke", "--run-id", "smoke1", "--results-dir", str(tmp / "res"),
+                 "--plugin", str(plugin), "--no-progress", cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    return proc, tmp / "res" / "smoke1"
+
+
+def test_smoke_writes_csv_with_the_exact_schema(smoke_run):
+    _, run_dir = smoke_run
+    with open(run_dir / "results.csv", newline="") as f:
+        header = next(csv.reader(f))
+    assert header == list(COLUMNS)
+    assert header[:len(REQUIRED)] == REQUIRED
+
+
+def test_smoke_rows_cover_every_case_and_impl(smoke_run):
+    _, run_dir = smoke_run
+    df = read_results(run_dir)
+    impls = set(df["impl"])
+    assert {"naive", "sdpa", "tiled", "xformers", "my_sdpa"} <= impls
+    assert len(df) == 8 * len(impls)  # smoke: 2 lengths x 2 causal x 2 modes
+    assert not df.duplicated(["impl", "mode", "seq_q", "causal"]).any()
+    assert (df["run_id"] == "smoke1").all()
+
+
+def test_rows_that_did_not_run_have_blank_metrics_never_zero(smoke_run):
+    _, run_dir = smoke_run
+    df = read_results(run_dir)
+    xf = df[df["impl"] == "xformers"]
+    assert (xf["status"] == "unsupported").all()
+    assert xf["reason"].str.contains("device=cpu").all()
+    for col in METRICS:
+        assert xf[col].isna().all(), col
+    with open(run_dir / "results.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            if row["status"] != "ok":
+                assert all(row[c] == "" for c in METRICS)
+
+
+def test_user_plugin_from_outside_the_repo_shows_up(smoke_run):
+    _, run_dir = smoke_run
+    df = read_results(run_dir)
+    mine = df[df["impl"] == "my_sdpa"]
+    assert set(mine[mine["mode"] == "fwd"]["status"]) == {"ok"}
+    assert mine[mine["mode"] == "fwd"]["agrees"].all()
+    bwd = mine[mine["mode"] == "fwd_bwd"]
+    assert (bwd["status"] == "unsupported").all()
+    assert bwd["reason"].str.contains("no backward").all()
+
+
+def test_ok_rows_have_consistent_metrics(smoke_run):
+    _, run_dir = smoke_run
+    df = read_results(run_dir)
+    ok = df[df["status"] == "ok"]
+    assert ok["agrees"].all(), ok[~ok["agrees"]][["impl", "reason"]]
+    assert (ok["time_ms_p20"] <= ok["time_ms"]).all() and (ok["time_ms"] <= ok["time_ms_p80"]).all()
+    tflops = ok["flops"] / (ok["time_ms"] * 1e-3) / 1e12
+    assert ((ok["tflops"] - tflops).abs() <= 1e-9 * tflops).all()
+    samples = read_results_samples(run_dir)
+    counts = samples.groupby(["impl", "mode", "seq_q", "causal"]).size()
+    for _, row in ok.iterrows():
+        assert counts[(row["impl"], row["mode"], row["seq_q"], row["causal"])] == row["samples"]
+
+
+def read_results_samples(run_dir):
+    import pandas as pd
+    return pd.read_csv(run_dir / "samples.csv")
+
+
+def test_env_json_says_where_it_ran(smoke_run):
+    _, run_dir = smoke_run
+    env = json.loads((run_dir / "env.json").read_text())
+    for key in ("cpu_name", "gpu_name", "torch", "cuda", "triton", "xformers", "git_sha",
+                "command", "time_utc", "seed", "device"):
+        assert key in env
+    assert env["device"] == "cpu" and env["gpu_name"] is None
+    assert "--preset smoke" in env["command"]
+
+
+def test_summary_table_is_printed(smoke_run):
+    proc, _ = smoke_run
+    assert "time_ms (median" in proc.stdout
+    assert "unsupported" in proc.stdout
+
+
+def test_list_shows_every_impl_with_reasons():
+    proc = sweep("--list")
+    assert proc.returncode == 0, proc.stderr
+    for name in ("naive", "sdpa", "tiled", "xformers"):
+        assert name in proc.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--seq-len", "1,,2"], "--seq-len '1,,2': empty item"),
+    (["--seq-len", "abc"], "'abc' is not an integer"),
+    (["--batch", "0"], "0 must be a positive integer"),
+    (["--heads", "6", "--kv-heads", "4"], "heads=6 must be a multiple of kv_heads=4"),
+    (["--dtype", "fp64"], "unknown dtype 'fp64'"),
+    (["--mode", "forward"], "unknown mode 'forward'"),
+    (["--impls", "sdpa_flsh"], "unknown impl 'sdpa_flsh'; did you mean 'sdpa'?"),
+    (["--preset", "smok"], "unknown preset 'smok'"),
+    (["--plugin", "/nonexistent/p.py"], "no such file"),
+    (["--run-id", "a/b"], "no path separators"),
+    (["--device", "cuda:0"] if not __import__("torch").cuda.is_available()
+     else ["--device", "tpu"], "--device"),
+])
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, args, message):
+    code = main(["--preset", "smoke", "--results-dir", str(tmp_path / "res"), *args])
+    assert code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+    assert not (tmp_path / "res").exists()
+
+
+def test_bad_input_exit_code_through_the_script(tmp_path):
+    (tmp_path / "res").write_text("not a folder")
+    proc = sweep("--preset", "smoke", "--results-dir", str(tmp_path / "res"))
+    assert proc.returncode == 2 and "is a file" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_readme_documents_every_column_and_ci_runs_its_test_command():
+    readme = (ROOT / "README.md").read_text()
+    for column in COLUMNS:
+        assert f"| `{column}` |" in readme, column
+    assert "python -m pytest -q" in readme
+    assert "python3 -m pytest -q" in (ROOT / ".ci" / "run").read_text()

@@ -1,0 +1,141 @@
+import sys
+import textwrap
+
+import pytest
+
+from attnbench import registry
+from attnbench.case import Case, CaseError
+
+MISSION = {"naive", "sdpa", "xformers", "tiled"}
+
+
+def cpu_case(**kw):
+    base = dict(batch=1, heads=2, kv_heads=2, seq_q=8, seq_kv=8, head_dim=16, device="cpu")
+    return Case(**{**base, **kw})
+
+
+def write(path, text):
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_builtin_impls_are_discovered_from_the_impls_folder(impls):
+    assert MISSION <= set(impls)
+    assert impls["naive"].source == "impls/naive.py"
+
+
+def test_xformers_is_listed_on_cpu_as_unsupported_with_a_reason(impls):
+    reasons = impls["xformers"].reasons(cpu_case())
+    assert reasons and "device=cpu (supported: cuda)" in reasons[0]
+
+
+def test_reasons_are_readable_and_complete():
+    impl = registry.Impl(name="limited", fn=None, devices=("cuda",), dtypes=("float16",),
+                         head_dims=(64, 128), causal=False, cross=False, gqa=False,
+                         backward=False)
+    case = cpu_case(kv_heads=1, seq_kv=9, head_dim=16, causal=True, mode="bwd")
+    assert impl.reasons(case) == [
+        "device=cpu (supported: cuda)",
+        "dtype=float32 (supported: float16)",
+        "head_dim=16 (supported: 64, 128)",
+        "causal=True (supported: False)",
+        "seq_q=8 != seq_kv=9 (supported: equal lengths)",
+        "kv_heads=1 < heads=2 (supported: kv_heads == heads)",
+        "mode=bwd (supported: fwd; no backward)",
+    ]
+    assert registry.Impl(name="any", fn=None).reasons(case) == []
+
+
+def test_plugin_file_registers_its_impl(tmp_path):
+    path = write(tmp_path / "my_attn.py", """
+        from attnbench.registry import register
+
+        @register("my_attn", devices=("cpu",), backward=False)
+        def my_attn(q, k, v, *, causal, scale):
+            return q
+    """)
+    impls = registry.discover([str(path)], builtin=False, entry_points=False)
+    assert impls["my_attn"].available
+    assert impls["my_attn"].source == str(path.resolve())
+    assert impls["my_attn"].backward is False
+
+
+def test_plugin_module_by_name(tmp_path, monkeypatch):
+    write(tmp_path / "attn_mod_plugin.py", """
+        from attnbench.registry import register
+
+        @register("mod_attn")
+        def mod_attn(q, k, v, *, causal, scale):
+            return q
+    """)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    impls = registry.discover(["attn_mod_plugin"], builtin=False, entry_points=False)
+    assert impls["mod_attn"].source == "module attn_mod_plugin"
+
+
+def test_entry_point_plugins_are_discovered(tmp_path, monkeypatch):
+    write(tmp_path / "ep_attn_pkg.py", """
+        from attnbench.registry import register
+
+        @register("ep_attn")
+        def ep_attn(q, k, v, *, causal, scale):
+            return q
+    """)
+    dist = tmp_path / "ep_attn_pkg-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-attn-pkg\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[attnbench.impls]\nep_attn = ep_attn_pkg\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    impls = registry.discover(builtin=False)
+    assert impls["ep_attn"].available
+    assert impls["ep_attn"].source.startswith("entry point ep_attn")
+
+
+def test_plugin_that_fails_to_import_is_unavailable_with_file_and_error(tmp_path):
+    path = write(tmp_path / "broken_attn.py", "import not_a_real_module_xyz\n")
+    impls = registry.discover([str(path)], builtin=False, entry_points=False)
+    impl = impls["broken_attn"]
+    assert not impl.available
+    assert str(path.resolve()) in impl.unavailable
+    assert "ModuleNotFoundError" in impl.unavailable and "not_a_real_module_xyz" in impl.unavailable
+    assert impl.reasons(cpu_case()) == [impl.unavailable]
+
+
+def test_missing_optional_dependency_gives_the_install_command(tmp_path):
+    path = write(tmp_path / "needs_dep.py", """
+        from attnbench.registry import register
+
+        @register("needs_dep", requires={"fancy_attn_lib_xyz": "pip install fancy-attn-lib"})
+        def needs_dep(q, k, v, *, causal, scale):
+            import fancy_attn_lib_xyz
+    """)
+    impl = registry.discover([str(path)], builtin=False, entry_points=False)["needs_dep"]
+    assert impl.unavailable == ("needs fancy_attn_lib_xyz, which is not installed "
+                                "(install: pip install fancy-attn-lib)")
+
+
+def test_a_plugin_cannot_take_a_builtin_name(tmp_path, impls):
+    path = write(tmp_path / "imposter.py", """
+        from attnbench.registry import register
+
+        @register("naive")
+        def naive(q, k, v, *, causal, scale):
+            return q
+    """)
+    impls = registry.discover([str(path)], builtin=False, entry_points=False)
+    assert impls["naive"].source == "impls/naive.py"
+    assert "already registered by impls/naive.py" in impls["imposter"].unavailable
+
+
+def test_missing_plugin_path_is_bad_input(tmp_path):
+    with pytest.raises(CaseError, match="no such file"):
+        registry.plugin_source(str(tmp_path / "nope.py"))
+    with pytest.raises(CaseError, match="no such file or importable module"):
+        registry.plugin_source("no_such_module_xyz")
+
+
+def test_bad_capability_is_refused():
+    with pytest.raises(registry.RegistryError, match="dtypes"):
+        registry.register("bad_dtype", dtypes=("float64",))(lambda q, k, v, **kw: q)
+    assert "bad_dtype" not in registry.discover(builtin=False, entry_points=False)
+    sys.modules.pop("bad_dtype", None)
