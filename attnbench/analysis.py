@@ -37,6 +37,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from attnbench.case import MODES
 from attnbench.results import CASE_KEY
 
 SEQ_COLUMNS = ("seq_q", "seq_kv")
@@ -113,6 +114,20 @@ def case_family(df: pd.DataFrame) -> pd.Series:
     return pd.Series([label(r) for _, r in df.iterrows()], index=df.index, dtype="string")
 
 
+def mode_rank(mode) -> int:
+    """Position of a mode in MODES (fwd, bwd, fwd_bwd); unknown modes last."""
+    return MODES.index(mode) if mode in MODES else len(MODES)
+
+
+def family_order(df: pd.DataFrame) -> list[str]:
+    """The case families of df, fwd before bwd before fwd_bwd, then by name."""
+    if df.empty:
+        return []
+    fams = pd.DataFrame({"family": case_family(df), "rank": df["mode"].map(mode_rank)})
+    fams = fams.drop_duplicates("family").sort_values(["rank", "family"])
+    return list(fams["family"])
+
+
 def fit_loglog(n, y, *, overhead_factor: float = OVERHEAD_FACTOR,
                min_points: int = MIN_FIT_POINTS) -> dict:
     """Least-squares slope of log(y) on log(n) past the overhead cut (module docstring).
@@ -138,9 +153,9 @@ def fit_loglog(n, y, *, overhead_factor: float = OVERHEAD_FACTOR,
     limited = kept["n"].nunique() < min_points
     if limited:
         kept = pts[pts["n"] >= float(lengths.iloc[-min_points])]
-        cut = (f"N>={int(n0)}" if len(above) else f"never {overhead_factor:g}x its minimum")
-        notes.insert(0, f"overhead-limited ({cut}): fitted the {min_points} largest lengths, "
-                        f"slope is a lower bound")
+        cut = (f"only N>={int(n0)} reaches {overhead_factor:g}x the minimum" if len(above)
+               else f"never reaches {overhead_factor:g}x the minimum")
+        notes.insert(0, f"overhead-limited: {cut}, {min_points} largest N fitted (lower bound)")
     x = np.log(kept["n"].to_numpy(dtype=float))
     ly = np.log(kept["y"].to_numpy(dtype=float))
     xc = x - x.mean()

@@ -83,8 +83,11 @@ def _title(what: str, df: pd.DataFrame, device_name: str | None) -> str:
     device = device_name or ", ".join(sorted(map(str, df["device"].dropna().unique())))
     dtype = (str(df["dtype"].iloc[0]) if "dtype" in fixed and len(df)
              else "dtype varies by panel")
+    skip = {"dtype", "device"}
+    if len(df) and (df["kv_heads"] == df["heads"]).all():
+        skip.add("kv_heads")  # plain multi-head attention: Hkv = H says nothing
     held = ", ".join(f"{CONFIG_LABELS[c]}{df[c].iloc[0]}" for c in fixed
-                     if c not in ("dtype", "device")) if len(df) else ""
+                     if c not in skip) if len(df) else ""
     return f"{what}\n{device} · {dtype}" + (f" · fixed: {held}" if held else "")
 
 
@@ -98,8 +101,8 @@ def _panels(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         title = f"{row['mode']} · {'causal' if analysis.flag(row['causal']) else 'full'}"
         if varying:
             title += " · " + _fmt_config(row, varying)
-        out.append((title, g))
-    return out
+        out.append((analysis.mode_rank(row["mode"]), len(out), title, g))
+    return [(title, g) for _, _, title, g in sorted(out, key=lambda t: t[:2])]
 
 
 def _grid(n_panels: int, title: str, extra_h: float = 0.0):
@@ -135,7 +138,8 @@ def _ratio_axis(ax, suffix: str = "") -> None:
     lo, hi = ax.get_ylim()
     fmt = FuncFormatter(lambda v, _: f"{v:g}{suffix}")
     if lo > 0 and hi / lo >= 4:
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        subs = (1.0,) if hi / lo > 300 else (1.0, 2.0, 5.0)  # 1-2-5 crowds past 2.5 decades
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
     else:
         ax.set_yscale("linear")
         ax.set_ylim(lo, hi)
@@ -163,7 +167,7 @@ def _empty(title: str, why: str):
 
 def _line_figure(df: pd.DataFrame, y: str, *, what: str, ylabel: str, device_name,
                  logy: bool = True, band: tuple[str, str] | None = None,
-                 label_suffix=None, skip_impls=(), draw_extra=None, y_from_zero=False):
+                 label_suffix=None, draw_extra=None, y_from_zero=False):
     """One panel per facet, one line per impl of ``y`` vs seq_q over ok rows."""
     df = analysis.with_series(df)
     title = _title(what, df, device_name)
@@ -177,8 +181,6 @@ def _line_figure(df: pd.DataFrame, y: str, *, what: str, ylabel: str, device_nam
     for ax, (ptitle, g) in zip(axes, panels):
         flagged = False
         for impl, gi in g.groupby("impl", sort=True):
-            if impl in skip_impls:
-                continue
             pts = analysis.ok_rows(gi)
             pts = pts[pts[y].notna()].sort_values("seq_q")
             if pts.empty:
@@ -193,26 +195,27 @@ def _line_figure(df: pd.DataFrame, y: str, *, what: str, ylabel: str, device_nam
                 ax.fill_between(x, lo, hi, color=colour, alpha=0.18, lw=0)
             bad = ~pts["agrees"].eq(True).fillna(False).to_numpy(dtype=bool)
             if bad.any():
-                flagged = True
+                flagged = "disagrees / not checked" if pts["agrees"].isna().any() else \
+                    flagged or "disagrees with reference"
                 ax.scatter(x[bad], v[bad], s=110, facecolors="none", edgecolors="red",
                            linewidths=1.5, zorder=5)
-        if draw_extra:
-            draw_extra(ax, g)
         _seq_axis(ax, g["seq_q"])
         if logy:
             ax.set_yscale("log")
         elif y_from_zero:
             ax.set_ylim(bottom=0)
+        if draw_extra:
+            draw_extra(ax, g)
         ax.set_ylabel(ylabel)
         ax.set_title(ptitle, fontsize=10)
         handles, labels = ax.get_legend_handles_labels()
         if flagged:
             handles.append(Line2D([], [], ls="", marker="o", mfc="none", mec="red", ms=9))
-            labels.append("disagrees with reference")
+            labels.append(flagged)
         ax.legend(handles, labels, fontsize=7.5, loc="best", framealpha=0.85)
         ax.grid(True, which="major", alpha=0.4)
     fig.tight_layout()
-    absent = sorted(set(df["impl"].dropna()) - set(ok["impl"]) - set(skip_impls))
+    absent = sorted(set(df["impl"].dropna()) - set(ok["impl"]))
     if absent:
         fig.text(0.01, 0.0, f"not shown, no ok rows with {y}: {', '.join(absent)} "
                  f"(see the support matrix)", fontsize=8, ha="left", va="top")
@@ -220,13 +223,14 @@ def _line_figure(df: pd.DataFrame, y: str, *, what: str, ylabel: str, device_nam
 
 
 def _slope_suffix(fits: pd.DataFrame | None, metric: str):
-    """Legend suffix with the fitted slope of this impl's series (``~N^1.98±0.02``)."""
+    """Legend suffix with the fitted slope of this impl's series (``slope 1.98 ± 0.02``,
+    ``slope ≥1.60 ± 0.10`` when overhead-limited)."""
     if fits is None or fits.empty:
         return None
     f = fits[fits["metric"] == metric]
 
     def suffix(impl, gi) -> str:
-        first = analysis.with_series(gi).iloc[0]
+        first = gi.iloc[0]  # a panel holds one series per impl; seq_kv_rule already set
         match = f[f["impl"] == impl]
         for c in analysis.SERIES_KEY:
             if c != "impl":
@@ -235,7 +239,7 @@ def _slope_suffix(fits: pd.DataFrame | None, metric: str):
             return "  (no fit)"
         m = match.iloc[0]
         bound = "≥" if analysis.flag(m["overhead_limited"]) else ""
-        return f"  ~N^{bound}{m['slope']:.2f}±{m['slope_se']:.2f}"
+        return f"  slope {bound}{m['slope']:.2f} ± {m['slope_se']:.2f}"
 
     return suffix
 
@@ -289,24 +293,40 @@ def plot_speedup_vs_seq(df: pd.DataFrame, baseline: str = "sdpa", *,
 
 def plot_error_vs_seq(df: pd.DataFrame, *, device_name: str | None = None):
     """rel_err vs N against the agreement bound (err_bound) each row was held to."""
+    style = impl_style(df["impl"].dropna().unique())
 
-    def bound(ax, g):
-        ok = analysis.ok_rows(g)
-        b = ok.dropna(subset=["err_bound"]).groupby("seq_q")["err_bound"].agg(["min", "median",
-                                                                                "max"])
-        if b.empty:
+    def bounds(ax, g):
+        ok = analysis.ok_rows(g).dropna(subset=["err_bound"])
+        if ok.empty:
             return
-        x = b.index.to_numpy(dtype=float)
-        ax.plot(x, b["median"].to_numpy(dtype=float), color="black", ls="--", lw=1.3,
-                label="agreement bound (err_bound)")
-        if (b["max"] > b["min"] * 1.01).any():
-            ax.fill_between(x, b["min"].to_numpy(dtype=float), b["max"].to_numpy(dtype=float),
-                            color="black", alpha=0.1, lw=0)
+        spread = ok.groupby("seq_q")["err_bound"].agg(["min", "max"])
+        if (spread["max"] <= spread["min"] * 1.01).all():  # one bound for every impl
+            ax.plot(spread.index.to_numpy(dtype=float), spread["max"].to_numpy(dtype=float),
+                    color="black", ls="--", lw=1.2, label="agreement bound (err_bound)")
+        else:
+            for impl, gi in ok.groupby("impl", sort=True):
+                gi = gi.sort_values("seq_q")
+                ax.plot(gi["seq_q"].to_numpy(dtype=float),
+                        gi["err_bound"].to_numpy(dtype=float),
+                        color=style[impl][0], ls="--", lw=1.1)
+            ax.plot([], [], color="grey", ls="--", lw=1.1,
+                    label="dashed: each impl's agreement bound")
+        _readable_log_y(ax)
 
     return _line_figure(df, "rel_err", what="Relative error vs float64 reference "
-                        "(||x - ref|| / ||ref||, worst tensor); dashed: agreement bound",
+                        "(||x - ref|| / ||ref||, worst tensor) and the agreement bound",
                         ylabel="relative error (log)", device_name=device_name,
-                        draw_extra=bound)
+                        draw_extra=bounds)
+
+
+def _readable_log_y(ax) -> None:
+    """On a log y axis spanning under a decade, label the minor ticks too (as 4e-07)."""
+    ax.autoscale_view()
+    lo, hi = ax.get_ylim()
+    if lo > 0 and hi / lo < 10:
+        fmt = FuncFormatter(lambda v, _: f"{v:.0e}")
+        ax.yaxis.set_minor_formatter(fmt)
+        ax.yaxis.set_major_formatter(fmt)
 
 
 def plot_support_matrix(df: pd.DataFrame, *, device_name: str | None = None):
@@ -319,7 +339,7 @@ def plot_support_matrix(df: pd.DataFrame, *, device_name: str | None = None):
         return _empty(title, "no rows")
     order = {s: i for i, s in enumerate((*STATUSES, "missing"))}
     impls = sorted(counts["impl"].unique())
-    families = sorted(counts["family"].unique())
+    families = analysis.family_order(df)
     share = pd.DataFrame(np.nan, index=impls, columns=families)
     text = pd.DataFrame("", index=impls, columns=families)
     for (impl, fam), g in counts.groupby(["impl", "family"]):

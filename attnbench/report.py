@@ -68,12 +68,27 @@ def _header(run_id: str, df: pd.DataFrame, env: dict) -> list[str]:
             ("platform", v("platform")), ("seed", v("seed"))]
     if env.get("gpu_name"):
         rows.insert(1, ("GPU", f"{v('gpu_sm_count')} SMs, {v('gpu_mem_gib')} GiB"))
+    if env.get("load_avg_1m") is not None:
+        rows.insert(2, ("load at start", f"{v('load_avg_1m')} (1-min average, "
+                                         f"{v('cpu_count')} cores)"))
     other_ids = sorted(set(df["run_id"].dropna()) - {run_id}) if "run_id" in df else []
     if other_ids:
         rows.append(("note", f"results.csv also holds rows of run ids {', '.join(other_ids)}"))
     lines.append(table(pd.DataFrame(rows, columns=["field", "value"]),
                        {"field": "", "value": ""}))
+    if _busy(env):
+        lines += [f"> **The machine was busy when the sweep started** (load {v('load_avg_1m')} "
+                  f"on {v('cpu_count')} cores): other processes competed for the CPU, so "
+                  f"times are inflated and noisy. Rerun on an idle machine before trusting "
+                  f"them.", ""]
     return lines
+
+
+def _busy(env: dict) -> bool:
+    """A CPU run whose 1-minute load average at start exceeded half the cores."""
+    load, cores = env.get("load_avg_1m"), env.get("cpu_count")
+    cpu = not str(env.get("device", "cpu")).startswith("cuda")
+    return bool(cpu and load is not None and cores and load > 0.5 * cores)
 
 
 def _counts_line(df: pd.DataFrame) -> str:
@@ -98,7 +113,8 @@ def _winners_section(df: pd.DataFrame) -> list[str]:
     if winners.empty:
         return lines + ["No cases.", ""]
     rows = []
-    for fam, g in winners.groupby("family", sort=True):
+    order = {f: i for i, f in enumerate(analysis.family_order(df))}
+    for fam, g in sorted(winners.groupby("family"), key=lambda t: order.get(t[0], 0)):
         w = wins[wins["family"] == fam]
         text = [f"**{r.impl}** {r.wins}/{r.cases} (N {r.seq_min}–{r.seq_max})" if i == 0 else
                 f"{r.impl} {r.wins}/{r.cases} (N {r.seq_min}–{r.seq_max})"
@@ -132,6 +148,9 @@ def _speedup_section(df: pd.DataFrame, baseline: str) -> list[str]:
     sp = sp.assign(family=analysis.case_family(sp))
     agg = sp.groupby(["impl", "family"], sort=True)["speedup"].agg(
         ["size", "median", "min", "max"]).reset_index()
+    order = {f: i for i, f in enumerate(analysis.family_order(df))}
+    agg = agg.sort_values(["impl", "family"], key=lambda c: c.map(order) if c.name == "family"
+                          else c)
     x = lambda v: f"{v:.2f}x"  # noqa: E731
     lines.append(table(agg, {"impl": "impl", "family": "case family", "size": "cases",
                              "median": "median", "min": "min", "max": "max"},
@@ -159,18 +178,29 @@ def _exponents_section(fits: pd.DataFrame) -> list[str]:
              "Least-squares slope of log(metric) vs log(N), N = seq_q, over the points past "
              "the fixed-overhead cut (first N where the metric reaches 4x its minimum; "
              "rule and rationale: docs/reports.md, \"Fit rule\"). ≥ marks an overhead-limited fit "
-             "(fewer than 3 lengths past the cut, the 3 largest fitted): a lower bound. "
+             "(fewer than 3 lengths past the cut, the 3 largest fitted): a lower bound "
+             "when the only departure from a power law is a constant overhead. "
              "No fit on fewer than 3 lengths. Series without any ok row are left out (see "
              "non-ok rows).", ""]
     fits = fits[fits["n_ok"] > 0]
     if fits.empty:
         return lines + ["No series with ok rows.", ""]
     rows = []
-    for key, g in fits.groupby(list(analysis.SERIES_KEY), dropna=False, sort=True):
+    groups = fits.groupby(list(analysis.SERIES_KEY), dropna=False, sort=True)
+    groups = sorted(groups, key=lambda t: (t[1]["impl"].iloc[0],
+                                           analysis.mode_rank(t[1]["mode"].iloc[0])))
+    for key, g in groups:
         first = g.iloc[0]
         by = {r["metric"]: r for _, r in g.iterrows()}
-        notes = [f"{m}: {by[m]['reason']}" for m in analysis.FIT_METRICS
-                 if m in by and not pd.isna(by[m]["reason"])]
+        notes = []
+        for m in analysis.FIT_METRICS:
+            if m not in by or pd.isna(by[m]["reason"]):
+                continue
+            # the overhead-limited caveat is the ≥ sign, explained above the table
+            parts = [part for part in str(by[m]["reason"]).split("; ")
+                     if not part.startswith("overhead-limited")]
+            if parts:
+                notes.append(f"{m}: {'; '.join(parts)}")
         if not pd.isna(first["failed"]):
             notes.append(f"failed rows: {first['failed']}")
         rows.append({"impl": first["impl"], "series": _series_label(first),
@@ -178,9 +208,12 @@ def _exponents_section(fits: pd.DataFrame) -> list[str]:
                      "mem": (_slope_text(by["peak_mem_mib"]) if "peak_mem_mib" in by
                              else MISSING),
                      "notes": "; ".join(notes)})
-    lines.append(table(pd.DataFrame(rows), {"impl": "impl", "series": "series (N varies)",
-                                            "time": "time exponent", "mem": "memory exponent",
-                                            "notes": "notes"}))
+    rows = pd.DataFrame(rows)
+    columns = {"impl": "impl", "series": "series (N varies)", "time": "time exponent",
+               "mem": "memory exponent", "notes": "notes"}
+    if not rows["notes"].astype(bool).any():
+        del columns["notes"]
+    lines.append(table(rows, columns))
     return lines
 
 
@@ -224,6 +257,8 @@ def render(df: pd.DataFrame, env: dict, run_id: str, out_dir: Path,
            baseline: str = "sdpa") -> str:
     """Write the figures into out_dir and return the markdown text."""
     name = device_name(env, df)
+    if _busy(env):
+        name += f" · BUSY machine: load {env['load_avg_1m']} on {env['cpu_count']} cores"
     fits = analysis.scaling_exponents(df)
     lines = _header(run_id, df, env)
     lines += ["## Summary", "", _counts_line(df), ""]

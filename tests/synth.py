@@ -26,14 +26,14 @@ def failed_row(run_id, impl, case: Case, status, reason):
             "reason": reason, "flops": case.flops(), "seed": 0}
 
 
-def env(device="cpu"):
+def env(device="cpu", load_avg_1m=0.1):
     return {"time_utc": "2025-01-01T00:00:00+00:00",
             "command": "python scripts/sweep.py --preset smoke --run-id synth",
             "seed": 0, "device": device, "gpu_name": None, "gpu_sm_count": None,
             "gpu_mem_gib": None, "cpu_name": "Synthetic CPU @ 3.0GHz", "cpu_threads": 2,
             "python": "3.11.7", "platform": "Linux", "torch": "2.13.0+cpu", "cuda": None,
             "cudnn": None, "triton": None, "xformers": None, "git_sha": "0" * 40,
-            "git_dirty": False}
+            "git_dirty": False, "cpu_count": 2, "load_avg_1m": load_avg_1m}
 
 
 def smoke_rows(run_id="synth", seqs=SMOKE_SEQS, speed=1.0, seed=0):

@@ -4,7 +4,8 @@ import pytest
 
 from attnbench import plots, report
 from attnbench.report_cli import report_main
-from synth import smoke_rows, write_run
+from attnbench.cli import main as sweep_main
+from synth import env, smoke_rows, write_run
 
 
 @pytest.fixture
@@ -79,6 +80,31 @@ def test_report_without_env_says_so(tmp_path, stub_figures):
                     env_data=False)
     text = report.write_report(run, tmp_path / "reports").read_text()
     assert "env.json is missing" in text
+
+
+def test_report_warns_about_a_busy_machine(tmp_path, stub_figures):
+    rows = smoke_rows("busy", seqs=(64, 128, 256))
+    quiet = write_run(tmp_path / "results", "quiet", rows)
+    busy = write_run(tmp_path / "results", "busy", rows, env_data=env(load_avg_1m=3.4))
+    assert "machine was busy" not in report.write_report(quiet, tmp_path / "r").read_text()
+    text = report.write_report(busy, tmp_path / "r").read_text()
+    assert "machine was busy when the sweep started** (load 3.4 on 2 cores)" in text
+
+
+@pytest.mark.slow
+def test_report_from_a_real_smoke_sweep(tmp_path, capsys):
+    assert sweep_main(["--preset", "smoke", "--run-id", "smoke", "--no-progress",
+                       "--results-dir", str(tmp_path / "results")]) == 0
+    capsys.readouterr()
+    assert report_main([str(tmp_path / "results" / "smoke"),
+                        "--reports-dir", str(tmp_path / "reports")]) == 0
+    text = (tmp_path / "reports" / "smoke" / "report.md").read_text()
+    assert "### Who wins where" in text and "scripts/sweep.py --preset smoke" in text
+    # smoke sweeps 2 lengths: every series says why it has no fit instead of inventing one
+    assert "2 lengths with a value, a fit needs 3" in text
+    assert "| xformers |" in text  # CPU has no xformers: listed as unsupported
+    for stem, *_ in report.FIGURES:
+        assert (tmp_path / "reports" / "smoke" / f"{stem}.png").stat().st_size > 5_000
 
 
 @pytest.mark.parametrize("make, needle", [
