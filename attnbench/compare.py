@@ -1,10 +1,10 @@
-"""Run A vs run B: per-case time ratios, one-sided and failed cases, and a regression gate.
+"""Run A vs run B: per-case time ratios, one-sided and not-ok cases, and a regression gate.
 
 A case here is a full CASE_KEY (impl included). ``ratio = time_ms_B / time_ms_A`` only where
 the case is ok in both runs; above 1 means B is slower. The gate fails when a compared case
 got slower by more than the threshold, and also when a case that was ok in A is not ok in B
 (a kernel that starts crashing or running out of memory is a regression too). Cases present
-in one run only, or failed in A, are listed and do not fail the gate.
+in one run only, or not ok in A, are listed and do not fail the gate.
 
 If a run folder holds several rows for one case (a resumed sweep), the last one wins.
 """
@@ -19,11 +19,11 @@ import pandas as pd
 from attnbench import analysis, plots
 from attnbench.atomic_dir import atomic_dir
 from attnbench.markdown import MISSING, table
-from attnbench.report import case_label, device_name
+from attnbench.report import busy_machine, case_label, device_name
 from attnbench.results import CASE_KEY
 
 SIDE_COLUMNS = ("status", "reason", "time_ms", "time_ms_p20", "time_ms_p80")
-OUTCOMES = ("compared", "failed in B", "failed in A", "failed in both", "only in A",
+OUTCOMES = ("compared", "not ok in B", "not ok in A", "not ok in both", "only in A",
             "only in B")
 ENV_FIELDS = ("device", "gpu_name", "cpu_name", "cpu_threads", "torch", "cuda", "cudnn",
               "triton", "xformers", "git_sha", "git_dirty", "command")
@@ -44,8 +44,8 @@ def compare_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     outcome = np.select(
         [out["_merge"].eq("left_only"), out["_merge"].eq("right_only"), ok_a & ok_b,
          ok_a & ~ok_b, ~ok_a & ok_b],
-        ["only in A", "only in B", "compared", "failed in B", "failed in A"],
-        default="failed in both")
+        ["only in A", "only in B", "compared", "not ok in B", "not ok in A"],
+        default="not ok in both")
     out["outcome"] = pd.array(outcome, dtype="string")
     usable = ((out["outcome"] == "compared") & (out["time_ms_a"] > 0).fillna(False)
               & out["time_ms_b"].notna()).astype(bool)
@@ -64,7 +64,7 @@ def regressions(cmp: pd.DataFrame, fail_above_pct: float) -> pd.DataFrame:
     """Rows that fail the gate: compared and slower by more than the threshold, or ok in A
     and not ok in B."""
     slower = (cmp["ratio"] > 1 + fail_above_pct / 100).fillna(False).astype(bool)
-    broke = cmp["outcome"].eq("failed in B").fillna(False).astype(bool)
+    broke = cmp["outcome"].eq("not ok in B").fillna(False).astype(bool)
     return cmp[slower | broke]
 
 
@@ -99,7 +99,8 @@ def render(cmp: pd.DataFrame, names: tuple[str, str], envs: tuple[dict, dict],
     heads = pd.DataFrame([
         ("device", device_name(envs[0], frames[0]), device_name(envs[1], frames[1])),
         ("date (UTC)", envs[0].get("time_utc"), envs[1].get("time_utc")),
-        ("git", envs[0].get("git_sha"), envs[1].get("git_sha")),
+        ("git", *(f"{e.get('git_sha')}" + (" (uncommitted changes)" if e.get("git_dirty")
+                                             else "") for e in envs)),
         ("torch", envs[0].get("torch"), envs[1].get("torch")),
         ("command", f"`{envs[0].get('command')}`", f"`{envs[1].get('command')}`")],
         columns=["field", "A", "B"])
@@ -109,6 +110,11 @@ def render(cmp: pd.DataFrame, names: tuple[str, str], envs: tuple[dict, dict],
         lines += ["> **The environments differ** (" + "; ".join(f"{k}: {a} → {b}"
                                                           for k, a, b in diffs)
                   + "): ratios mix the change under test with these.", ""]
+    busy = [n for n, e in zip(names, envs) if busy_machine(e)]
+    if busy:
+        lines += [f"> **Busy machine** when {' and '.join(f'`{n}`' for n in busy)} started "
+                  f"(1-minute load above half the cores): those times are inflated and noisy, "
+                  f"so ratios can move by far more than any code change.", ""]
     counts = cmp["outcome"].value_counts()
     lines += ["## Summary", "", ", ".join(f"{counts[o]} {o}" for o in OUTCOMES if o in counts)
               + ".", ""]
@@ -130,9 +136,9 @@ def render(cmp: pd.DataFrame, names: tuple[str, str], envs: tuple[dict, dict],
     both = cmp[cmp["ratio"].notna()].sort_values("ratio", ascending=False)
     lines.append(_case_table(both) if len(both) else "None.\n")
     lines += ["![ratio vs sequence length](ratio_vs_seq.png)", ""]
-    for outcome, title in (("failed in B", "Ok in A, not ok in B"),
-                           ("failed in A", "Not ok in A, ok in B"),
-                           ("failed in both", "Not ok in either run"),
+    for outcome, title in (("not ok in B", "Ok in A, not ok in B"),
+                           ("not ok in A", "Not ok in A, ok in B"),
+                           ("not ok in both", "Not ok in either run"),
                            ("only in A", f"Only in A ({a_name})"),
                            ("only in B", f"Only in B ({b_name})")):
         rows = cmp[cmp["outcome"] == outcome]
@@ -157,7 +163,7 @@ def summary_lines(cmp: pd.DataFrame, fail_above_pct: float | None) -> list[str]:
     for r in geomean_by_impl(cmp).itertuples():
         lines.append(f"  {r.impl}: geomean B/A {r.geomean:.3f} over {r.cases} cases "
                      f"(min {r.min:.3f}, max {r.max:.3f})")
-    for outcome in ("failed in B", "failed in A", "only in A", "only in B"):
+    for outcome in ("not ok in B", "not ok in A", "only in A", "only in B"):
         for _, r in cmp[cmp["outcome"] == outcome].iterrows():
             status = f" [A {r['status_a'] if pd.notna(r['status_a']) else MISSING}, " \
                      f"B {r['status_b'] if pd.notna(r['status_b']) else MISSING}]"

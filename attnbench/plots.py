@@ -35,9 +35,9 @@ FACET_COLUMNS = ("mode", "causal")
 CONFIG_COLUMNS = ("dtype", "batch", "heads", "kv_heads", "head_dim", "seq_kv_rule", "device")
 CONFIG_LABELS = {"dtype": "", "batch": "B=", "heads": "H=", "kv_heads": "Hkv=",
                  "head_dim": "D=", "seq_kv_rule": "", "device": ""}
-PANEL_W_IN, PANEL_H_IN = 5.2, 3.9
+PANEL_W_IN, PANEL_H_IN = 7.4, 3.9  # width includes the legend beside the axes
 DPI = 130
-MAX_COLS = 3
+MAX_COLS = 2  # panels are wide: the legend sits beside each one
 
 
 def impl_style(impls) -> dict[str, tuple]:
@@ -212,7 +212,9 @@ def _line_figure(df: pd.DataFrame, y: str, *, what: str, ylabel: str, device_nam
         if flagged:
             handles.append(Line2D([], [], ls="", marker="o", mfc="none", mec="red", ms=9))
             labels.append(flagged)
-        ax.legend(handles, labels, fontsize=7.5, loc="best", framealpha=0.85)
+        # beside the panel, never over the data, however many impls there are
+        ax.legend(handles, labels, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  borderaxespad=0.0, frameon=False)
         ax.grid(True, which="major", alpha=0.4)
     fig.tight_layout()
     absent = sorted(set(df["impl"].dropna()) - set(ok["impl"]))
@@ -379,8 +381,14 @@ def plot_ratio_vs_seq(table: pd.DataFrame, *, fail_above_pct: float | None = Non
     def lines(ax, g):
         ax.axhline(1.0, color="black", lw=1.2, ls="--", label="no change")
         if fail_above_pct is not None:
-            ax.axhline(1 + fail_above_pct / 100, color="red", lw=1.0, ls=":",
-                       label=f"gate: +{fail_above_pct:g}%")
+            gate = 1 + fail_above_pct / 100
+            ax.axhline(gate, color="red", lw=1.0, ls=":", label=f"gate: +{fail_above_pct:g}%")
+            over = g[(g["ratio"] > gate).fillna(False).astype(bool)]
+            if len(over):
+                ax.scatter(over["seq_q"].to_numpy(dtype=float),
+                           over["ratio"].to_numpy(dtype=float), s=120, facecolors="none",
+                           edgecolors="red", linewidths=1.5, zorder=5,
+                           label="slower than the gate")
 
     both = both.assign(status="ok", agrees=True)
     fig = _line_figure(both, "ratio", what=f"{title} (above 1: slower in B)",

@@ -76,7 +76,7 @@ def _header(run_id: str, df: pd.DataFrame, env: dict) -> list[str]:
         rows.append(("note", f"results.csv also holds rows of run ids {', '.join(other_ids)}"))
     lines.append(table(pd.DataFrame(rows, columns=["field", "value"]),
                        {"field": "", "value": ""}))
-    if _busy(env):
+    if busy_machine(env):
         lines += [f"> **The machine was busy when the sweep started** (load {v('load_avg_1m')} "
                   f"on {v('cpu_count')} cores): other processes competed for the CPU, so "
                   f"times are inflated and noisy. Rerun on an idle machine before trusting "
@@ -84,7 +84,7 @@ def _header(run_id: str, df: pd.DataFrame, env: dict) -> list[str]:
     return lines
 
 
-def _busy(env: dict) -> bool:
+def busy_machine(env: dict) -> bool:
     """A CPU run whose 1-minute load average at start exceeded half the cores."""
     load, cores = env.get("load_avg_1m"), env.get("cpu_count")
     cpu = not str(env.get("device", "cpu")).startswith("cuda")
@@ -257,7 +257,7 @@ def render(df: pd.DataFrame, env: dict, run_id: str, out_dir: Path,
            baseline: str = "sdpa") -> str:
     """Write the figures into out_dir and return the markdown text."""
     name = device_name(env, df)
-    if _busy(env):
+    if busy_machine(env):
         name += f" · BUSY machine: load {env['load_avg_1m']} on {env['cpu_count']} cores"
     fits = analysis.scaling_exponents(df)
     lines = _header(run_id, df, env)

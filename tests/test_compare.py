@@ -35,7 +35,7 @@ def test_compare_table_categories(runs):
     _, a, b = runs
     cmp = compare_runs(read_results(a), read_results(b))
     counts = cmp["outcome"].value_counts()
-    assert counts["only in A"] == 4 and counts["only in B"] == 4 and counts["failed in B"] == 1
+    assert counts["only in A"] == 4 and counts["only in B"] == 4 and counts["not ok in B"] == 1
     tiled = cmp[(cmp["impl"] == "tiled") & (cmp["seq_q"] == 256)]
     assert (tiled["ratio"] > 1.4).all()
     assert cmp.loc[cmp["outcome"] != "compared", "ratio"].isna().all()
