@@ -91,6 +91,48 @@ class CsvAppender:
         self.close()
 
 
+def row_key(row: dict) -> tuple[str, ...]:
+    """The (case, impl) identity of a row, as text, the same from a dict or a CSV line."""
+    return tuple(_fmt(row[c]) for c in CASE_KEY)
+
+
+def repair_tail(path: Path) -> bool:
+    """Cut a torn last line (a write cut off by a kill) so it is never parsed as data."""
+    path = Path(path)
+    if not path.exists() or path.stat().st_size == 0:
+        return False
+    data = path.read_bytes()
+    if data.endswith(b"\n"):
+        return False
+    with open(path, "r+b") as f:
+        f.truncate(data.rfind(b"\n") + 1)
+        f.flush()
+        os.fsync(f.fileno())
+    return True
+
+
+def done_keys(run_dir: Path) -> set[tuple[str, ...]]:
+    """Keys of the rows already in run_dir/results.csv, after repairing its tail; samples of
+    rows that never reached results.csv are dropped."""
+    results, samples = Path(run_dir) / "results.csv", Path(run_dir) / "samples.csv"
+    repair_tail(results)
+    with open(results, newline="", encoding="utf-8") as f:
+        keys = {row_key(r) for r in csv.DictReader(f)}
+    if samples.exists():
+        repair_tail(samples)
+        with open(samples, newline="", encoding="utf-8") as f:
+            kept = [r for r in csv.DictReader(f) if row_key(r) in keys]
+        tmp = samples.with_suffix(".csv.tmp")
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=SAMPLE_COLUMNS)
+            writer.writeheader()
+            writer.writerows(kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, samples)
+    return keys
+
+
 def row_writer(run_dir: Path) -> CsvAppender:
     return CsvAppender(Path(run_dir) / "results.csv", tuple(COLUMNS))
 

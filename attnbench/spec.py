@@ -42,6 +42,9 @@ class Spec:
         if name not in PRESETS:
             raise CaseError(f"unknown preset {name!r} (allowed: {', '.join(PRESETS)})")
         given = {k: v for k, v in overrides.items() if v is not None}
+        unknown = set(given) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise CaseError(f"unknown spec fields {sorted(unknown)}")
         return replace(cls(**PRESETS[name], device=device, preset=name), **given,
                        overrides=given)
 

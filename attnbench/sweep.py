@@ -13,9 +13,103 @@ from attnbench.case import Case
 from attnbench.inputs import Inputs, make_inputs
 from attnbench.memory import MemoryUnavailable, peak_mem_mib
 from attnbench.registry import Impl, Unsupported
-from attnbench.results import COLUMNS, row_writer, samples_writer
+from attnbench.results import COLUMNS, row_key, row_writer, samples_writer
 from attnbench.runner import BadOutput, Call
 from attnbench.timing import TimerConfig, time_fn
+from attnbench.worker import Worker, WorkerFailed
+
+
+def run_sweep(cases: list[Case], impls: list[Impl], run_dir: Path, *, run_id: str, seed: int,
+              timer: TimerConfig = TimerConfig(), progress: bool = True, isolate: bool = False,
+              timeout_s: float | None = None, plugins: list[str] = (),
+              done: set[tuple] = frozenset()) -> list[dict]:
+    """Run every (case, impl) whose key is not in ``done``; append each row to
+    run_dir/results.csv (flushed and fsynced) as soon as it exists. An impl that fails, runs
+    out of memory, crashes or hangs (with ``isolate``) becomes a row, never an exception."""
+    todo = [(c, [i for i in impls if row_key(base_row(i, c)) not in done]) for c in cases]
+    todo = [(c, ims) for c, ims in todo if ims]
+    worker = Worker(list(plugins), seed, timer, timeout_s) if isolate or timeout_s else None
+    oom_at: dict[tuple, Case] = {}
+    rows = []
+    bar = tqdm(total=sum(len(ims) for _, ims in todo), disable=not progress, unit="row",
+               dynamic_ncols=True)
+    try:
+        with row_writer(run_dir) as out, samples_writer(run_dir) as samples:
+            for case, case_impls in todo:
+                here, broken = worker or Prepared(case, seed, timer), None
+                if worker:
+                    try:
+                        worker.prepare(case)
+                    except WorkerFailed as exc:
+                        broken = exc
+                for impl in case_impls:
+                    bar.set_postfix_str(f"{impl.name}: {case.label()}", refresh=False)
+                    row, times = (
+                        (broken and _failed(impl, case, broken.status,
+                                            f"while preparing the case: {broken.reason}"))
+                        or _skip_after_oom(impl, case, oom_at) or _measure(here, impl))
+                    if row["status"] == "oom" and (impl.name, _family(case)) not in oom_at:
+                        oom_at[impl.name, _family(case)] = case
+                    row.update(run_id=run_id, seed=seed)
+                    samples.write([{**row, "sample": i, "time_ms": t}
+                                   for i, t in enumerate(times)])
+                    out.write(row)  # the row is the commit point: samples are written first
+                    rows.append(row)
+                    bar.update()
+                del here
+                _release(case)
+    finally:
+        bar.close()
+        if worker:
+            worker.close()
+    return rows
+
+
+def _measure(here, impl: Impl) -> tuple[dict, list[float]]:
+    if isinstance(here, Prepared):
+        return here.measure(impl)
+    try:
+        return here.measure(impl.name)
+    except WorkerFailed as exc:
+        return {**base_row(impl, here.case), "status": exc.status, "reason": exc.reason}, []
+
+
+def _family(case: Case) -> tuple:
+    """Everything but the sequence lengths."""
+    d = case.as_dict()
+    return tuple(v for k, v in d.items() if k not in ("seq_q", "seq_kv"))
+
+
+def _skip_after_oom(impl: Impl, case: Case, oom_at: dict) -> tuple[dict, list] | None:
+    small = oom_at.get((impl.name, _family(case)))
+    if small is None or case.seq_q < small.seq_q or case.seq_kv < small.seq_kv:
+        return None
+    return {**base_row(impl, case), "status": "oom",
+            "reason": f"skipped: {impl.name} ran out of memory at the smaller seq_q="
+                      f"{small.seq_q}, seq_kv={small.seq_kv} of this case family"}, []
+
+
+def base_row(impl: Impl, case: Case) -> dict:
+    row = {name: None for name in COLUMNS}
+    row.update(case.as_dict(), impl=impl.name, flops=case.flops())
+    return row
+
+
+class Prepared:
+    """A case's inputs and ground truth, made on first use and shared by all its impls."""
+
+    def __init__(self, case: Case, seed: int, timer: TimerConfig):
+        self.case, self.seed, self.timer = case, seed, timer
+        self._inputs: Inputs | None = None
+        self._truth: Truth | None = None
+
+    def measure(self, impl: Impl) -> tuple[dict, list[float]]:
+        if impl.reasons(self.case):
+            return measure(impl, self.case, None, None, self.timer)
+        if self._inputs is None:
+            self._inputs = make_inputs(self.case, self.seed)
+            self._truth = ground_truth(self.case, self._inputs)
+        return measure(impl, self.case, self._inputs, self._truth, self.timer)
 
 
 @dataclass
@@ -26,30 +120,6 @@ class Truth:
     failure: str | None = None
 
 
-def run_sweep(cases: list[Case], impls: list[Impl], run_dir: Path, *, run_id: str, seed: int,
-              timer: TimerConfig = TimerConfig(), progress: bool = True) -> list[dict]:
-    """Run every (case, impl); append each row to run_dir/results.csv as soon as it exists."""
-    rows = []
-    bar = tqdm(total=len(cases) * len(impls), disable=not progress, unit="row",
-               dynamic_ncols=True)
-    with row_writer(run_dir) as out, samples_writer(run_dir) as samples:
-        for case in cases:
-            inputs = make_inputs(case, seed)
-            truth = ground_truth(case, inputs)
-            for impl in impls:
-                bar.set_postfix_str(f"{impl.name}: {case.label()}", refresh=False)
-                row, times = measure(impl, case, inputs, truth, timer)
-                row.update(run_id=run_id, seed=seed)
-                out.write(row)
-                samples.write([{**row, "sample": i, "time_ms": t} for i, t in enumerate(times)])
-                rows.append(row)
-                bar.update()
-            del inputs, truth
-            _release(case)
-    bar.close()
-    return rows
-
-
 def ground_truth(case: Case, inputs: Inputs) -> Truth:
     args = dict(causal=case.causal, scale=inputs.scale, dout=inputs.dout)
     try:
@@ -58,19 +128,14 @@ def ground_truth(case: Case, inputs: Inputs) -> Truth:
         b_out, b_grads = accuracy.reference(inputs.q, inputs.k, inputs.v, dtype=case.torch_dtype,
                                             **args)
         baseline = [accuracy.error(x, r) for x, r in zip([b_out, *(b_grads or ())], ref)]
-    except torch.OutOfMemoryError as exc:
+    except (torch.OutOfMemoryError, MemoryError) as exc:
         _release(case)
-        return Truth(None, None, f"not checked: the float64 reference ran out of memory ({exc})")
+        return Truth(None, None, f"not checked: the float64 reference ran out of memory "
+                                 f"({_one_line(exc)})")
     return Truth(ref, baseline)
 
 
-def base_row(impl: Impl, case: Case) -> dict:
-    row = {name: None for name in COLUMNS}
-    row.update(case.as_dict(), impl=impl.name, flops=case.flops())
-    return row
-
-
-def measure(impl: Impl, case: Case, inputs: Inputs, truth: Truth,
+def measure(impl: Impl, case: Case, inputs: Inputs | None, truth: Truth | None,
             timer: TimerConfig) -> tuple[dict, list[float]]:
     """One row: support check, a checked run, a timing pass, a memory pass. A failure at any
     step leaves every metric blank."""
@@ -96,17 +161,31 @@ def measure(impl: Impl, case: Case, inputs: Inputs, truth: Truth,
         row.update(status="ok", reason="; ".join(notes) or None)
         return row, times
     except Unsupported as exc:
-        return {**base_row(impl, case), "status": "unsupported", "reason": str(exc)}, []
-    except torch.OutOfMemoryError as exc:
-        return {**base_row(impl, case), "status": "oom", "reason": _one_line(exc)}, []
+        return _failed(impl, case, "unsupported", str(exc))
     except BadOutput as exc:
-        return {**base_row(impl, case), "status": "error", "reason": f"bad output: {exc}"}, []
+        return _failed(impl, case, "error", f"bad output: {exc}")
+    except (torch.OutOfMemoryError, MemoryError) as exc:
+        return _failed(impl, case, "oom", _oom_reason(case, exc))
     except Exception as exc:  # noqa: BLE001 - an impl's failure is a row, never a crash
-        return {**base_row(impl, case), "status": "error",
-                "reason": f"{type(exc).__name__}: {_one_line(exc)}"}, []
+        if _is_cpu_oom(exc):
+            return _failed(impl, case, "oom", _oom_reason(case, exc))
+        return _failed(impl, case, "error", f"{type(exc).__name__}: {_one_line(exc)}")
     finally:
         call = None
         _release(case)
+
+
+def _failed(impl: Impl, case: Case, status: str, reason: str) -> tuple[dict, list]:
+    return {**base_row(impl, case), "status": status, "reason": reason}, []
+
+
+def _is_cpu_oom(exc: Exception) -> bool:
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+
+
+def _oom_reason(case: Case, exc: BaseException) -> str:
+    return (f"out of memory at B={case.batch} Hq={case.heads} seq_q={case.seq_q} "
+            f"seq_kv={case.seq_kv} D={case.head_dim} {case.dtype}: {_one_line(exc)}")
 
 
 def _accuracy(case: Case, got: list[torch.Tensor], truth: Truth, notes: list[str]) -> dict:

@@ -5,4 +5,5 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from attnbench.cli import main  # noqa: E402
 
-sys.exit(main())
+if __name__ == "__main__":  # worker processes import this file too
+    sys.exit(main())

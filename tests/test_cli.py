@@ -138,7 +138,15 @@ def test_list_shows_every_impl_with_reasons():
     (["--dtype", "fp64"], "unknown dtype 'fp64'"),
     (["--mode", "forward"], "unknown mode 'forward'"),
     (["--impls", "sdpa_flsh"], "unknown impl 'sdpa_flsh'; did you mean 'sdpa'?"),
-    (["--preset", "smok"], "unknown preset 'smok'"),
+    (["--preset", "smok"], "unknown preset 'smok'; did you mean 'smoke'?"),
+    (["--head-dim", "-1"], "-1 must be a positive integer"),
+    (["--seq-len", "64", "--seq-len-kv", "0"], "--seq-len-kv '0': 0 must be a positive"),
+    (["--causal", "maybe"], "'maybe' is not one of true, false, both"),
+    (["--rep-ms", "-5"], "must be a positive number"),
+    (["--timeout", "abc"], "'abc' is not a number"),
+    (["--resume"], "--resume needs the --run-id"),
+    (["--resume", "--run-id", "never-ran"], "holds no results.csv to continue"),
+    (["--config", "/nonexistent/sweep.toml"], "no such file"),
     (["--plugin", "/nonexistent/p.py"], "no such file"),
     (["--run-id", "a/b"], "no path separators"),
     (["--device", "cuda:0"] if not __import__("torch").cuda.is_available()
@@ -150,6 +158,39 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, args, me
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], lines
     assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.parametrize("text,message", [
+    ("seq_lens = [64]\n", "unknown field 'seq_lens'; did you mean 'seq_len'?"),
+    ("seq_len = [64, 0]\n", "seq_len = '64,0': 0 must be a positive integer"),
+    ("seq_len = ['abc']\n", "'abc' is not an integer"),
+    ("dtype = 'fp64'\n", "unknown dtype 'fp64'"),
+    ("causal = [true, 3]\n", "'3' is not one of true, false, both"),
+    ("impls = ['naive', 'tild']\n", "unknown impl 'tild'; did you mean 'tiled'?"),
+    ("heads = [6]\nkv_heads = [4]\n", "heads=6 must be a multiple of kv_heads=4"),
+    ("seq_len = [64\n", "not valid TOML"),
+    ("batch = {a = 1}\n", "batch: {'a': 1} is not a number"),
+])
+def test_bad_sweep_file_is_one_line_exit_2_nothing_written(tmp_path, capsys, text, message):
+    config = tmp_path / "sweep.toml"
+    config.write_text(text)
+    code = main(["--config", str(config), "--results-dir", str(tmp_path / "res")])
+    assert code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+    assert not (tmp_path / "res").exists()
+
+
+def test_sweep_file_sets_the_grid_and_flags_override_it(tmp_path):
+    config = tmp_path / "sweep.toml"
+    config.write_text('preset = "smoke"\nimpls = ["naive"]\nseq_len = [32, 48]\n'
+                      'mode = "fwd"\ncausal = true\nrep_ms = 2\n')
+    code = main(["--config", str(config), "--seq-len", "40", "--results-dir",
+                 str(tmp_path / "res"), "--run-id", "cfg", "--no-progress"])
+    assert code == 0
+    df = read_results(tmp_path / "res" / "cfg")
+    assert list(df["seq_q"]) == [40] and list(df["impl"]) == ["naive"]
+    assert df["causal"].all() and (df["mode"] == "fwd").all()
 
 
 def test_bad_input_exit_code_through_the_script(tmp_path):

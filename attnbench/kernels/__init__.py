@@ -1,0 +1,2 @@
+"""Attention kernels written for attnbench. Submodules import their compiler lazily-safe:
+importing this package never imports triton."""

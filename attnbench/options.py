@@ -1,0 +1,175 @@
+"""What a user can set, defined once for flags and sweep files (TOML): names, parsers, help.
+
+Every value is text first (a flag, or a TOML value written back as text) and goes through the
+same parser, so a bad value gets the same one-line message wherever it came from.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from attnbench.case import DEVICES, MODES, CaseError, canonical_dtype
+from attnbench.spec import PRESETS
+
+
+class UsageError(Exception):
+    """Bad input: printed as one line, exit code 2."""
+
+
+def _items(text: str) -> list[str]:
+    items = [item.strip() for item in text.split(",")]
+    if any(not item for item in items):
+        raise ValueError("empty item in the comma-separated list")
+    return items
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise ValueError(f"{value} must be a positive integer")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{text} must be a positive number")
+    return value
+
+
+def _choice(what: str, allowed) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in allowed:
+            hint = difflib.get_close_matches(text, list(allowed), n=1)
+            did = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise ValueError(f"unknown {what} {text!r}{did} (allowed: {', '.join(allowed)})")
+        return text
+    return parse
+
+
+def _list(cast: Callable[[str], Any]) -> Callable[[str], list]:
+    return lambda text: list(dict.fromkeys(cast(item) for item in _items(text)))
+
+
+def _causal(text: str) -> list[bool]:
+    table = {"true": [True], "false": [False], "both": [False, True]}
+    out = []
+    for item in _items(text.lower()):
+        if item not in table:
+            raise ValueError(f"{item!r} is not one of true, false, both")
+        out.extend(table[item])
+    return list(dict.fromkeys(out))
+
+
+def _bool(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise ValueError(f"{text!r} is not true or false")
+    return text.lower() == "true"
+
+
+def _device(text: str) -> str:
+    if text.split(":")[0] not in DEVICES:
+        raise ValueError(f"unknown device {text!r} (allowed: {', '.join(DEVICES)})")
+    return text
+
+
+def _dtype(text: str) -> str:
+    try:
+        return canonical_dtype(text)
+    except CaseError as exc:
+        raise ValueError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class Option:
+    parse: Callable[[str], Any]
+    help: str
+    grid: bool = False  # part of the grid: a resumed run must use the same value
+
+
+OPTIONS: dict[str, Option] = {
+    "preset": Option(_choice("preset", PRESETS), f"base grid: {', '.join(PRESETS)} (default: gpu with "
+                     "CUDA, else cpu); the options below override its fields"),
+    "impls": Option(_list(str), "comma list of impl names (default: all)", grid=True),
+    "batch": Option(_list(_positive_int), "batch sizes", grid=True),
+    "heads": Option(_list(_positive_int), "query heads", grid=True),
+    "kv_heads": Option(_list(_positive_int), "key/value heads (default: = heads; fewer is "
+                       "GQA/MQA)", grid=True),
+    "seq_len": Option(_list(_positive_int), "query lengths", grid=True),
+    "seq_len_kv": Option(_list(_positive_int), "key/value lengths (default: = seq-len)",
+                         grid=True),
+    "head_dim": Option(_list(_positive_int), "head dims", grid=True),
+    "dtype": Option(_list(_dtype), "float32, bfloat16, float16 (fp32, bf16, fp16 accepted)",
+                    grid=True),
+    "causal": Option(_causal, "true, false or both", grid=True),
+    "mode": Option(_list(_choice("mode", MODES)), "fwd, bwd (backward alone), fwd_bwd", grid=True),
+    "device": Option(_device, "cpu or cuda (default: cuda when available)", grid=True),
+    "rep_ms": Option(_positive_float, "time spent measuring each row, ms (default 100; "
+                     "smoke preset 10)", grid=True),
+    "seed": Option(lambda t: int(t), "seed of the inputs (default 0)", grid=True),
+    "plugin": Option(_list(str), "a .py file or module registering impls (repeatable)"),
+    "timeout": Option(_positive_float, "seconds one row may take before its worker is "
+                      "killed (status timeout; implies --isolate)"),
+    "isolate": Option(_bool, "run impls in a worker process, so crashes and hangs become "
+                      "rows (default: true on CUDA, false on CPU)"),
+    "threads": Option(_positive_int, "CPU threads torch may use (default: torch's choice)"),
+}
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def parse_value(name: str, text: str, where: str) -> Any:
+    """Parse one option's text; ``where`` names its origin in the error (a flag or a file)."""
+    try:
+        return OPTIONS[name].parse(text)
+    except ValueError as exc:
+        raise UsageError(f"{where} {text!r}: {exc}") from None
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(_as_text(v) for v in value)
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    raise ValueError(f"{value!r} is not a number, string, boolean or list of them")
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """A sweep file: TOML with top-level keys named like the options (seq_len = [512, 1024])."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"--config {path}: no such file")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--config {path}: not valid TOML ({exc})") from None
+    out = {}
+    for key, value in data.items():
+        if key not in OPTIONS:
+            hint = difflib.get_close_matches(key, list(OPTIONS), n=1)
+            did = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise UsageError(f"--config {path}: unknown field {key!r}{did} "
+                             f"(allowed: {', '.join(OPTIONS)})")
+        try:
+            text = _as_text(value)
+        except ValueError as exc:
+            raise UsageError(f"--config {path}: {key}: {exc}") from None
+        out[key] = parse_value(key, text, f"--config {path}: {key} =")
+    return out

@@ -1,0 +1,157 @@
+"""Fault injection: misbehaving plugins never stop a sweep, never lose a row, and each fault is
+recorded with the right status and a useful reason."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from attnbench.results import read_results
+
+ROOT = Path(__file__).resolve().parent.parent
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+GRID = ["--batch", "1", "--heads", "2", "--head-dim", "16", "--seq-len", "64,128,256",
+        "--causal", "false", "--mode", "fwd", "--dtype", "fp32", "--rep-ms", "2"]
+
+
+def sweep(*args, timeout=600):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), "--no-progress",
+                           *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def faulty_run(tmp_path_factory):
+    res = tmp_path_factory.mktemp("faults")
+    proc = sweep(*GRID, "--impls", "naive,f_raise,f_nan,f_shape,f_oom,f_abort,f_hang,"
+                 "broken_import", "--plugin", str(PLUGINS / "faulty.py"), "--plugin",
+                 str(PLUGINS / "broken_import.py"), "--timeout", "5",
+                 "--results-dir", str(res), "--run-id", "faults")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = read_results(res / "faults")
+    return {name: g.set_index("seq_q") for name, g in df.groupby("impl")}
+
+
+def test_every_pair_has_exactly_one_row(faulty_run):
+    assert sorted(faulty_run) == sorted(["naive", "f_raise", "f_nan", "f_shape", "f_oom",
+                                         "f_abort", "f_hang", "broken_import"])
+    for rows in faulty_run.values():
+        assert sorted(rows.index) == [64, 128, 256]
+
+
+def test_the_healthy_impl_is_complete_and_correct(faulty_run):
+    naive = faulty_run["naive"]
+    assert (naive["status"] == "ok").all() and naive["agrees"].all()
+    assert naive["time_ms"].notna().all() and naive["peak_mem_mib"].notna().all()
+
+
+def test_raise_is_an_error_with_the_message(faulty_run):
+    rows = faulty_run["f_raise"]
+    assert (rows["status"] == "error").all()
+    assert rows["reason"].str.contains("ValueError: planted failure in f_raise").all()
+    assert rows["time_ms"].isna().all()
+
+
+def test_nan_output_never_agrees(faulty_run):
+    rows = faulty_run["f_nan"]
+    assert (rows["status"] == "ok").all()
+    assert (~rows["agrees"]).all()
+    assert rows["reason"].str.contains("non-finite values").all()
+    assert rows["rel_err"].isna().all() and rows["max_abs_err"].isna().all()
+
+
+def test_wrong_shape_is_an_error_naming_both_shapes(faulty_run):
+    rows = faulty_run["f_shape"]
+    assert (rows["status"] == "error").all()
+    assert rows.loc[64, "reason"] == ("bad output: out has shape (1, 2, 63, 16) in layout bhsd, "
+                                      "expected (1, 2, 64, 16)")
+
+
+def test_oom_is_recorded_with_size_and_larger_sizes_are_skipped(faulty_run):
+    rows = faulty_run["f_oom"]
+    assert rows.loc[64, "status"] == "ok"
+    assert rows.loc[128, "status"] == "oom"
+    assert "seq_q=128" in rows.loc[128, "reason"] and "64.00 GiB" in rows.loc[128, "reason"]
+    assert rows.loc[256, "status"] == "oom"
+    assert rows.loc[256, "reason"].startswith("skipped: f_oom ran out of memory at the smaller "
+                                              "seq_q=128")
+    assert rows.loc[[128, 256], "time_ms"].isna().all()
+
+
+def test_abort_is_a_crash_with_the_workers_stderr(faulty_run):
+    rows = faulty_run["f_abort"]
+    assert (rows["status"] == "crash").all()
+    assert rows["reason"].str.contains("SIGABRT").all()
+    assert rows["reason"].str.contains("planted abort in f_abort").all()
+
+
+def test_hang_is_a_timeout(faulty_run):
+    rows = faulty_run["f_hang"]
+    assert (rows["status"] == "timeout").all()
+    assert rows["reason"].str.contains("no result after 5 s").all()
+
+
+def test_import_failure_is_unsupported_naming_file_and_error(faulty_run):
+    rows = faulty_run["broken_import"]
+    assert (rows["status"] == "unsupported").all()
+    assert rows["reason"].str.contains("broken_import.py failed to import").all()
+    assert rows["reason"].str.contains("this_module_does_not_exist_anywhere").all()
+
+
+KILL_GRID = ["--batch", "1", "--heads", "2", "--head-dim", "16", "--seq-len", "32,48,64,80",
+             "--causal", "both", "--mode", "fwd,fwd_bwd", "--rep-ms", "20", "--impls",
+             "naive,slow,xformers", "--plugin", str(PLUGINS / "slow.py"), "--no-isolate"]
+
+
+def _keys(df):
+    return df[["impl", "mode", "seq_q", "causal", "status"]].astype(str).apply(tuple, axis=1)
+
+
+def test_sigkill_then_resume_gives_exactly_the_rows_of_an_uninterrupted_run(tmp_path):
+    whole = sweep(*KILL_GRID, "--results-dir", str(tmp_path), "--run-id", "whole")
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    expected = read_results(tmp_path / "whole")
+
+    args = [sys.executable, str(ROOT / "scripts" / "sweep.py"), "--no-progress", *KILL_GRID,
+            "--results-dir", str(tmp_path), "--run-id", "killed"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    csv_path = tmp_path / "killed" / "results.csv"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if csv_path.exists() and len(csv_path.read_text().splitlines()) > 10:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    partial = len(read_results(tmp_path / "killed"))
+    assert 0 < partial < len(expected), "the kill must land part way through"
+    with open(csv_path, "a") as f:  # as if the kill had cut a write in half
+        f.write("killed,naive,fwd,1,2,2,32,3")
+
+    resumed = sweep(*KILL_GRID, "--results-dir", str(tmp_path), "--run-id", "killed",
+                    "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    got = read_results(tmp_path / "killed")
+    assert len(got) == len(expected)
+    assert sorted(_keys(got)) == sorted(_keys(expected))
+    assert not got.duplicated(["impl", "mode", "seq_q", "causal"]).any()
+    assert got[got["status"] == "ok"]["time_ms"].notna().all()
+    samples = pd.read_csv(tmp_path / "killed" / "samples.csv")
+    per_row = samples.groupby(["impl", "mode", "seq_q", "causal"]).size()
+    for _, row in got[got["status"] == "ok"].iterrows():
+        assert per_row[(row["impl"], row["mode"], row["seq_q"], row["causal"])] == row["samples"]
+
+
+def test_resume_with_a_different_grid_is_refused(tmp_path):
+    first = sweep("--preset", "smoke", "--impls", "naive", "--seq-len", "32", "--mode", "fwd",
+                  "--results-dir", str(tmp_path), "--run-id", "r")
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = (tmp_path / "r" / "results.csv").read_bytes()
+    again = sweep("--preset", "smoke", "--impls", "naive", "--seq-len", "32,64", "--mode", "fwd",
+                  "--results-dir", str(tmp_path), "--run-id", "r", "--resume")
+    assert again.returncode == 2
+    assert "--resume: the run used cases=" in again.stderr
+    assert (tmp_path / "r" / "results.csv").read_bytes() == before
