@@ -138,7 +138,9 @@ def _ratio_axis(ax, suffix: str = "") -> None:
     lo, hi = ax.get_ylim()
     fmt = FuncFormatter(lambda v, _: f"{v:g}{suffix}")
     if lo > 0 and hi / lo >= 4:
-        subs = (1.0,) if hi / lo > 300 else (1.0, 2.0, 5.0)  # 1-2-5 crowds past 2.5 decades
+        span = hi / lo  # 1-2-5 crowds past 2.5 decades and leaves 2 ticks under one
+        subs = (1.0,) if span > 300 else (1.0, 2.0, 5.0) if span > 10 else \
+            (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
     else:
         ax.set_yscale("linear")
