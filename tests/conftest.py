@@ -6,6 +6,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # synth.py: synthetic sweep output for report tests
 
 from attnbench import registry  # noqa: E402
 

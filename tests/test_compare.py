@@ -1,0 +1,97 @@
+import pytest
+
+from attnbench.compare import compare_runs, regressions
+from attnbench.report_cli import compare_main
+from attnbench.results import read_results
+from synth import smoke_rows, write_run
+
+SEQS = (64, 128, 256)
+
+
+def slow_down(rows, impl, seq, factor):
+    for r in rows:
+        if r["impl"] == impl and r["seq_q"] == seq and r["status"] == "ok":
+            for c in ("time_ms", "time_ms_p20", "time_ms_p80"):
+                r[c] *= factor
+    return rows
+
+
+@pytest.fixture
+def runs(tmp_path):
+    a = write_run(tmp_path, "a", smoke_rows("a", seqs=SEQS))
+    b_rows = slow_down(smoke_rows("b", seqs=SEQS), "tiled", 256, 1.5)
+    b_rows = [r for r in b_rows if not (r["impl"] == "naive" and r["seq_q"] == 64)]
+    for r in b_rows:
+        if r["impl"] == "sdpa" and r["seq_q"] == 128 and r["mode"] == "fwd" and not r["causal"]:
+            for c in ("time_ms", "time_ms_p20", "time_ms_p80", "tflops", "rel_err"):
+                r[c] = None
+            r.update(status="crash", reason="worker died (signal 11)")
+    extra = smoke_rows("b", seqs=(512,))
+    b = write_run(tmp_path, "b", b_rows + [r for r in extra if r["impl"] == "sdpa"])
+    return tmp_path, a, b
+
+
+def test_compare_table_categories(runs):
+    _, a, b = runs
+    cmp = compare_runs(read_results(a), read_results(b))
+    counts = cmp["outcome"].value_counts()
+    assert counts["only in A"] == 4 and counts["only in B"] == 4 and counts["not ok in B"] == 1
+    tiled = cmp[(cmp["impl"] == "tiled") & (cmp["seq_q"] == 256)]
+    assert (tiled["ratio"] > 1.4).all()
+    assert cmp.loc[cmp["outcome"] != "compared", "ratio"].isna().all()
+
+
+def test_gate_fails_and_names_the_slow_cases(runs, capsys):
+    root, a, b = runs
+    code = compare_main([str(a), str(b), "--fail-above", "20", "--out", str(root / "cmp")])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert out.count("REGRESSION +") == 4 and "tiled: B1 H4 S256" in out
+    assert "REGRESSION now crash: sdpa: B1 H4 S128 D64 float32 full fwd" in out
+    assert "only in A: naive: B1 H4 S64" in out and "only in B: sdpa: B1 H4 S512" in out
+    md = (root / "cmp" / "compare.md").read_text()
+    assert "## Only in A (a) (4)" in md and "## Only in B (b) (4)" in md
+    assert "worker died (signal 11)" in md
+    assert (root / "cmp" / "ratio_vs_seq.png").stat().st_size > 10_000
+
+
+def test_gate_passes_within_threshold(tmp_path, capsys):
+    a = write_run(tmp_path, "a", smoke_rows("a", seqs=SEQS, seed=0))
+    b = write_run(tmp_path, "b", smoke_rows("b", seqs=SEQS, seed=1))  # noise only (~2%)
+    code = compare_main([str(a), str(b), "--fail-above", "15", "--out", str(tmp_path / "o")])
+    assert code == 0
+    assert "gate: PASS" in capsys.readouterr().out
+
+
+def test_no_gate_without_fail_above(runs):
+    root, a, b = runs
+    assert compare_main([str(a), str(b), "--out", str(root / "o")]) == 0
+
+
+def test_threshold_is_strict(runs):
+    _, a, b = runs
+    cmp = compare_runs(read_results(a), read_results(b))
+    assert len(regressions(cmp, 60)) == 1  # only the crash: 1.5x is within +60%
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--fail-above", "five"], "'five' is not a number"),
+    (["--fail-above", "-3"], "must be a finite percentage"),
+    (["--fail-above", "nan"], "must be a finite percentage"),
+])
+def test_malformed_fail_above(runs, capsys, args, needle):
+    root, a, b = runs
+    with pytest.raises(SystemExit) as exc:
+        compare_main([str(a), str(b), *args, "--out", str(root / "x")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("error: ") and needle in err
+    assert err.count("\n") == 1
+    assert not (root / "x").exists()
+
+
+def test_missing_run_b(runs, capsys):
+    root, a, _ = runs
+    assert compare_main([str(a), str(root / "nope"), "--out", str(root / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: run B: ") and "does not exist" in err
+    assert not (root / "x").exists()

@@ -1,0 +1,147 @@
+import os
+
+import pytest
+
+from attnbench import plots, report
+from attnbench.report_cli import report_main
+from attnbench.cli import main as sweep_main
+from synth import env, smoke_rows, write_run
+
+
+@pytest.fixture
+def stub_figures(monkeypatch):
+    """Skip drawing (seconds per report) in tests about the report's text and files."""
+    def save(fig, stem, svg=True):
+        stem.with_suffix(".png").write_bytes(b"png")
+        return [stem.with_suffix(".png")]
+
+    for name in dir(plots):
+        if name.startswith("plot_"):
+            monkeypatch.setattr(plots, name, lambda *a, **k: None)
+    monkeypatch.setattr(plots, "save_figure", save)
+
+
+@pytest.fixture(scope="module")
+def smoke_report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("smoke")
+    run = write_run(root / "results", "smoke1", smoke_rows("smoke1"))
+    path = report.write_report(run, root / "reports")
+    return root, run, path
+
+
+def test_report_has_every_section_and_figure(smoke_report):
+    root, _, path = smoke_report
+    assert path == root / "reports" / "smoke1" / "report.md"
+    text = path.read_text()
+    for heading in ("## Summary", "### Who wins where", "### Speedup vs sdpa",
+                    "### Scaling exponents", "### Numerical agreement", "## Plots",
+                    "## Non-ok rows", "### Failures (4)", "### Unsupported"):
+        assert heading in text
+    assert "Synthetic CPU @ 3.0GHz" in text
+    assert "`python scripts/sweep.py --preset smoke --run-id synth`" in text
+    assert "torch 2.13.0+cpu" in text
+    for stem, *_ in report.FIGURES:
+        png = path.parent / f"{stem}.png"
+        assert png.stat().st_size > 10_000, stem
+        assert f"]({stem}.png)" in text
+    assert "nan" not in text.lower().replace("nanos", "")
+
+
+def test_report_names_winners_disagreement_and_failures(smoke_report):
+    text = smoke_report[2].read_text()
+    assert "**sdpa** 6/6" in text
+    assert "rel_err 3e-03 > bound 1e-05 on dq" in text  # the disagreeing row and its reason
+    assert text.count("| oom | out of memory") == 4
+    assert text.count("| unsupported |") == 48
+    assert "≥" in text  # an overhead-limited time fit is marked as a lower bound
+
+
+def test_report_replaces_atomically_and_keeps_old_on_failure(tmp_path, stub_figures,
+                                                             monkeypatch):
+    run = write_run(tmp_path / "results", "r", smoke_rows("r", seqs=(64, 128, 256)))
+    reports = tmp_path / "reports"
+    path = report.write_report(run, reports)
+    before = path.read_text()
+    assert report.write_report(run, reports) == path  # a rerun replaces cleanly
+    assert sorted(os.listdir(reports)) == ["r"]
+
+    def boom(*a, **k):
+        raise RuntimeError("figure failed")
+
+    monkeypatch.setattr(plots, "plot_error_vs_seq", boom)
+    with pytest.raises(RuntimeError):
+        report.write_report(run, reports)
+    assert path.read_text() == before  # the old report is untouched
+    assert sorted(os.listdir(reports)) == ["r"]  # no temp folder left
+
+
+def test_report_without_env_says_so(tmp_path, stub_figures):
+    run = write_run(tmp_path / "results", "noenv", smoke_rows("noenv", seqs=(64, 128, 256)),
+                    env_data=False)
+    text = report.write_report(run, tmp_path / "reports").read_text()
+    assert "env.json is missing" in text
+
+
+def test_report_warns_about_a_busy_machine(tmp_path, stub_figures):
+    rows = smoke_rows("busy", seqs=(64, 128, 256))
+    quiet = write_run(tmp_path / "results", "quiet", rows)
+    busy = write_run(tmp_path / "results", "busy", rows, env_data=env(load_avg_1m=3.4))
+    assert "machine was busy" not in report.write_report(quiet, tmp_path / "r").read_text()
+    text = report.write_report(busy, tmp_path / "r").read_text()
+    assert "machine was busy when the sweep started** (load 3.4 on 2 cores)" in text
+
+
+@pytest.mark.slow
+def test_report_from_a_real_smoke_sweep(tmp_path, capsys):
+    assert sweep_main(["--preset", "smoke", "--run-id", "smoke", "--no-progress",
+                       "--results-dir", str(tmp_path / "results")]) == 0
+    capsys.readouterr()
+    assert report_main([str(tmp_path / "results" / "smoke"),
+                        "--reports-dir", str(tmp_path / "reports")]) == 0
+    text = (tmp_path / "reports" / "smoke" / "report.md").read_text()
+    assert "### Who wins where" in text and "scripts/sweep.py --preset smoke" in text
+    # smoke sweeps 2 lengths: every series says why it has no fit instead of inventing one
+    assert "2 lengths with a value, a fit needs 3" in text
+    assert "| xformers |" in text  # CPU has no xformers: listed as unsupported
+    for stem, *_ in report.FIGURES:
+        assert (tmp_path / "reports" / "smoke" / f"{stem}.png").stat().st_size > 5_000
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda d: None, "does not exist"),
+    (lambda d: d.mkdir(), "results.csv not found"),
+    (lambda d: (d.mkdir(), (d / "results.csv").write_text("a,b\n1,2\n")), "lacks columns"),
+])
+def test_report_cli_bad_input(tmp_path, capsys, make, needle):
+    run = tmp_path / "run"
+    make(run)
+    code = report_main([str(run), "--reports-dir", str(tmp_path / "reports")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: ") and needle in err and err.count("\n") == 1
+    assert not (tmp_path / "reports").exists()
+
+
+def test_report_cli_unknown_baseline(tmp_path, capsys):
+    run = write_run(tmp_path, "r", smoke_rows("r", seqs=(64, 128, 256)))
+    assert report_main([str(run), "--reports-dir", str(tmp_path / "rep"),
+                        "--baseline", "nosuch"]) == 2
+    assert "pick one of: naive, sdpa" in capsys.readouterr().err
+    assert not (tmp_path / "rep").exists()
+
+
+def test_report_cli_writes_report(tmp_path, capsys, stub_figures):
+    run = write_run(tmp_path, "r", smoke_rows("r", seqs=(64, 128, 256)))
+    assert report_main([str(run), "--reports-dir", str(tmp_path / "rep"),
+                        "--baseline", "naive"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.endswith("report.md")
+    assert "### Speedup vs naive" in (tmp_path / "rep" / "r" / "report.md").read_text()
+
+
+def test_impl_colours_are_stable_across_runs():
+    a = plots.impl_style(["sdpa", "naive"])
+    b = plots.impl_style(["naive", "sdpa", "tiled", "zz_plugin", "aa_plugin"])
+    assert a["sdpa"] == b["sdpa"] and a["naive"] == b["naive"]
+    assert b["aa_plugin"] != b["zz_plugin"]
+    assert len({c for c, _ in b.values()}) == len(b)
