@@ -20,6 +20,7 @@ import torch
 from attnbench import registry
 from attnbench.case import CaseError
 from attnbench.options import OPTIONS, UsageError, flag, load_config, parse_value
+from attnbench.report import write_report
 from attnbench.results import collect_env, done_keys, write_json_atomic
 from attnbench.spec import Spec
 from attnbench.sweep import run_sweep
@@ -93,8 +94,9 @@ def _select_impls(names: list[str] | None, impls: dict) -> list:
 
 def _run_dir(args, device: str, preset: str, grid: dict) -> tuple[str, Path]:
     results_dir = args.results_dir
-    if results_dir.exists() and not results_dir.is_dir():
-        raise UsageError(f"--results-dir {results_dir}: is a file, not a folder")
+    for name, folder in (("--results-dir", results_dir), ("--reports-dir", args.reports_dir)):
+        if folder.exists() and not folder.is_dir():
+            raise UsageError(f"{name} {folder}: is a file, not a folder")
     if args.resume and not args.run_id:
         raise UsageError("--resume needs the --run-id of the run to continue")
     run_id = args.run_id or f"{datetime.now():%Y%m%d-%H%M%S}-{device.split(':')[0]}-{preset}"
@@ -210,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
               + ("" if args.run_id else f" --run-id {run_id}"), file=sys.stderr)
         return 130
     print(summary_table(rows))
-    print(f"\nresults: {run_dir / 'results.csv'}")
+    report = write_report(run_dir, args.reports_dir)
+    print(f"\nresults: {run_dir / 'results.csv'}\nreport:  {report}")
     return 0
 
 

@@ -193,6 +193,14 @@ def test_sweep_file_sets_the_grid_and_flags_override_it(tmp_path):
     assert df["causal"].all() and (df["mode"] == "fwd").all()
 
 
+def test_reports_dir_that_is_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "rep").write_text("not a folder")
+    code = main(["--preset", "smoke", "--results-dir", str(tmp_path / "res"), "--reports-dir",
+                 str(tmp_path / "rep")])
+    assert code == 2 and "--reports-dir" in capsys.readouterr().err
+    assert not (tmp_path / "res").exists()
+
+
 def test_bad_input_exit_code_through_the_script(tmp_path):
     (tmp_path / "res").write_text("not a folder")
     proc = sweep("--preset", "smoke", "--results-dir", str(tmp_path / "res"))
