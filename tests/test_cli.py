@@ -214,3 +214,11 @@ def test_readme_documents_every_column_and_ci_runs_its_test_command():
         assert f"| `{column}` |" in readme, column
     assert "python -m pytest -q" in readme
     assert "python3 -m pytest -q" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_sweep_writes_its_report(smoke_run):
+    proc, run_dir = smoke_run
+    report = run_dir.parent.parent / "reports" / "smoke1" / "report.md"
+    assert report.exists(), proc.stdout[-500:]
+    text = report.read_text()
+    assert "smoke1" in text and "time_vs_seq.png" in text
