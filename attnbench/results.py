@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnbench.clocks import driver_version
+
 STATUSES = ("ok", "unsupported", "oom", "error", "timeout", "crash")
 
 # name -> (pandas dtype, meaning). The order here is the CSV's column order.
@@ -199,6 +201,9 @@ def collect_env(argv: list[str], seed: int, device: str) -> dict:
         "gpu_name": props.name if props else None,
         "gpu_sm_count": props.multi_processor_count if props else None,
         "gpu_mem_gib": round(props.total_memory / 2**30, 2) if props else None,
+        "gpu_l2_mib": round(props.L2_cache_size / 2**20, 1) if props else None,
+        "gpu_capability": f"{props.major}.{props.minor}" if props else None,
+        "driver": driver_version() if cuda else None,
         "cpu_name": _cpu_name(),
         "cpu_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),

@@ -1,0 +1,68 @@
+"""Checks that need a CUDA GPU (marked `gpu`: skipped without one; run by scripts/gpu_check.sh)."""
+import pytest
+import torch
+
+from attnbench import ceilings
+from attnbench.case import Case
+from attnbench.inputs import make_inputs
+from attnbench.memory import peak_mem_mib
+from attnbench.profiling import profile_fn
+from attnbench.runner import Call
+from attnbench.sweep import ground_truth, measure
+from attnbench.timing import TimerConfig, _time_cuda_events, time_fn
+
+pytestmark = pytest.mark.gpu
+GPU_IMPLS = ["naive", "sdpa", "tiled", "triton_flash", "xformers"]
+
+
+def cuda_case(**kw):
+    base = dict(batch=2, heads=8, kv_heads=8, seq_q=1024, seq_kv=1024, head_dim=64,
+                dtype="bfloat16", device="cuda")
+    return Case(**{**base, **kw})
+
+
+@pytest.mark.parametrize("name", GPU_IMPLS)
+@pytest.mark.parametrize("case", [
+    cuda_case(), cuda_case(causal=True, mode="fwd_bwd"),
+    cuda_case(kv_heads=2, seq_q=777, seq_kv=1500, causal=True, mode="fwd_bwd", dtype="float16"),
+], ids=Case.label)
+def test_every_gpu_impl_agrees_or_says_why_not(impls, name, case):
+    impl = impls[name]
+    if not impl.available:
+        pytest.skip(impl.unavailable)
+    inputs = make_inputs(case, 0)
+    row, _ = measure(impl, case, inputs, ground_truth(case, inputs), TimerConfig(rep_ms=20))
+    assert row["status"] in ("ok", "unsupported"), row["reason"]
+    if row["status"] == "ok":
+        assert row["agrees"] is True, row["reason"]
+        assert 5 <= row["samples"] <= TimerConfig().max_samples
+
+
+def test_do_bench_and_the_event_timer_agree():
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    cfg = TimerConfig(rep_ms=50)
+    bench = time_fn(lambda: a @ a, "cuda", cfg).median_ms
+    events = _time_cuda_events(lambda: a @ a, cfg).median_ms
+    assert abs(bench - events) / events < 0.2, (bench, events)
+
+
+def test_memory_growth_on_the_gpu(impls):
+    def growth_ratio(name):
+        peaks = []
+        for s in (1024, 2048, 4096):
+            case = cuda_case(seq_q=s, seq_kv=s)
+            call = Call.prepare(impls[name], case, make_inputs(case, 0))
+            peaks.append(peak_mem_mib(call.memory_fn(), "cuda"))
+        return (peaks[2] - peaks[1]) / (peaks[1] - peaks[0])
+    assert 3.5 < growth_ratio("naive") < 4.5
+    assert 1.5 < growth_ratio("sdpa") < 2.5
+
+
+def test_ceilings_and_profile_on_the_gpu():
+    c = ceilings.measure(["bfloat16", "float32"], "cuda", quick=True)
+    assert c["matmul_tflops"]["bfloat16"] > c["matmul_tflops"]["float32"] > 0
+    assert c["copy_gb_s"] > 0
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    prof = profile_fn(lambda: a @ a, "cuda")
+    assert prof.kernels and prof.device_ms_per_call > 0
+    assert abs(sum(k["share"] for k in prof.kernels) - 1) < 1e-6
