@@ -5,6 +5,10 @@ import itertools
 from dataclasses import dataclass, field, replace
 
 from attnbench.case import MODES, Case, CaseError, canonical_dtype
+from attnbench.masks import MASKS
+
+# --mask values: the masks, and "causal" for mask none with causal true
+MASK_CHOICES = ("none", "causal", *MASKS[1:])
 
 PRESETS: dict[str, dict] = {
     # seconds, for tests and a first look
@@ -22,7 +26,9 @@ PRESETS: dict[str, dict] = {
 @dataclass(frozen=True)
 class Spec:
     """A grid: every combination of the lists becomes one case. ``kv_heads`` / ``seq_len_kv``
-    of None mean "same as heads" / "same as seq_len"."""
+    of None mean "same as heads" / "same as seq_len". ``mask`` "causal" is mask none with
+    causal true; the other masks combine with every ``causal`` value; ``window`` lists the
+    widths of mask window (and only of it)."""
     batch: list[int]
     heads: list[int]
     seq_len: list[int]
@@ -34,6 +40,9 @@ class Spec:
     kv_heads: list[int] | None = None
     seq_len_kv: list[int] | None = None
     rep_ms: list[float] = field(default_factory=lambda: [100.0])  # timer budget per row
+    mask: list[str] = field(default_factory=lambda: ["none"])
+    window: list[int] | None = None
+    level: list[str] = field(default_factory=lambda: ["op"])
     preset: str | None = None
     overrides: dict = field(default_factory=dict)
 
@@ -55,13 +64,29 @@ class Spec:
                 raise CaseError(f"unknown mode {mode!r} (allowed: {', '.join(MODES)})")
         dtypes = [canonical_dtype(d) for d in self.dtype]
         out = []
-        for mode, dtype, causal, d, b, h in itertools.product(
-                self.mode, dtypes, self.causal, self.head_dim, self.batch, self.heads):
+        for mode, dtype, level, (mask, causal, window), d, b, h in itertools.product(
+                self.mode, dtypes, self.level, self._masks(), self.head_dim, self.batch,
+                self.heads):
             for hkv, s in itertools.product(self.kv_heads or [h], self.seq_len):
                 for skv in self.seq_len_kv or [s]:
                     out.append(Case(batch=b, heads=h, kv_heads=hkv, seq_q=s, seq_kv=skv,
                                     head_dim=d, dtype=dtype, causal=causal, mode=mode,
-                                    device=self.device))
+                                    device=self.device, mask=mask, window=window,
+                                    level=level))
         if not out:
             raise CaseError("the grid is empty: every list needs at least one value")
         return list(dict.fromkeys(out))  # drop duplicates, keep order
+
+    def _masks(self) -> list[tuple[str, bool, int | None]]:
+        """(mask, causal, window) combinations."""
+        if "window" in self.mask and not self.window:
+            raise CaseError("mask window needs --window W (the window width)")
+        out = []
+        for mask in self.mask:
+            if mask not in MASK_CHOICES:
+                raise CaseError(f"unknown mask {mask!r} (allowed: {', '.join(MASK_CHOICES)})")
+            causals = [True] if mask == "causal" else self.causal
+            windows = self.window if mask == "window" else [None]
+            out += [("none" if mask == "causal" else mask, c, w)
+                    for c, w in itertools.product(causals, windows)]
+        return list(dict.fromkeys(out))
