@@ -101,49 +101,26 @@ def test_impl_agrees_in_bfloat16(impls, name, case):
     assert row["agrees"] is True, row["reason"]
 
 
-WRONG = {
+CAUSAL_CROSS = Case(batch=1, heads=2, kv_heads=2, seq_q=64, seq_kv=96, head_dim=32, causal=True)
+WRONG = {  # name -> (the keys it keeps, the causal case that catches it)
     # bottom-right causal alignment instead of top-left: only differs when seq_q != seq_kv
-    "wrong_align": "s.masked_fill(j > i + (s.shape[-1] - s.shape[-2]), float('-inf'))",
+    "wrong_align": ("j <= i + (s.shape[-1] - s.shape[-2])", CAUSAL_CROSS),
     # off-by-one diagonal: each query also sees the next key
-    "wrong_diag": "s.masked_fill(j > i + 1, float('-inf'))",
+    "wrong_diag": ("j <= i + 1", CAUSAL_CROSS),
+    # sliding window one key too narrow: i - W + 1 < j <= i instead of i - W < j <= i
+    "wrong_window": ("(j >= i - mask.window + 2) & (j <= i)",
+                     Case(batch=3, heads=2, kv_heads=2, seq_q=48, seq_kv=48, head_dim=16,
+                          causal=True, mask="window", window=8)),
+    # key padding that also keeps the first padded key
+    "wrong_padding": ("(j <= mask.kv_lens[:, None, None, None]) & (j <= i)",
+                      Case(batch=3, heads=2, kv_heads=2, seq_q=48, seq_kv=48, head_dim=16,
+                           causal=True, mask="padding")),
 }
 
 
 @pytest.mark.parametrize("bug", sorted(WRONG))
 def test_agreement_rule_catches_a_wrong_impl(tmp_path, bug):
-    path = tmp_path / f"{bug}.py"
-    path.write_text(textwrap.dedent(f"""
-        import torch
-        from attnbench.registry import register
-
-        @register("{bug}")
-        def impl(q, k, v, *, causal, scale):
-            s = q @ k.transpose(-1, -2) * scale
-            if causal:
-                i = torch.arange(s.shape[-2])[:, None]
-                j = torch.arange(s.shape[-1])[None, :]
-                s = {WRONG[bug]}
-            return s.softmax(-1) @ v
-    """))
-    impl = registry.discover([str(path)], builtin=False, entry_points=False)[bug]
-    case = Case(batch=1, heads=2, kv_heads=2, seq_q=64, seq_kv=96, head_dim=32, causal=True)
-    row = run(impl, case)
-    assert row["status"] == "ok"
-    assert row["agrees"] is False
-    assert "disagrees with the float64 reference in out" in row["reason"]
-    assert row["rel_err"] > row["err_bound"]
-
-
-WRONG_MASKS = {  # each for a causal case
-    # sliding window one key too narrow: i - W + 1 < j <= i instead of i - W < j <= i
-    "wrong_window": "(j >= i - mask.window + 2) & (j <= i)",
-    # key padding that also keeps the first padded key
-    "wrong_padding": "(j <= mask.kv_lens[:, None, None, None]) & (j <= i)",
-}
-
-
-@pytest.mark.parametrize("bug", sorted(WRONG_MASKS))
-def test_agreement_rule_catches_a_wrong_mask(tmp_path, bug):
+    keep, case = WRONG[bug]
     path = tmp_path / f"{bug}.py"
     path.write_text(textwrap.dedent(f"""
         import torch
@@ -154,17 +131,14 @@ def test_agreement_rule_catches_a_wrong_mask(tmp_path, bug):
             s = q @ k.transpose(-1, -2) * scale
             i = torch.arange(s.shape[-2])[:, None]
             j = torch.arange(s.shape[-1])[None, :]
-            keep = {WRONG_MASKS[bug]}
-            return s.masked_fill(~keep, float("-inf")).softmax(-1) @ v
+            return s.masked_fill(~({keep}), float("-inf")).softmax(-1) @ v
     """))
     impl = registry.discover([str(path)], builtin=False, entry_points=False)[bug]
-    mask = bug.split("_")[1]
-    case = Case(batch=3, heads=2, kv_heads=2, seq_q=48, seq_kv=48, head_dim=16, causal=True,
-                mask=mask, window=8 if mask == "window" else None)
     row = run(impl, case)
     assert row["status"] == "ok", row["reason"]
     assert row["agrees"] is False
     assert "disagrees with the float64 reference in out" in row["reason"]
+    assert row["rel_err"] > row["err_bound"]
 
 
 LAYER_IMPLS = ["naive", "sdpa", "sdpa_flash", "sdpa_math", "tiled"]
