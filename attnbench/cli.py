@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         preset = opts.get("preset") or ("gpu" if device.startswith("cuda") else "cpu")
         spec = Spec.from_preset(preset, device, **{k: opts.get(k) for k in (
             "batch", "heads", "kv_heads", "seq_len", "seq_len_kv", "head_dim", "dtype",
-            "causal", "mode", "mask", "window", "level")}, rep_ms=[opts["rep_ms"]] if "rep_ms" in opts else None)
+            "causal", "mode", "mask", "window", "level")},
+            rep_ms=[opts["rep_ms"]] if "rep_ms" in opts else None)
         cases = spec.cases()
         selected = _select_impls(opts.get("impls"), impls)
         seed = opts.get("seed", 0)

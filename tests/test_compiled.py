@@ -99,3 +99,14 @@ def test_a_recompile_inside_the_timing_pass_is_flagged(tmp_path):
     assert row["compile_ms"] > 0
     assert row["recompiled"] is True
     assert "recompiled during the timing pass" in row["reason"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kw", MASKS, ids=label)
+def test_flex_forward_and_backward_agree_on_cuda(impls, kw):
+    case = Case(**{**SHAPE, "seq_q": 256, "seq_kv": 256, "head_dim": 64}, dtype="bfloat16",
+                device="cuda", mode="fwd_bwd", **kw)
+    row = run(impls["flex"], case)
+    assert row["status"] == "ok", row["reason"]
+    assert row["agrees"] is True, row["reason"]
+    assert row["recompiled"] is False

@@ -200,3 +200,13 @@ def test_tiled_memory_grows_linearly_and_naive_quadratically(impls):
         return (p4 - p2) / (p2 - p1)
     assert 3.6 < growth_ratio("naive") < 4.4
     assert 1.8 < growth_ratio("tiled") < 2.2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["sdpa", "tiled", "triton_flash", "xformers", "flex"])
+def test_layer_level_on_cuda(impls, name):
+    case = Case(batch=2, heads=8, kv_heads=2, seq_q=512, seq_kv=512, head_dim=64,
+                dtype="bfloat16", causal=True, mode="fwd_bwd", level="layer", device="cuda")
+    row = run(impls[name], case)
+    assert row["status"] == "ok", row["reason"]
+    assert row["agrees"] is True, row["reason"]
