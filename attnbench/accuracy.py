@@ -25,12 +25,15 @@ def _chunk_rows(batch: int, heads: int, seq_kv: int, dtype: torch.dtype) -> int:
     return max(1, CHUNK_BYTES // max(per_row, 1))
 
 
-def reference(q, k, v, *, causal: bool, scale: float, dout=None, dtype=torch.float64):
+def reference(q, k, v, *, causal: bool, scale: float, dout=None, dtype=torch.float64,
+              window: int | None = None, kv_lens: torch.Tensor | None = None):
     """Attention by the textbook formula in ``dtype``, over query chunks so the score matrix
     is never whole. Returns ``(out, grads)``; grads is ``(dq, dk, dv)`` when ``dout`` is given.
 
     q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D); dout (B, Hq, Sq, D). Results are in ``dtype``
-    (dk/dv accumulated over chunks in at least float32)."""
+    (dk/dv accumulated over chunks in at least float32). Masks, written out element by
+    element (query i, key j, batch b): causal masks j > i; ``window`` W masks |i - j| >= W, or
+    with causal i - j >= W; ``kv_lens`` (B,) masks j >= kv_lens[b] (key padding)."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     group = Hq // Hkv
@@ -48,10 +51,16 @@ def reference(q, k, v, *, causal: bool, scale: float, dout=None, dtype=torch.flo
         qc = q[:, :, rows].requires_grad_(dout is not None)  # (B, Hq, c, D)
         with torch.enable_grad() if dout is not None else torch.no_grad():
             s = (qc @ kk.transpose(-1, -2)) * scale  # (B, Hq, c, Skv)
+            i = torch.arange(rows.start, rows.stop, device=q.device)[:, None]  # (c, 1)
+            j = torch.arange(Skv, device=q.device)[None, :]  # (1, Skv)
             if causal:
-                i = torch.arange(rows.start, rows.stop, device=q.device)[:, None]
-                j = torch.arange(Skv, device=q.device)[None, :]
                 s = s.masked_fill(j > i, float("-inf"))
+            if window is not None:
+                s = s.masked_fill((i - j >= window) if causal else ((i - j).abs() >= window),
+                                  float("-inf"))
+            if kv_lens is not None:
+                padded = j >= kv_lens.to(q.device)[:, None, None, None]  # (B, 1, 1, Skv)
+                s = s.masked_fill(padded, float("-inf"))
             oc = s.softmax(dim=-1) @ vv  # (B, Hq, c, D)
         out[:, :, rows] = oc.detach()
         if dout is not None:

@@ -80,9 +80,9 @@ def _device(text: str | None) -> str:
     return text
 
 
-def _select_impls(names: list[str] | None, impls: dict) -> list:
+def _select_impls(names: list[str] | None, impls: dict, compiled: bool) -> list:
     if names is None:
-        return list(impls.values())
+        return [i for i in impls.values() if compiled or not i.compiled]
     for name in names:
         if name not in impls:
             close = difflib.get_close_matches(name, list(impls), n=1)
@@ -138,6 +138,7 @@ def list_impls(impls: dict, device: str) -> str:
         "head_dims": "any" if impl.head_dims is None else ",".join(map(str, impl.head_dims)),
         "causal/cross/gqa/bwd": "/".join("y" if f else "n" for f in
                                          (impl.causal, impl.cross, impl.gqa, impl.backward)),
+        "masks": ",".join(impl.masks),
         "source": impl.source,
         "note": impl.unavailable or ("" if device in impl.devices
                                      else f"not on {device}; ") + impl.description,
@@ -155,7 +156,10 @@ def summary_table(rows: list[dict]) -> str:
             return r["status"]
         return f"{r['time_ms']:.3g}" + ("" if r["agrees"] in (True, None) else " !")
     df = pd.DataFrame(rows)
-    df["case"] = [f"{r['mode']} {r['dtype']} {'causal' if r['causal'] else 'full'} "
+    df["case"] = [f"{r['mode']} {r['dtype']} {'causal' if r['causal'] else 'full'}"
+                  f"{'' if r['mask'] == 'none' else ' ' + r['mask']}"
+                  f"{'' if r['window'] is None else r['window']}"
+                  f"{' layer' if r['level'] == 'layer' else ''} "
                   f"B{r['batch']} H{r['heads']}/{r['kv_heads']} "
                   f"S{r['seq_q']}x{r['seq_kv']} D{r['head_dim']}" for r in rows]
     df["cell"] = [cell(r) for r in rows]
@@ -180,9 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         preset = opts.get("preset") or ("gpu" if device.startswith("cuda") else "cpu")
         spec = Spec.from_preset(preset, device, **{k: opts.get(k) for k in (
             "batch", "heads", "kv_heads", "seq_len", "seq_len_kv", "head_dim", "dtype",
-            "causal", "mode")}, rep_ms=[opts["rep_ms"]] if "rep_ms" in opts else None)
+            "causal", "mode", "mask", "window", "level")},
+            rep_ms=[opts["rep_ms"]] if "rep_ms" in opts else None)
         cases = spec.cases()
-        selected = _select_impls(opts.get("impls"), impls)
+        selected = _select_impls(opts.get("impls"), impls, spec.compiled)
         seed = opts.get("seed", 0)
         grid = {"preset": preset, "device": device, "seed": seed, "rep_ms": spec.rep_ms[0],
                 "impls": [i.name for i in selected], "cases": [c.label() for c in cases]}

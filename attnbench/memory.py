@@ -34,7 +34,7 @@ def _peak_cuda(fn: Callable[[], object]) -> int:
 
 
 @contextlib.contextmanager
-def _quiet_stderr():
+def quiet_stderr():
     sys.stderr.flush()
     saved = os.dup(2)
     try:
@@ -46,23 +46,33 @@ def _quiet_stderr():
         os.close(saved)
 
 
+@contextlib.contextmanager
+def profiled(activities, **kwargs):
+    """A started torch.profiler.profile, stopped on exit; its C++ start/stop lines on stderr
+    (which would garble the progress bar) are silenced."""
+    from torch.profiler import profile
+
+    prof = profile(activities=activities, **kwargs)
+    with quiet_stderr():
+        prof.start()
+    try:
+        yield prof
+    finally:
+        with quiet_stderr():
+            prof.stop()
+
+
 def _peak_cpu(fn: Callable[[], object]) -> int:
     """The profiler's allocator events, replayed in time order: the running sum of
     allocations (+) and frees (-) during the call, and its maximum."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     try:
         from torch._C._profiler import _EventType
     except ImportError as exc:
         raise MemoryUnavailable(f"this torch has no profiler event tree ({exc})") from exc
-    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with _quiet_stderr():  # the profiler's C++ start/stop lines would garble the progress bar
-        prof.start()
-    try:
+    with profiled([ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
-    finally:
-        with _quiet_stderr():
-            prof.stop()
     del result
     events = []
     stack = list(prof.profiler.kineto_results.experimental_event_tree())

@@ -15,8 +15,8 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from attnbench.case import DEVICES, MODES, CaseError, canonical_dtype
-from attnbench.spec import PRESETS
+from attnbench.case import DEVICES, LEVELS, MODES, CaseError, canonical_dtype
+from attnbench.spec import MASK_CHOICES, PRESETS
 
 
 class UsageError(Exception):
@@ -116,6 +116,13 @@ OPTIONS: dict[str, Option] = {
                     grid=True),
     "causal": Option(_causal, "true, false or both", grid=True),
     "mode": Option(_list(_choice("mode", MODES)), "fwd, bwd (backward alone), fwd_bwd", grid=True),
+    "mask": Option(_list(_choice("mask", MASK_CHOICES)), "none, causal, padding, window "
+                   "(default none); causal means mask none with causal true, the others "
+                   "combine with every --causal value", grid=True),
+    "window": Option(_list(_positive_int), "window widths W for mask window: query i sees "
+                     "keys |i - j| < W, or i - W < j <= i when causal", grid=True),
+    "level": Option(_list(_choice("level", LEVELS)), "op (attention alone, default) or layer "
+                    "(projections + attention + output projection)", grid=True),
     "device": Option(_device, "cpu or cuda (default: cuda when available)", grid=True),
     "rep_ms": Option(_positive_float, "time spent measuring each row, ms (default 100; "
                      "smoke preset 10)", grid=True),

@@ -3,6 +3,8 @@
 An impl is a function ``(q, k, v, *, causal, scale) -> out`` in the canonical layout
 (q (B, Hq, Sq, D), k/v (B, Hkv, Skv, D), out (B, Hq, Sq, D)) or in the layout it declares
 (``layout="bshd"``: q (B, Sq, Hq, D), ...); the harness converts outside the timed region.
+An impl that declares masks beyond ``none`` is also called with ``mask=`` (a masks.Mask);
+the others never see it.
 
 Impls come from three places: every module in ``impls/``, each ``--plugin`` file or module,
 and the entry-point group ``attnbench.impls`` of installed packages. A plugin that fails to
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from attnbench.case import DEVICES, DTYPES, Case, CaseError
+from attnbench.masks import MASKS
 
 IMPLS_DIR = Path(__file__).resolve().parent.parent / "impls"
 ENTRY_POINT_GROUP = "attnbench.impls"
@@ -41,6 +44,11 @@ class Impl:
     gqa: bool = True  # kv_heads < heads
     backward: bool = True
     layout: str = "bhsd"
+    masks: tuple[str, ...] = ("none",)  # masks.MASKS it supports (combined with causal)
+    # the SDPA backend it runs: a fixed name, or a function (call, device_type) -> name|None
+    # that finds out (one extra untimed call); None: not an SDPA impl
+    backend: str | Callable | None = field(default=None, repr=False)
+    compiled: bool = False  # uses torch.compile: the first call's compile time is reported
     description: str = ""
     source: str = ""
     unavailable: str | None = None  # why it cannot run at all (missing dependency, import error)
@@ -49,6 +57,11 @@ class Impl:
     @property
     def available(self) -> bool:
         return self.unavailable is None
+
+    @property
+    def takes_mask(self) -> bool:
+        """Called with ``mask=``: it declared a mask beyond none."""
+        return self.masks != ("none",)
 
     def reasons(self, case: Case) -> list[str]:
         """Why this impl cannot run ``case``; empty when it can."""
@@ -71,6 +84,8 @@ class Impl:
                        f"(supported: kv_heads == heads)")
         if case.backward and not self.backward:
             out.append(f"mode={case.mode} (supported: fwd; no backward)")
+        if case.mask not in self.masks:
+            out.append(f"mask={case.mask} (supported: {', '.join(self.masks)})")
         if not out and self.check is not None:
             out.extend(self.check(case))
         return out
@@ -84,9 +99,16 @@ _current_source = ""
 def register(name: str, *, devices: Iterable[str] = DEVICES,
              dtypes: Iterable[str] = tuple(DTYPES), head_dims: Iterable[int] | None = None,
              causal: bool = True, cross: bool = True, gqa: bool = True, backward: bool = True,
-             layout: str = "bhsd", requires: dict[str, str] | None = None,
+             layout: str = "bhsd", masks: Iterable[str] = ("none",),
+             backend: str | Callable | None = None, compiled: bool = False,
+             requires: dict[str, str] | None = None,
              check: Callable[[Case], list[str]] | None = None, description: str = ""):
     """Decorator registering an attention function with what it supports.
+
+    ``masks``: the masks.MASKS it supports; "none" (no mask beyond causal) is implied. An impl
+    declaring more is called with ``mask=`` (a masks.Mask). ``backend``: the SDPA backend it
+    forces, or a function ``(call, device_type) -> name`` that detects it. ``compiled``: it
+    uses torch.compile (its first call's compile time goes to compile_ms).
 
     ``requires`` maps importable module names to the command that installs them; if one is
     missing the impl is registered as unavailable with that command in its reason.
@@ -101,6 +123,8 @@ def register(name: str, *, devices: Iterable[str] = DEVICES,
                  head_dims=None if head_dims is None else tuple(head_dims),
                  causal=causal, cross=cross, gqa=gqa, backward=backward,
                  layout=_valid(name, "layout", [layout], LAYOUTS)[0],
+                 masks=tuple(dict.fromkeys(("none", *_valid(name, "masks", masks, MASKS)))),
+                 backend=backend, compiled=compiled,
                  description=description or (fn.__doc__ or "").strip().split("\n")[0],
                  source=_current_source, unavailable=unavailable, check=check))
         return fn

@@ -46,11 +46,23 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "err_bound": ("Float64", "the bound that rel_err was held to"),
     "flops": ("Float64", "FLOPs of the timed work"),
     "seed": ("Int64", "seed of the inputs"),
+    "mask": ("string", "none, padding (per-batch valid key lengths) or window; combines with "
+                       "causal"),
+    "window": ("Int64", "window width W with mask=window, else blank"),
+    "level": ("string", "op (attention alone) or layer (projections + attention + output "
+                        "projection)"),
+    "backend": ("string", "SDPA backend that ran (flash, efficient, cudnn, math); blank for "
+                          "impls that are not SDPA"),
+    "compile_ms": ("Float64", "torch.compile impls: first call's wall time minus a steady "
+                              "call's, ms; never part of time_ms"),
+    "recompiled": ("boolean", "torch.compile recompiled during the timing pass (time_ms "
+                              "then includes compilation)"),
 }
 METRICS = ("time_ms", "time_ms_p20", "time_ms_p80", "samples", "tflops", "peak_mem_mib",
-           "max_abs_err", "rel_err", "agrees", "err_bound")
+           "max_abs_err", "rel_err", "agrees", "err_bound", "backend", "compile_ms",
+           "recompiled")
 CASE_KEY = ("impl", "mode", "batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim",
-            "dtype", "causal", "device")
+            "dtype", "causal", "device", "mask", "window", "level")
 SAMPLE_COLUMNS = ("run_id", *CASE_KEY, "sample", "time_ms")
 
 

@@ -8,6 +8,8 @@ import torch
 
 from attnbench.case import Case
 from attnbench.inputs import Inputs, from_layout, to_layout
+from attnbench.layer import layer_forward
+from attnbench.masks import Mask
 from attnbench.registry import Impl
 
 
@@ -17,43 +19,57 @@ class BadOutput(RuntimeError):
 
 @dataclass
 class Call:
-    """Everything needed to run ``impl`` on ``case``; tensors already in the impl's layout."""
+    """Everything needed to run ``impl`` on ``case``; tensors already in the impl's layout.
+    Level op: the leaves are q, k, v; level layer: x and the projection weights."""
     impl: Impl
     case: Case
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
+    leaves: tuple[torch.Tensor, ...]  # (q, k, v) or (x, wq, wk, wv, wo); grads are theirs
     dout: torch.Tensor | None
     scale: float
+    mask: Mask
 
     @classmethod
     def prepare(cls, impl: Impl, case: Case, inputs: Inputs) -> "Call":
         grad = case.backward
-        q, k, v = (to_layout(t, impl.layout).requires_grad_(grad)
-                   for t in (inputs.q, inputs.k, inputs.v))
+        if case.level == "layer":  # the layer converts layouts itself, inside the timing
+            leaves = tuple(t.detach().requires_grad_(grad) for t in (inputs.x, *inputs.weights))
+            return cls(impl, case, leaves, inputs.dout, inputs.scale, inputs.mask.fresh())
+        leaves = tuple(to_layout(t, impl.layout).requires_grad_(grad)
+                       for t in (inputs.q, inputs.k, inputs.v))
         dout = to_layout(inputs.dout, impl.layout) if grad else None
-        return cls(impl, case, q, k, v, dout, inputs.scale)
+        return cls(impl, case, leaves, dout, inputs.scale, inputs.mask.fresh())
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The impl's core attention, in its layout; ``mask=`` only for impls that take it."""
+        extra = {"mask": self.mask} if self.impl.takes_mask else {}
+        return self.impl.fn(q, k, v, causal=self.case.causal, scale=self.scale, **extra)
 
     def forward(self) -> torch.Tensor:
-        return self.impl.fn(self.q, self.k, self.v, causal=self.case.causal, scale=self.scale)
+        if self.case.level == "layer":
+            return layer_forward(self.leaves[0], self.leaves[1:], self.attend, self.case.heads,
+                                 self.case.kv_heads, self.impl.layout)
+        return self.attend(*self.leaves)
 
     def grads(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
         # autograd.grad returns fresh grads instead of accumulating into .grad, so nothing
         # needs clearing between repetitions
-        return torch.autograd.grad(out, (self.q, self.k, self.v), self.dout, retain_graph=True)
+        return torch.autograd.grad(out, self.leaves, self.dout, retain_graph=True)
 
     def check(self) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
-        """Run once (untimed); validate; return out (and dq, dk, dv) in canonical layout."""
+        """Run once (untimed); validate; return out (and its grads: dq, dk, dv; or dx, dwq,
+        dwk, dwv, dwo) in canonical layout."""
         with torch.set_grad_enabled(self.case.backward):
             out = self.forward()
         c = self.case
-        expected = (c.batch, c.heads, c.seq_q, c.head_dim)
+        layer = c.level == "layer"
+        expected = (c.batch, c.seq_q, c.d_model) if layer else (
+            c.batch, c.heads, c.seq_q, c.head_dim)
         if not isinstance(out, torch.Tensor):
             raise BadOutput(f"returned {type(out).__name__}, expected a tensor")
-        canon = from_layout(out, self.impl.layout)
+        canon = out if layer else from_layout(out, self.impl.layout)
         if tuple(canon.shape) != expected:
-            raise BadOutput(f"out has shape {tuple(canon.shape)} in layout bhsd, "
-                            f"expected {expected}")
+            raise BadOutput(f"out has shape {tuple(canon.shape)} in layout "
+                            f"{'(B, S, d_model)' if layer else 'bhsd'}, expected {expected}")
         if out.dtype != c.torch_dtype:
             raise BadOutput(f"out has dtype {out.dtype}, expected {c.torch_dtype}")
         if out.device.type != c.device_type:
@@ -62,7 +78,9 @@ class Call:
             return canon.detach(), None
         if not out.requires_grad:
             raise BadOutput("out does not require grad: the impl broke the autograd graph")
-        grads = tuple(from_layout(g, self.impl.layout) for g in self.grads(out))
+        grads = self.grads(out)
+        if not layer:
+            grads = tuple(from_layout(g, self.impl.layout) for g in grads)
         return canon.detach(), grads
 
     def timed_fn(self) -> Callable[[], object]:

@@ -5,11 +5,16 @@ import itertools
 from dataclasses import dataclass, field, replace
 
 from attnbench.case import MODES, Case, CaseError, canonical_dtype
+from attnbench.masks import MASKS
+
+# --mask values: the masks, and "causal" for mask none with causal true
+MASK_CHOICES = ("none", "causal", *MASKS[1:])
 
 PRESETS: dict[str, dict] = {
-    # seconds, for tests and a first look
+    # seconds, for tests and a first look: torch.compile impls only when named in --impls
     "smoke": dict(batch=[1], heads=[2], seq_len=[64, 128], head_dim=[32], dtype=["float32"],
-                  causal=[False, True], mode=["fwd", "fwd_bwd"], rep_ms=[10.0]),
+                  causal=[False, True], mode=["fwd", "fwd_bwd"], rep_ms=[10.0],
+                  compiled=False),
     # under 3 minutes on 2 cores, long enough (2048) to show naive's N^2 memory
     "cpu": dict(batch=[1], heads=[4], seq_len=[128, 256, 512, 1024, 2048], head_dim=[64],
                 dtype=["float32"], causal=[False, True], mode=["fwd", "bwd"]),
@@ -22,7 +27,9 @@ PRESETS: dict[str, dict] = {
 @dataclass(frozen=True)
 class Spec:
     """A grid: every combination of the lists becomes one case. ``kv_heads`` / ``seq_len_kv``
-    of None mean "same as heads" / "same as seq_len"."""
+    of None mean "same as heads" / "same as seq_len". ``mask`` "causal" is mask none with
+    causal true; the other masks combine with every ``causal`` value; ``window`` lists the
+    widths of mask window (and only of it)."""
     batch: list[int]
     heads: list[int]
     seq_len: list[int]
@@ -34,6 +41,10 @@ class Spec:
     kv_heads: list[int] | None = None
     seq_len_kv: list[int] | None = None
     rep_ms: list[float] = field(default_factory=lambda: [100.0])  # timer budget per row
+    mask: list[str] = field(default_factory=lambda: ["none"])
+    window: list[int] | None = None
+    level: list[str] = field(default_factory=lambda: ["op"])
+    compiled: bool = True  # with no impls named, include those that use torch.compile
     preset: str | None = None
     overrides: dict = field(default_factory=dict)
 
@@ -55,13 +66,29 @@ class Spec:
                 raise CaseError(f"unknown mode {mode!r} (allowed: {', '.join(MODES)})")
         dtypes = [canonical_dtype(d) for d in self.dtype]
         out = []
-        for mode, dtype, causal, d, b, h in itertools.product(
-                self.mode, dtypes, self.causal, self.head_dim, self.batch, self.heads):
+        for mode, dtype, level, (mask, causal, window), d, b, h in itertools.product(
+                self.mode, dtypes, self.level, self._masks(), self.head_dim, self.batch,
+                self.heads):
             for hkv, s in itertools.product(self.kv_heads or [h], self.seq_len):
                 for skv in self.seq_len_kv or [s]:
                     out.append(Case(batch=b, heads=h, kv_heads=hkv, seq_q=s, seq_kv=skv,
                                     head_dim=d, dtype=dtype, causal=causal, mode=mode,
-                                    device=self.device))
+                                    device=self.device, mask=mask, window=window,
+                                    level=level))
         if not out:
             raise CaseError("the grid is empty: every list needs at least one value")
         return list(dict.fromkeys(out))  # drop duplicates, keep order
+
+    def _masks(self) -> list[tuple[str, bool, int | None]]:
+        """(mask, causal, window) combinations."""
+        if "window" in self.mask and not self.window:
+            raise CaseError("mask window needs --window W (the window width)")
+        out = []
+        for mask in self.mask:
+            if mask not in MASK_CHOICES:
+                raise CaseError(f"unknown mask {mask!r} (allowed: {', '.join(MASK_CHOICES)})")
+            causals = [True] if mask == "causal" else self.causal
+            windows = self.window if mask == "window" else [None]
+            out += [("none" if mask == "causal" else mask, c, w)
+                    for c, w in itertools.product(causals, windows)]
+        return list(dict.fromkeys(out))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,7 +11,9 @@ from tqdm import tqdm
 
 from attnbench import accuracy
 from attnbench.case import Case
-from attnbench.inputs import Inputs, make_inputs
+from attnbench.compiling import compile_events
+from attnbench.inputs import Inputs, key_lengths, make_inputs
+from attnbench.layer import layer_reference
 from attnbench.memory import MemoryUnavailable, peak_mem_mib
 from attnbench.registry import Impl, Unsupported
 from attnbench.results import COLUMNS, row_key, row_writer, samples_writer
@@ -50,7 +53,7 @@ def run_sweep(cases: list[Case], impls: list[Impl], run_dir: Path, *, run_id: st
                         or _skip_after_oom(impl, case, oom_at) or _measure(here, impl))
                     if row["status"] == "oom" and (impl.name, _family(case)) not in oom_at:
                         oom_at[impl.name, _family(case)] = case
-                    row.update(run_id=run_id, seed=seed)
+                    row.update(run_id=run_id, seed=seed, flops=case.flops(key_lengths(case, seed)))
                     samples.write([{**row, "sample": i, "time_ms": t}
                                    for i, t in enumerate(times)])
                     out.write(row)  # the row is the commit point: samples are written first
@@ -90,8 +93,9 @@ def _skip_after_oom(impl: Impl, case: Case, oom_at: dict) -> tuple[dict, list] |
 
 
 def base_row(impl: Impl, case: Case) -> dict:
+    """The row's identity; ``flops`` is set by run_sweep (key padding needs the seed)."""
     row = {name: None for name in COLUMNS}
-    row.update(case.as_dict(), impl=impl.name, flops=case.flops())
+    row.update(case.as_dict(), impl=impl.name)
     return row
 
 
@@ -115,18 +119,30 @@ class Prepared:
 @dataclass
 class Truth:
     """Per case: the float64 reference and the textbook formula's error in the case dtype."""
-    ref: list[torch.Tensor] | None  # out (+ dq, dk, dv), canonical layout, float64
+    ref: list[torch.Tensor] | None  # out (+ its grads), canonical layout, float64
     baseline: list[accuracy.Error] | None
     failure: str | None = None
 
 
+def checked_names(case: Case) -> list[str]:
+    """The tensors compared with the reference, in Call.check's order."""
+    grads = ["dq", "dk", "dv"] if case.level == "op" else ["dx", "dwq", "dwk", "dwv", "dwo"]
+    return ["out", *(grads if case.backward else [])]
+
+
 def ground_truth(case: Case, inputs: Inputs) -> Truth:
-    args = dict(causal=case.causal, scale=inputs.scale, dout=inputs.dout)
+    args = dict(causal=case.causal, scale=inputs.scale, dout=inputs.dout, window=case.window,
+                kv_lens=inputs.mask.kv_lens)
+
+    def truth(dtype):
+        if case.level == "layer":
+            return layer_reference(inputs.x, inputs.weights, heads=case.heads,
+                                   kv_heads=case.kv_heads, dtype=dtype, **args)
+        return accuracy.reference(inputs.q, inputs.k, inputs.v, dtype=dtype, **args)
     try:
-        out, grads = accuracy.reference(inputs.q, inputs.k, inputs.v, **args)
+        out, grads = truth(torch.float64)
         ref = [out, *(grads or ())]
-        b_out, b_grads = accuracy.reference(inputs.q, inputs.k, inputs.v, dtype=case.torch_dtype,
-                                            **args)
+        b_out, b_grads = truth(case.torch_dtype)
         baseline = [accuracy.error(x, r) for x, r in zip([b_out, *(b_grads or ())], ref)]
     except (torch.OutOfMemoryError, MemoryError) as exc:
         _release(case)
@@ -146,14 +162,28 @@ def measure(impl: Impl, case: Case, inputs: Inputs | None, truth: Truth | None,
     notes, times = [], []
     try:
         call = Call.prepare(impl, case, inputs)
-        out, grads = call.check()
+        compiles = compile_events()
+        (out, grads), first_ms = _once(call.check, case.device_type)
+        compiled_now = compile_events() != compiles
         row.update(_accuracy(case, [out, *(grads or ())], truth, notes))
         del out, grads
+        if impl.compiled and compiled_now:  # the first call's extra time is compilation
+            row["compile_ms"] = first_ms - _once(call.check, case.device_type)[1]
+        elif impl.compiled:
+            row["compile_ms"] = 0.0
+            notes.append("compile_ms 0: the first call compiled nothing (it reused code "
+                         "compiled for an earlier row)")
+        row["backend"] = _backend(impl, call, case)
+        compiles = compile_events()
         timing = time_fn(call.timed_fn(), case.device_type, timer)
+        row["recompiled"] = compile_events() != compiles
+        if row["recompiled"]:
+            notes.append("recompiled during the timing pass: time_ms includes compilation")
         times = list(timing.samples_ms)
+        flops = case.flops(None if inputs.mask.kv_lens is None else inputs.mask.kv_lens.tolist())
         row.update(time_ms=timing.median_ms, time_ms_p20=timing.p20_ms,
-                   time_ms_p80=timing.p80_ms, samples=len(times),
-                   tflops=case.flops() / (timing.median_ms * 1e-3) / 1e12)
+                   time_ms_p80=timing.p80_ms, samples=len(times), flops=flops,
+                   tflops=flops / (timing.median_ms * 1e-3) / 1e12)
         try:
             row["peak_mem_mib"] = peak_mem_mib(call.memory_fn(), case.device_type)
         except MemoryUnavailable as exc:
@@ -175,6 +205,27 @@ def measure(impl: Impl, case: Case, inputs: Inputs | None, truth: Truth | None,
         _release(case)
 
 
+def _once(fn, device_type: str) -> tuple[object, float]:
+    """One call's result and wall time in ms, the device's queue drained before and after."""
+    if device_type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    result = fn()
+    if device_type == "cuda":
+        torch.cuda.synchronize()
+    return result, (time.perf_counter() - start) * 1e3
+
+
+def _backend(impl: Impl, call: Call, case: Case) -> str | None:
+    if not callable(impl.backend):
+        return impl.backend
+
+    def forward():
+        with torch.no_grad():
+            call.forward()
+    return impl.backend(forward, case.device_type)
+
+
 def _failed(impl: Impl, case: Case, status: str, reason: str) -> tuple[dict, list]:
     return {**base_row(impl, case), "status": status, "reason": reason}, []
 
@@ -192,7 +243,7 @@ def _accuracy(case: Case, got: list[torch.Tensor], truth: Truth, notes: list[str
     if truth.failure:
         notes.append(truth.failure)
         return {}
-    names = ["out", "dq", "dk", "dv"]
+    names = checked_names(case)
     errs = [accuracy.error(x, r) for x, r in zip(got, truth.ref)]
     bad = [n for n, e in zip(names, errs) if not e.finite]
     if bad:

@@ -1,72 +1,94 @@
 """Our blocked attention in plain PyTorch: FlashAttention's algorithm without a custom kernel.
 
 Forward: for each query block, loop over key blocks keeping a running max ``m`` and running
-sum ``l`` (online softmax, float32), rescaling the accumulator; keys past the causal diagonal
-are skipped block-wise. Only the output and the per-row log-sum-exp are saved.
+sum ``l`` (online softmax, float32), rescaling the accumulator; key blocks that no row of the
+query block keeps (past the causal diagonal, outside the window, past every batch's padding)
+are skipped, and only blocks that some row masks in part are masked element-wise. Only the
+output and the per-row log-sum-exp are saved.
 Backward (hand-written): scores are recomputed block by block from the saved log-sum-exp.
 Extra memory is O(block_q · block_k) for scores plus O(S) for out / lse / grads, so it grows
 linearly in the sequence length; the (Sq, Skv) matrix never exists.
 GQA without copies: q is viewed as (B, Hkv, G, Sq, D) and k/v broadcast over G.
 """
+from dataclasses import dataclass
+
 import torch
 
+from attnbench.masks import MASKS, block_keep, key_bounds
 from attnbench.registry import register
 
 BLOCK_Q = 128
 BLOCK_K = 256
 
 
-def _blocks(n: int, size: int):
-    return [(s, min(s + size, n)) for s in range(0, n, size)]
+def _blocks(start: int, end: int, size: int):
+    return [(s, min(s + size, end)) for s in range(start, end, size)]
 
 
-def _key_end(causal: bool, q_end: int, seq_kv: int) -> int:
-    # top-left causal: row i sees keys j <= i, so the block of rows < q_end needs keys < q_end
-    return min(seq_kv, q_end) if causal else seq_kv
+@dataclass
+class _Masking:
+    """Causal, window and key padding, per block."""
+    seq_kv: int
+    causal: bool
+    window: int | None
+    kv_lens: torch.Tensor | None  # (B,) on the device
 
+    def __post_init__(self):
+        self.kv_lens_cpu = None if self.kv_lens is None else self.kv_lens.cpu()  # one sync
 
-def _scores(qb, kb, scale, causal, q0, k0):
-    """Scaled scores of a block in float32, causal-masked: (B, Hkv, G, bq, bk)."""
-    s = (qb @ kb.transpose(-1, -2)).float() * scale
-    if causal and k0 + kb.shape[-2] - 1 > q0:  # the block crosses the diagonal
-        i = torch.arange(q0, q0 + qb.shape[-2], device=s.device)[:, None]
-        j = torch.arange(k0, k0 + kb.shape[-2], device=s.device)[None, :]
-        s = s.masked_fill(j > i, float("-inf"))
-    return s
+    def key_range(self, q0: int, q1: int) -> tuple[int, int, int, int]:
+        """For query rows q0..q1-1: keys some row keeps, [start, end), and keys every row
+        keeps, [full_lo, full_hi). The kept interval only moves right as the row grows."""
+        lo, hi = key_bounds(torch.tensor([q0, q1 - 1]), self.seq_kv, causal=self.causal,
+                            window=self.window, kv_lens=self.kv_lens_cpu)  # (1, 2), (Bm, 2)
+        return int(lo[0, 0]), int(hi[:, 1].max()), int(lo[0, 1]), int(hi[:, 0].min())
+
+    def scores(self, qb, kb, scale, q0, k0, full):
+        """Scaled scores of a block in float32, masked where needed: (B, Hkv, G, bq, bk)."""
+        s = (qb @ kb.transpose(-1, -2)).float() * scale
+        k1 = k0 + kb.shape[-2]
+        if k0 < full[0] or k1 > full[1]:  # some row of the block masks some of these keys
+            keep = block_keep(q0, q0 + qb.shape[-2], k0, k1, self.seq_kv, causal=self.causal,
+                              window=self.window, kv_lens=self.kv_lens, device=s.device)
+            s = s.masked_fill(~keep[:, None, None], float("-inf"))  # keep (Bm, 1, 1, bq, bk)
+        return s
 
 
 class TiledAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale):
+    def forward(ctx, q, k, v, masking, scale):
         B, Hq, Sq, D = q.shape
         Hkv, Skv = k.shape[1], k.shape[2]
         q5 = q.reshape(B, Hkv, Hq // Hkv, Sq, D)  # (B, Hkv, G, Sq, D)
         k5, v5 = k[:, :, None], v[:, :, None]  # (B, Hkv, 1, Skv, D)
         out = torch.empty_like(q5)
         lse = torch.empty(q5.shape[:-1], dtype=torch.float32, device=q.device)  # (B, Hkv, G, Sq)
-        for q0, q1 in _blocks(Sq, BLOCK_Q):
+        for q0, q1 in _blocks(0, Sq, BLOCK_Q):
             qb = q5[..., q0:q1, :]
             m = torch.full(qb.shape[:-1], float("-inf"), device=q.device)  # (B, Hkv, G, bq)
             l = torch.zeros_like(m)
             acc = torch.zeros(qb.shape, dtype=torch.float32, device=q.device)
-            for k0, k1 in _blocks(_key_end(causal, q1, Skv), BLOCK_K):
-                s = _scores(qb, k5[..., k0:k1, :], scale, causal, q0, k0)
+            start, end, *full = masking.key_range(q0, q1)
+            for k0, k1 in _blocks(start, end, BLOCK_K):
+                s = masking.scores(qb, k5[..., k0:k1, :], scale, q0, k0, full)
                 m_new = torch.maximum(m, s.amax(dim=-1))
-                p = torch.exp(s - m_new[..., None])  # (B, Hkv, G, bq, bk)
-                correction = torch.exp(m - m_new)
+                # a row with no kept key yet has m_new = -inf: shift by 0 instead (exp -> 0)
+                shift = m_new.masked_fill(m_new == float("-inf"), 0.0)
+                p = torch.exp(s - shift[..., None])  # (B, Hkv, G, bq, bk)
+                correction = torch.exp(m - shift)
                 l = l * correction + p.sum(dim=-1)
                 acc = acc * correction[..., None] + (p.to(v.dtype) @ v5[..., k0:k1, :]).float()
                 m = m_new
             out[..., q0:q1, :] = (acc / l[..., None]).to(q.dtype)
             lse[..., q0:q1] = m + torch.log(l)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.scale = causal, scale
+        ctx.masking, ctx.scale = masking, scale
         return out.reshape(B, Hq, Sq, D)
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out5, lse = ctx.saved_tensors
-        causal, scale = ctx.causal, ctx.scale
+        masking, scale = ctx.masking, ctx.scale
         B, Hq, Sq, D = q.shape
         Hkv, Skv = k.shape[1], k.shape[2]
         q5 = q.reshape(out5.shape)  # (B, Hkv, G, Sq, D)
@@ -76,11 +98,12 @@ class TiledAttention(torch.autograd.Function):
         dq = torch.zeros(q5.shape, dtype=torch.float32, device=q.device)
         dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)  # (B, Hkv, Skv, D)
         dv = torch.zeros_like(dk)
-        for q0, q1 in _blocks(Sq, BLOCK_Q):
+        for q0, q1 in _blocks(0, Sq, BLOCK_Q):
             qb, dob = q5[..., q0:q1, :], do5[..., q0:q1, :]
-            for k0, k1 in _blocks(_key_end(causal, q1, Skv), BLOCK_K):
+            start, end, *full = masking.key_range(q0, q1)
+            for k0, k1 in _blocks(start, end, BLOCK_K):
                 kb, vb = k5[..., k0:k1, :], v5[..., k0:k1, :]
-                s = _scores(qb, kb, scale, causal, q0, k0)
+                s = masking.scores(qb, kb, scale, q0, k0, full)
                 p = torch.exp(s - lse[..., q0:q1, None])  # (B, Hkv, G, bq, bk)
                 dv[..., k0:k1, :] += (p.to(q.dtype).transpose(-1, -2) @ dob).float().sum(2)
                 dp = (dob @ vb.transpose(-1, -2)).float()
@@ -91,8 +114,10 @@ class TiledAttention(torch.autograd.Function):
                 None, None)
 
 
-@register("tiled", description="our blocked online-softmax attention in plain PyTorch, "
-                               "hand-written backward; memory linear in sequence length")
-def tiled(q, k, v, *, causal, scale):
+@register("tiled", masks=MASKS,
+          description="our blocked online-softmax attention in plain PyTorch, hand-written "
+                      "backward; memory linear in sequence length")
+def tiled(q, k, v, *, causal, scale, mask):
     # q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D) -> (B, Hq, Sq, D)
-    return TiledAttention.apply(q, k, v, causal, scale)
+    masking = _Masking(k.shape[2], causal, mask.window, mask.kv_lens)
+    return TiledAttention.apply(q, k, v, masking, scale)

@@ -27,6 +27,8 @@ def my_sdpa(q, k, v, *, causal, scale):
 '''
 
 
+
+
 def sweep(*args, cwd=ROOT):
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), *args],
                           capture_output=True, text=True, cwd=cwd, timeout=600,
@@ -39,6 +41,7 @@ def smoke_run(tmp_path_factory):
     plugin = tmp / "outside" / "my_plugin.py"
     plugin.parent.mkdir()
     plugin.write_text(textwrap.dedent(USER_PLUGIN))
+    # the smoke preset leaves the torch.compile impls out (tests/test_compiled.py covers them)
     proc = sweep("--preset", "smoke", "--run-id", "smoke1", "--results-dir", str(tmp / "res"),
                  "--plugin", str(plugin), "--no-progress", cwd=tmp)
     assert proc.returncode == 0, proc.stderr
@@ -137,11 +140,21 @@ def test_list_shows_every_impl_with_reasons():
     (["--heads", "6", "--kv-heads", "4"], "heads=6 must be a multiple of kv_heads=4"),
     (["--dtype", "fp64"], "unknown dtype 'fp64'"),
     (["--mode", "forward"], "unknown mode 'forward'"),
-    (["--impls", "sdpa_flsh"], "unknown impl 'sdpa_flsh'; did you mean 'sdpa'?"),
+    (["--impls", "sdpa_flsh"], "unknown impl 'sdpa_flsh'; did you mean 'sdpa_flash'?"),
     (["--preset", "smok"], "unknown preset 'smok'; did you mean 'smoke'?"),
     (["--head-dim", "-1"], "-1 must be a positive integer"),
     (["--seq-len", "64", "--seq-len-kv", "0"], "--seq-len-kv '0': 0 must be a positive"),
     (["--causal", "maybe"], "'maybe' is not one of true, false, both"),
+    (["--level", "block"], "unknown level 'block'"),
+    (["--level", "op,layr"], "unknown level 'layr'; did you mean 'layer'?"),
+    (["--level", "layer", "--seq-len", "64", "--seq-len-kv", "32"],
+     "level=layer is self-attention"),
+    (["--mask", "paddin"], "unknown mask 'paddin'; did you mean 'padding'?"),
+    (["--mask", "window"], "mask window needs --window W"),
+    (["--mask", "window", "--window", "0"], "--window '0': 0 must be a positive integer"),
+    (["--mask", "window", "--window", "x"], "'x' is not an integer"),
+    (["--mask", "window", "--window", "4", "--seq-len", "64", "--seq-len-kv", "16"],
+     "would see no key"),
     (["--rep-ms", "-5"], "must be a positive number"),
     (["--timeout", "abc"], "'abc' is not a number"),
     (["--resume"], "--resume needs the --run-id"),
@@ -168,6 +181,11 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, args, me
     ("causal = [true, 3]\n", "'3' is not one of true, false, both"),
     ("impls = ['naive', 'tild']\n", "unknown impl 'tild'; did you mean 'tiled'?"),
     ("heads = [6]\nkv_heads = [4]\n", "heads=6 must be a multiple of kv_heads=4"),
+    ("mask = ['none', 'diagonal']\n", "mask = 'none,diagonal': unknown mask 'diagonal'"),
+    ("mask = 'window'\n", "mask window needs --window W"),
+    ("mask = 'window'\nwindow = -3\n", "window = '-3': -3 must be a positive integer"),
+    ("level = ['op', 3]\n", "level = 'op,3': unknown level '3'"),
+    ("windows = [8]\n", "unknown field 'windows'; did you mean 'window'?"),
     ("seq_len = [64\n", "not valid TOML"),
     ("batch = {a = 1}\n", "batch: {'a': 1} is not a number"),
 ])
@@ -199,6 +217,22 @@ def test_reports_dir_that_is_a_file_is_refused(tmp_path, capsys):
                  str(tmp_path / "rep")])
     assert code == 2 and "--reports-dir" in capsys.readouterr().err
     assert not (tmp_path / "res").exists()
+
+
+def test_sweep_file_sets_masks_windows_and_levels(tmp_path):
+    config = tmp_path / "sweep.toml"
+    config.write_text('preset = "smoke"\nimpls = ["sdpa"]\nseq_len = [32]\nmode = "fwd"\n'
+                      'causal = false\nmask = ["causal", "window"]\nwindow = [4, 8]\n'
+                      'level = ["op", "layer"]\nrep_ms = 2\n')
+    code = main(["--config", str(config), "--results-dir", str(tmp_path / "res"), "--run-id",
+                 "m", "--no-progress"])
+    assert code == 0
+    df = read_results(tmp_path / "res" / "m")
+    got = sorted(zip(df["level"], df["mask"], df["causal"], df["window"].fillna(0)))
+    assert got == sorted((level, mask, causal, w) for level in ("op", "layer") for mask, causal, w
+                         in (("none", True, 0), ("window", False, 4), ("window", False, 8)))
+    assert (df["status"] == "ok").all() and df["agrees"].all()
+    assert df["backend"].notna().all()
 
 
 def test_bad_input_exit_code_through_the_script(tmp_path):

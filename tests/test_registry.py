@@ -139,3 +139,42 @@ def test_bad_capability_is_refused():
         registry.register("bad_dtype", dtypes=("float64",))(lambda q, k, v, **kw: q)
     assert "bad_dtype" not in registry.discover(builtin=False, entry_points=False)
     sys.modules.pop("bad_dtype", None)
+
+
+def test_masks_are_opt_in_with_readable_reasons(impls):
+    case = cpu_case(mask="window", window=4)
+    plain = registry.Impl(name="plain", fn=None)
+    assert plain.reasons(case) == ["mask=window (supported: none)"]
+    assert not plain.takes_mask
+    some = registry.Impl(name="some", fn=None, masks=("none", "padding"))
+    assert some.reasons(case) == ["mask=window (supported: none, padding)"]
+    assert some.takes_mask and some.reasons(cpu_case(mask="padding")) == []
+    for name in ("triton_flash", "xformers"):  # no mask beyond causal
+        assert impls[name].masks == ("none",)
+        assert "mask=padding (supported: none)" in impls[name].reasons(cpu_case(mask="padding"))
+
+
+def test_register_adds_none_to_the_masks_and_refuses_unknown_ones(monkeypatch):
+    monkeypatch.setattr(registry, "_IMPLS", dict(registry._IMPLS))  # leave no impl behind
+    registry.register("masked_attn", masks=("window",))(lambda q, k, v, **kw: q)
+    assert registry.get("masked_attn").masks == ("none", "window")
+    with pytest.raises(registry.RegistryError, match="masks"):
+        registry.register("bad_mask", masks=("diagonal",))(lambda q, k, v, **kw: q)
+
+
+def test_an_impl_without_masks_is_never_called_with_mask(tmp_path):
+    from attnbench.inputs import make_inputs
+    from attnbench.runner import Call
+
+    path = write(tmp_path / "strict_attn.py", """
+        import torch.nn.functional as F
+        from attnbench.registry import register
+
+        @register("strict_attn")
+        def strict_attn(q, k, v, *, causal, scale):  # no **kwargs: mask= would raise
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    """)
+    impl = registry.discover([str(path)], builtin=False, entry_points=False)["strict_attn"]
+    case = cpu_case(causal=True)
+    out, _ = Call.prepare(impl, case, make_inputs(case, 0)).check()
+    assert out.shape == (1, 2, 8, 16)

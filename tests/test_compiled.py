@@ -1,0 +1,112 @@
+"""torch.compile impls (flex, naive_compiled): agreement under every mask, compile_ms outside
+time_ms, and recompiles inside the timed region caught. Compiling on the CPU takes seconds
+per graph: the cases share shapes so that few graphs are compiled."""
+import textwrap
+
+import pytest
+
+from attnbench import registry
+from attnbench.case import Case
+from attnbench.inputs import make_inputs
+from attnbench.sweep import ground_truth, measure
+from attnbench.timing import TimerConfig
+
+FAST = TimerConfig(rep_ms=1.0, min_samples=1)
+SHAPE = dict(batch=2, heads=4, kv_heads=2, seq_q=80, seq_kv=72, head_dim=16)
+MASKS = [dict(causal=False), dict(causal=True), dict(mask="padding"),
+         dict(mask="window", window=12, causal=True), dict(mask="window", window=12)]
+
+
+def run(impl, case, seed=0):
+    inputs = make_inputs(case, seed)
+    return measure(impl, case, inputs, ground_truth(case, inputs), FAST)[0]
+
+
+def label(kw):
+    return "-".join(f"{k}={v}" for k, v in kw.items())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kw", MASKS, ids=label)
+def test_flex_forward_agrees_under_every_mask(impls, kw):
+    row = run(impls["flex"], Case(**SHAPE, **kw))
+    assert row["status"] == "ok", row["reason"]
+    assert row["agrees"] is True, row["reason"]
+    assert row["recompiled"] is False
+    assert row["compile_ms"] >= 0
+
+
+def test_flex_has_no_cpu_backward(impls):
+    row = run(impls["flex"], Case(**SHAPE, mode="fwd_bwd"))
+    assert row["status"] == "unsupported"
+    assert row["reason"] == ("mode=fwd_bwd on cpu (supported: fwd; FlexAttention has no CPU "
+                             "backward)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kw", [dict(mask="padding", causal=True),
+                                dict(mask="window", window=12)], ids=label)
+def test_naive_compiled_agrees_with_grads(impls, kw):
+    row = run(impls["naive_compiled"], Case(**SHAPE, mode="fwd_bwd", **kw))
+    assert row["status"] == "ok", row["reason"]
+    assert row["agrees"] is True, row["reason"]
+    assert row["recompiled"] is False
+
+
+@pytest.mark.slow
+def test_compile_ms_is_the_first_calls_extra_time_and_not_in_time_ms(impls):
+    case = Case(batch=1, heads=2, kv_heads=2, seq_q=24, seq_kv=24, head_dim=8)  # a new graph
+    first = run(impls["naive_compiled"], case)
+    assert first["status"] == "ok" and first["recompiled"] is False
+    assert first["compile_ms"] > 50 * first["time_ms"]  # compiling takes far longer than a call
+    again = run(impls["naive_compiled"], case)  # the compiled graph is reused
+    assert again["compile_ms"] == 0.0
+    assert "the first call compiled nothing" in again["reason"]
+    assert again["recompiled"] is False
+
+
+RECOMPILING = '''
+import itertools
+
+import torch
+import torch.nn.functional as F
+from attnbench.registry import register
+
+calls = itertools.count()
+
+
+@torch.compile(dynamic=False)
+def doubled(x):
+    return x * 2.0
+
+
+@register("recompiling", compiled=True, backward=False)
+def recompiling(q, k, v, *, causal, scale):
+    # calls 0 and 1 are the checked call and the steady one; from call 2 on (the timing
+    # pass) the input has a new shape, so the compiled function is compiled again
+    x = q if next(calls) < 2 else q[..., :1]
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale) + 0 * doubled(
+        x).sum()
+'''
+
+
+def test_a_recompile_inside_the_timing_pass_is_flagged(tmp_path):
+    path = tmp_path / "recompiling.py"
+    path.write_text(textwrap.dedent(RECOMPILING))
+    impl = registry.discover([str(path)], builtin=False, entry_points=False)["recompiling"]
+    row = run(impl, Case(batch=1, heads=2, kv_heads=2, seq_q=16, seq_kv=16, head_dim=8))
+    assert row["status"] == "ok", row["reason"]
+    assert row["compile_ms"] > 0
+    assert row["recompiled"] is True
+    assert "recompiled during the timing pass" in row["reason"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kw", MASKS, ids=label)
+def test_flex_forward_and_backward_agree_on_cuda(impls, kw):
+    case = Case(**{**SHAPE, "seq_q": 256, "seq_kv": 256, "head_dim": 64}, dtype="bfloat16",
+                device="cuda", mode="fwd_bwd", **kw)
+    row = run(impls["flex"], case)
+    assert row["status"] == "ok", row["reason"]
+    assert row["agrees"] is True, row["reason"]
+    assert row["recompiled"] is False
