@@ -162,6 +162,16 @@ class Case:
             total += self.projection_flops() * PROJ_FLOP_FACTOR[self.mode]
         return total
 
+    @classmethod
+    def from_row(cls, row) -> "Case":
+        """The case of a results row (a dict or a pandas row; blank cells are missing)."""
+        def value(name, kind):
+            v = row[name]
+            return None if v is None or str(v) in ("", "<NA>", "nan", "None") else kind(v)
+        ints = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "window")
+        return cls(**{f: value(f, int if f in ints else bool if f == "causal" else str)
+                      for f in cls.__dataclass_fields__})
+
     def as_dict(self) -> dict:
         return asdict(self)
 

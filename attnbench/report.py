@@ -41,11 +41,8 @@ def device_name(env: dict, df: pd.DataFrame) -> str:
 
 def case_label(row) -> str:
     try:
-        return Case(**{k: (bool(row[k]) if k == "causal" else
-                           int(row[k]) if k in ("batch", "heads", "kv_heads", "seq_q", "seq_kv",
-                                                "head_dim") else str(row[k]))
-                       for k in analysis.CASE_COLUMNS}).label()
-    except (CaseError, TypeError, ValueError):
+        return Case.from_row(row).label()
+    except (CaseError, TypeError, ValueError, KeyError):
         return " ".join(f"{k}={row[k]}" for k in analysis.CASE_COLUMNS)
 
 
