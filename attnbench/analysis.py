@@ -46,6 +46,7 @@ SERIES_KEY = (*(c for c in CASE_KEY if c not in SEQ_COLUMNS), "seq_kv_rule")
 FIT_METRICS = ("time_ms", "peak_mem_mib")
 OVERHEAD_FACTOR = 4.0
 MIN_FIT_POINTS = 3
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def flag(value) -> bool:
@@ -293,3 +294,35 @@ def disagreements(df: pd.DataFrame) -> pd.DataFrame:
 def failures(df: pd.DataFrame) -> pd.DataFrame:
     """Every non-ok row (status missing included)."""
     return df[~is_ok(df)].sort_values(["impl", *CASE_COLUMNS]).reset_index(drop=True)
+
+
+def min_bytes(df: pd.DataFrame) -> pd.Series:
+    """The bytes an attention call must move at the least: q, k, v read and out written once
+    (fwd); q, k, v, out, dout read and dq, dk, dv written (bwd); both for fwd_bwd. Op level
+    only (NA for layer rows)."""
+    elem = df["dtype"].map(ELEMENT_BYTES).astype("Float64")
+    q_side = df["batch"] * df["heads"] * df["seq_q"] * df["head_dim"]  # elements of q / out
+    kv_side = df["batch"] * df["kv_heads"] * df["seq_kv"] * df["head_dim"]  # of k / v
+    fwd = 2 * q_side + 2 * kv_side
+    bwd = 4 * q_side + 4 * kv_side
+    per_mode = df["mode"].map({"fwd": 1, "bwd": 0, "fwd_bwd": 1}) * fwd + \
+        df["mode"].map({"fwd": 0, "bwd": 1, "fwd_bwd": 1}) * bwd
+    out = (per_mode * elem).astype("Float64")
+    return out.where(df["level"].fillna("op") == "op")
+
+
+def arithmetic_intensity(df: pd.DataFrame) -> pd.Series:
+    """FLOPs per byte of the least traffic (``min_bytes``): x axis of the roofline."""
+    return (df["flops"] / min_bytes(df)).astype("Float64")
+
+
+def kernel_table(kernels: pd.DataFrame, top: int = 8) -> pd.DataFrame:
+    """Per impl, its kernels (GPU) or ops (CPU) over every profiled case: calls, total time
+    and share of the impl's profiled time; the ``top`` largest of each impl."""
+    if kernels.empty:
+        return kernels
+    agg = kernels.groupby(["impl", "kernel"], as_index=False).agg(
+        calls=("calls", "sum"), total_us=("total_us", "sum"))
+    agg["share"] = agg["total_us"] / agg.groupby("impl")["total_us"].transform("sum")
+    agg = agg.sort_values(["impl", "total_us"], ascending=[True, False])
+    return agg.groupby("impl", as_index=False).head(top).reset_index(drop=True)

@@ -17,13 +17,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from attnbench import registry
+from attnbench import ceilings, registry
 from attnbench.case import CaseError
 from attnbench.options import OPTIONS, UsageError, flag, load_config, parse_value
 from attnbench.report import write_report
 from attnbench.results import collect_env, done_keys, write_json_atomic
 from attnbench.spec import Spec
-from attnbench.sweep import run_sweep
+from attnbench.sweep import Settings, run_sweep
 from attnbench.timing import TimerConfig
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, opt in OPTIONS.items():
         if name == "plugin":
             p.add_argument("--plugin", action="append", metavar="PATH", help=opt.help)
+        elif name == "profile":
+            p.add_argument("--profile", nargs="?", const="all", metavar="MATCH", help=opt.help)
         elif name == "isolate":
             p.add_argument("--isolate", action="store_const", const="true", help=opt.help)
             p.add_argument("--no-isolate", dest="isolate", action="store_const",
@@ -201,16 +203,21 @@ def main(argv: list[str] | None = None) -> int:
     done = done_keys(run_dir) if args.resume else set()
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / GRID_FILE, grid)
-    env_name = "env.json" if not args.resume else f"env-resume-{datetime.now():%H%M%S}.json"
-    write_json_atomic(run_dir / env_name, collect_env(["scripts/sweep.py", *argv], seed, device))
     print(f"{len(cases)} cases x {len(selected)} impls on {device} -> {run_dir}"
           + (f" ({len(done)} rows already done)" if done else ""))
     _warn_if_busy(device)
+    env = collect_env(["scripts/sweep.py", *argv], seed, device)
+    env["ceilings"] = ceilings.measure(sorted({c.dtype for c in cases}), device,
+                                       quick=spec.rep_ms[0] < 50)
+    env_name = "env.json" if not args.resume else f"env-resume-{datetime.now():%H%M%S}.json"
+    write_json_atomic(run_dir / env_name, env)
+    settings = Settings(timer=TimerConfig(rep_ms=spec.rep_ms[0]),
+                        matmul_tflops=env["ceilings"]["matmul_tflops"],
+                        profile=opts.get("profile"), traces_dir=run_dir / "traces")
     try:
         rows = run_sweep(cases, selected, run_dir, run_id=run_id, seed=seed,
-                         timer=TimerConfig(rep_ms=spec.rep_ms[0]), isolate=isolate,
-                         timeout_s=opts.get("timeout"), plugins=plugins, done=done,
-                         progress=not args.no_progress)
+                         settings=settings, isolate=isolate, timeout_s=opts.get("timeout"),
+                         plugins=plugins, done=done, progress=not args.no_progress)
     except KeyboardInterrupt:
         print(f"\ninterrupted; every finished row is in {run_dir / 'results.csv'}. Continue "
               f"with: python scripts/sweep.py {' '.join(argv)} --resume"

@@ -80,6 +80,11 @@ def _bool(text: str) -> bool:
     return text.lower() == "true"
 
 
+def _profile(text: str) -> tuple[str, ...]:
+    """() profiles every pair; otherwise the texts a pair's description must all contain."""
+    return () if text.strip() == "all" else tuple(_items(text))
+
+
 def _device(text: str) -> str:
     if text.split(":")[0] not in DEVICES:
         raise ValueError(f"unknown device {text!r} (allowed: {', '.join(DEVICES)})")
@@ -133,6 +138,9 @@ OPTIONS: dict[str, Option] = {
     "isolate": Option(_bool, "run impls in a worker process, so crashes and hangs become "
                       "rows (default: true on CUDA, false on CPU)"),
     "threads": Option(_positive_int, "CPU threads torch may use (default: torch's choice)"),
+    "profile": Option(_profile, "profile the (case, impl) pairs: 'all', or comma-separated "
+                      "texts that must all appear in '<impl> <case label>' (e.g. tiled,S2048); "
+                      "writes a Chrome trace per pair and a kernel table"),
 }
 
 

@@ -29,12 +29,15 @@ from attnbench.results import STATUSES  # noqa: E402
 
 # Built-in impls keep these slots whatever else is in the run; plugins take the remaining
 # colours in sorted-name order.
-BUILTIN_IMPLS = ("naive", "sdpa", "xformers", "tiled", "triton_flash")
+BUILTIN_IMPLS = ("naive", "sdpa", "xformers", "tiled", "triton_flash", "sdpa_flash",
+                 "sdpa_efficient", "sdpa_cudnn", "sdpa_math", "flex", "naive_compiled")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "*", "p")
 FACET_COLUMNS = ("mode", "causal")
-CONFIG_COLUMNS = ("dtype", "batch", "heads", "kv_heads", "head_dim", "seq_kv_rule", "device")
+CONFIG_COLUMNS = ("dtype", "batch", "heads", "kv_heads", "head_dim", "seq_kv_rule", "device",
+                  "mask", "window", "level")
 CONFIG_LABELS = {"dtype": "", "batch": "B=", "heads": "H=", "kv_heads": "Hkv=",
-                 "head_dim": "D=", "seq_kv_rule": "", "device": ""}
+                 "head_dim": "D=", "seq_kv_rule": "", "device": "", "mask": "mask=",
+                 "window": "W=", "level": "level="}
 PANEL_W_IN, PANEL_H_IN = 7.4, 3.9  # width includes the legend beside the axes
 DPI = 130
 MAX_COLS = 2  # panels are wide: the legend sits beside each one
@@ -42,7 +45,8 @@ MAX_COLS = 2  # panels are wide: the legend sits beside each one
 
 def impl_style(impls) -> dict[str, tuple]:
     """impl -> (colour, marker), stable across figures and runs for the built-ins."""
-    colours = sns.color_palette("tab10", 10)
+    tab20 = sns.color_palette("tab20", 20)
+    colours = tab20[0::2] + tab20[1::2]  # the ten strong colours, then their light partners
     plugins = sorted(set(impls) - set(BUILTIN_IMPLS))
     extra = colours[len(BUILTIN_IMPLS):]
     if len(plugins) > len(extra):
@@ -75,7 +79,7 @@ def _fixed_and_varying(df: pd.DataFrame) -> tuple[list[str], list[str]]:
 
 
 def _fmt_config(row, columns) -> str:
-    return ", ".join(f"{CONFIG_LABELS[c]}{row[c]}" for c in columns)
+    return ", ".join(f"{CONFIG_LABELS[c]}{row[c]}" for c in columns if not pd.isna(row[c]))
 
 
 def _title(what: str, df: pd.DataFrame, device_name: str | None) -> str:
@@ -86,6 +90,8 @@ def _title(what: str, df: pd.DataFrame, device_name: str | None) -> str:
     skip = {"dtype", "device"}
     if len(df) and (df["kv_heads"] == df["heads"]).all():
         skip.add("kv_heads")  # plain multi-head attention: Hkv = H says nothing
+    if len(df) and (df["mask"] == "none").all() and (df["level"] == "op").all():
+        skip |= {"mask", "window", "level"}  # the defaults say nothing either
     held = ", ".join(f"{CONFIG_LABELS[c]}{df[c].iloc[0]}" for c in fixed
                      if c not in skip) if len(df) else ""
     return f"{what}\n{device} · {dtype}" + (f" · fixed: {held}" if held else "")
@@ -399,4 +405,42 @@ def plot_ratio_vs_seq(table: pd.DataFrame, *, fail_above_pct: float | None = Non
     for ax in fig.axes:
         if ax.get_yscale() == "log":
             _ratio_axis(ax)
+    return fig
+
+
+def plot_roofline(df: pd.DataFrame, ceilings: dict, *, device_name: str | None = None):
+    """Achieved TFLOP/s vs arithmetic intensity (FLOPs per byte of the least traffic), with
+    the run's measured ceilings: the matmul rate of each dtype and the copy bandwidth."""
+    df = analysis.with_series(df)
+    ok = analysis.ok_rows(df)
+    ok = ok.assign(intensity=analysis.arithmetic_intensity(ok)).dropna(
+        subset=["intensity", "tflops"])
+    title = _title("Roofline: achieved TFLOP/s vs arithmetic intensity", df, device_name)
+    if ok.empty or not ceilings:
+        return _empty(title, "no ok op-level rows or no measured ceilings")
+    fig, axes = _grid(1, title)
+    ax = axes[0]
+    style = impl_style(df["impl"].dropna().unique())
+    for impl, g in ok.groupby("impl", sort=True):
+        colour, marker = style[impl]
+        ax.scatter(g["intensity"].astype(float), g["tflops"].astype(float), color=colour,
+                   marker=marker, label=impl, s=28, alpha=0.85)
+    x = np.geomspace(float(ok["intensity"].min()) / 2, float(ok["intensity"].max()) * 2, 200)
+    bandwidth_tb_s = ceilings.get("copy_gb_s", 0) / 1e3
+    copy = f" · copy {ceilings['copy_gb_s']:.3g} GB/s" if bandwidth_tb_s else ""
+    for i, (dtype, peak) in enumerate(sorted(ceilings.get("matmul_tflops", {}).items())):
+        if dtype not in set(ok["dtype"]):
+            continue
+        roof = np.minimum(peak, bandwidth_tb_s * x) if bandwidth_tb_s else np.full_like(x, peak)
+        ax.plot(x, roof, color="black", lw=1, ls=("--", ":", "-.")[i % 3],
+                label=f"roof {dtype}: matmul {peak:.3g} TFLOP/s{copy}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25"
+                                               else ""))
+    ax.set_xlabel("arithmetic intensity, FLOP per byte (q, k, v, out moved once)")
+    ax.set_ylabel("TFLOP/s")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return fig

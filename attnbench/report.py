@@ -25,6 +25,9 @@ FIGURES = (
     ("error_vs_seq", "Numerical error", "Worst relative error against the float64 reference; "
      "the dashed line is the agreement bound each row was held to. Circled points disagree."),
     ("support_matrix", "Support matrix", "Rows per status for each impl and case family."),
+    ("roofline", "Roofline", "Achieved TFLOP/s against arithmetic intensity (FLOPs per byte "
+     "of the least traffic: q, k, v read and out written once, plus dout and the gradients "
+     "with backward), under the ceilings measured at the start of this run."),
 )
 FAILURE_ORDER = {s: i for i, s in enumerate(("crash", "error", "timeout", "oom", "unsupported"))}
 
@@ -64,7 +67,14 @@ def _header(run_id: str, df: pd.DataFrame, env: dict) -> list[str]:
             ("command", f"`{v('command')}`"), ("git", git), ("versions", versions),
             ("platform", v("platform")), ("seed", v("seed"))]
     if env.get("gpu_name"):
-        rows.insert(1, ("GPU", f"{v('gpu_sm_count')} SMs, {v('gpu_mem_gib')} GiB"))
+        rows.insert(1, ("GPU", f"{v('gpu_sm_count')} SMs, {v('gpu_mem_gib')} GiB, L2 "
+                               f"{v('gpu_l2_mib')} MiB, sm_{v('gpu_capability')}, driver "
+                               f"{v('driver')}"))
+    ceilings = env.get("ceilings") or {}
+    if ceilings:
+        rates = ", ".join(f"{d} {t:.4g}" for d, t in sorted(ceilings["matmul_tflops"].items()))
+        rows.append(("ceilings (measured)", f"matmul TFLOP/s: {rates} ({ceilings['matmul_n']}³); "
+                                            f"copy {ceilings['copy_gb_s']:.4g} GB/s"))
     if env.get("load_avg_1m") is not None:
         rows.insert(2, ("load at start", f"{v('load_avg_1m')} (1-min average, "
                                          f"{v('cpu_count')} cores)"))
@@ -250,8 +260,48 @@ def _failures_section(df: pd.DataFrame) -> list[str]:
     return lines
 
 
+def _checks_section(df: pd.DataFrame) -> list[str]:
+    """Ok rows whose measurement is in doubt: a throttling GPU, or a median that the
+    profiler's kernel time does not explain."""
+    ok = analysis.ok_rows(df)
+    lines = ["## Measurement checks", ""]
+    throttled = ok[ok["throttle"].notna() & (ok["throttle"] != "none")]
+    mismatch = ok[ok["reason"].fillna("").str.contains("profiler kernel time")]
+    if ok["profiler_ms"].notna().any():
+        diff = ((ok["time_ms"] - ok["profiler_ms"]).abs() / ok["time_ms"]).max()
+        lines += [f"Largest difference between the harness's median and the profiler's kernel "
+                  f"time: {100 * float(diff):.1f}% (rows beyond 5% are listed below).", ""]
+    else:
+        lines += ["No profiler cross-check (it runs for every CUDA row).", ""]
+    if ok["sm_clock_mhz"].notna().any():
+        lines += [f"SM clock while timing: {ok['sm_clock_mhz'].min():.0f}–"
+                  f"{ok['sm_clock_mhz'].max():.0f} MHz (row medians); "
+                  f"{len(throttled)} row(s) saw the GPU slow its clocks.", ""]
+    flagged = pd.concat([throttled, mismatch]).drop_duplicates(subset=list(analysis.CASE_KEY))
+    if flagged.empty:
+        return lines + ["No row was flagged.", ""]
+    flagged = flagged.assign(case=[case_label(r) for _, r in flagged.iterrows()])
+    return lines + [table(flagged, {"impl": "impl", "case": "case", "throttle": "throttle",
+                                    "time_ms": "time_ms", "profiler_ms": "profiler_ms",
+                                    "reason": "reason"},
+                          formats={"time_ms": ".4g", "profiler_ms": ".4g"})]
+
+
+def _kernels_section(kernels: pd.DataFrame | None) -> list[str]:
+    if kernels is None or kernels.empty:
+        return []
+    lines = ["## What ran (--profile)", "",
+             "Per impl, the kernels (GPU) or ops (CPU, self time) the profiler saw over its "
+             "profiled cases, largest first. Chrome traces, one per (case, impl): the run's "
+             "`traces/` folder beside results.csv (open in chrome://tracing or Perfetto).", ""]
+    top = analysis.kernel_table(kernels)
+    return lines + [table(top, {"impl": "impl", "kernel": "kernel", "calls": "calls",
+                                "total_us": "total µs", "share": "share"},
+                          formats={"total_us": ".1f", "share": ".1%"})]
+
+
 def render(df: pd.DataFrame, env: dict, run_id: str, out_dir: Path,
-           baseline: str = "sdpa") -> str:
+           baseline: str = "sdpa", kernels: pd.DataFrame | None = None) -> str:
     """Write the figures into out_dir and return the markdown text."""
     name = device_name(env, df)
     if busy_machine(env):
@@ -270,11 +320,15 @@ def render(df: pd.DataFrame, env: dict, run_id: str, out_dir: Path,
         "speedup_vs_seq": lambda: plots.plot_speedup_vs_seq(df, baseline, device_name=name),
         "error_vs_seq": lambda: plots.plot_error_vs_seq(df, device_name=name),
         "support_matrix": lambda: plots.plot_support_matrix(df, device_name=name),
+        "roofline": lambda: plots.plot_roofline(df, env.get("ceilings") or {},
+                                                device_name=name),
     }
     lines += ["## Plots", ""]
     for stem, heading, caption in FIGURES:
         plots.save_figure(figures[stem](), out_dir / stem)
         lines += [f"### {heading}", "", caption, "", f"![{heading}]({stem}.png)", ""]
+    lines += _checks_section(df)
+    lines += _kernels_section(kernels)
     lines += _failures_section(df)
     return "\n".join(lines).rstrip() + "\n"
 
@@ -288,7 +342,9 @@ def write_report(run_dir, reports_dir, baseline: str = "sdpa") -> Path:
     df, env = load_run(run_dir)
     run_id = run_dir.resolve().name
     target = Path(reports_dir) / run_id
+    kernels_csv = run_dir / "kernels.csv"
+    kernels = pd.read_csv(kernels_csv) if kernels_csv.exists() else None
     with atomic_dir(target) as tmp:
-        text = render(df, env, run_id, tmp, baseline)
+        text = render(df, env, run_id, tmp, baseline, kernels)
         (tmp / "report.md").write_text(text, encoding="utf-8")
     return target / "report.md"

@@ -42,22 +42,23 @@ def report_main(argv=None) -> int:
     parser.add_argument("run_dir", type=Path, help="a sweep's run folder, e.g. results/<run-id>")
     parser.add_argument("--reports-dir", type=Path, default=Path("reports"),
                         help="where <run-id>/report.md goes (default: reports)")
-    parser.add_argument("--baseline", default="sdpa",
-                        help="impl the speedups are relative to (default: sdpa)")
+    parser.add_argument("--baseline", default=None,
+                        help="impl the speedups are relative to (default: sdpa; the report "
+                             "says so if the run has none)")
     args = parser.parse_args(argv)
     try:
         df, _ = load_run(args.run_dir)
     except RunError as exc:
         return _fail(str(exc))
     impls = sorted(df["impl"].dropna().unique())
-    if args.baseline not in impls:
+    if args.baseline is not None and args.baseline not in impls:
         return _fail(f"--baseline {args.baseline!r} is not an impl of this run; pick one of: "
                      f"{', '.join(impls) or '(no rows)'}")
     if args.reports_dir.exists() and not args.reports_dir.is_dir():
         return _fail(f"--reports-dir {args.reports_dir} is a file; pass a folder")
     from attnbench.report import write_report  # imports matplotlib: only once input is valid
 
-    path = write_report(args.run_dir, args.reports_dir, baseline=args.baseline)
+    path = write_report(args.run_dir, args.reports_dir, baseline=args.baseline or "sdpa")
     print(path)
     return EXIT_OK
 

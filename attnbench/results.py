@@ -57,13 +57,25 @@ COLUMNS: dict[str, tuple[str, str]] = {
                               "call's, ms; never part of time_ms"),
     "recompiled": ("boolean", "torch.compile recompiled during the timing pass (time_ms "
                               "then includes compilation)"),
+    "pct_peak": ("Float64", "tflops as a percentage of the matmul rate measured for this "
+                            "dtype at the start of the run (env.json ceilings)"),
+    "profiler_ms": ("Float64", "CUDA: the profiler's summed kernel time per call, to "
+                               "cross-check time_ms (reason notes a >5% difference)"),
+    "sm_clock_mhz": ("Float64", "CUDA: median SM clock while timing (NVML)"),
+    "power_w": ("Float64", "CUDA: median board power while timing, W (NVML)"),
+    "temp_c": ("Float64", "CUDA: median GPU temperature while timing, C (NVML)"),
+    "throttle": ("string", "CUDA: clock-slowdown reasons NVML reported while timing "
+                           "(none, or e.g. sw_power_cap,hw_thermal)"),
 }
 METRICS = ("time_ms", "time_ms_p20", "time_ms_p80", "samples", "tflops", "peak_mem_mib",
            "max_abs_err", "rel_err", "agrees", "err_bound", "backend", "compile_ms",
-           "recompiled")
+           "recompiled", "pct_peak", "profiler_ms", "sm_clock_mhz", "power_w", "temp_c",
+           "throttle")
 CASE_KEY = ("impl", "mode", "batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim",
             "dtype", "causal", "device", "mask", "window", "level")
 SAMPLE_COLUMNS = ("run_id", *CASE_KEY, "sample", "time_ms")
+# --profile: one line per (row, kernel or op), the device's time summed over PROFILED_CALLS
+KERNEL_COLUMNS = ("run_id", *CASE_KEY, "kernel", "calls", "total_us", "share")
 
 
 def _fmt(value) -> str:
@@ -75,28 +87,31 @@ def _fmt(value) -> str:
 
 
 class CsvAppender:
-    """Appends rows to a CSV, each one flushed and fsynced before ``write`` returns."""
+    """Appends rows to a CSV, each one flushed and fsynced before ``write`` returns. The file
+    (with its header, if new) is opened at the first row, so no row means no file."""
 
     def __init__(self, path: Path, columns: tuple[str, ...]):
         self.path, self.columns = Path(path), tuple(columns)
-        new = not self.path.exists() or self.path.stat().st_size == 0
-        self._file = open(self.path, "a", newline="", encoding="utf-8")
-        self._writer = csv.DictWriter(self._file, fieldnames=self.columns, extrasaction="raise")
-        if new:
-            self._writer.writeheader()
-            self._sync()
+        self._file = self._writer = None
 
     def write(self, rows: list[dict] | dict) -> None:
-        for row in [rows] if isinstance(rows, dict) else rows:
+        rows = [rows] if isinstance(rows, dict) else rows
+        if not rows:
+            return
+        if self._file is None:
+            new = not self.path.exists() or self.path.stat().st_size == 0
+            self._file = open(self.path, "a", newline="", encoding="utf-8")
+            self._writer = csv.DictWriter(self._file, fieldnames=self.columns)
+            if new:
+                self._writer.writeheader()
+        for row in rows:
             self._writer.writerow({c: _fmt(row.get(c)) for c in self.columns})
-        self._sync()
-
-    def _sync(self) -> None:
         self._file.flush()
         os.fsync(self._file.fileno())
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
     def __enter__(self):
         return self
@@ -126,24 +141,27 @@ def repair_tail(path: Path) -> bool:
 
 
 def done_keys(run_dir: Path) -> set[tuple[str, ...]]:
-    """Keys of the rows already in run_dir/results.csv, after repairing its tail; samples of
-    rows that never reached results.csv are dropped."""
-    results, samples = Path(run_dir) / "results.csv", Path(run_dir) / "samples.csv"
+    """Keys of the rows already in run_dir/results.csv, after repairing its tail; samples and
+    kernels of rows that never reached results.csv are dropped."""
+    results = Path(run_dir) / "results.csv"
     repair_tail(results)
     with open(results, newline="", encoding="utf-8") as f:
         keys = {row_key(r) for r in csv.DictReader(f)}
-    if samples.exists():
-        repair_tail(samples)
-        with open(samples, newline="", encoding="utf-8") as f:
+    for name, columns in (("samples.csv", SAMPLE_COLUMNS), ("kernels.csv", KERNEL_COLUMNS)):
+        path = Path(run_dir) / name
+        if not path.exists():
+            continue
+        repair_tail(path)
+        with open(path, newline="", encoding="utf-8") as f:
             kept = [r for r in csv.DictReader(f) if row_key(r) in keys]
-        tmp = samples.with_suffix(".csv.tmp")
+        tmp = path.with_suffix(".csv.tmp")
         with open(tmp, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=SAMPLE_COLUMNS)
+            writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()
             writer.writerows(kept)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, samples)
+        os.replace(tmp, path)
     return keys
 
 
@@ -153,6 +171,10 @@ def row_writer(run_dir: Path) -> CsvAppender:
 
 def samples_writer(run_dir: Path) -> CsvAppender:
     return CsvAppender(Path(run_dir) / "samples.csv", SAMPLE_COLUMNS)
+
+
+def kernels_writer(run_dir: Path) -> CsvAppender:
+    return CsvAppender(Path(run_dir) / "kernels.csv", KERNEL_COLUMNS)
 
 
 def read_results(path: Path) -> pd.DataFrame:

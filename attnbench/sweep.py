@@ -1,10 +1,13 @@
 """The sweep: cases x impls -> one durable row each. Read top-down."""
 from __future__ import annotations
 
+import contextlib
 import gc
+import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from tqdm import tqdm
@@ -16,14 +19,35 @@ from attnbench.inputs import Inputs, key_lengths, make_inputs
 from attnbench.layer import layer_reference
 from attnbench.memory import MemoryUnavailable, peak_mem_mib
 from attnbench.registry import Impl, Unsupported
-from attnbench.results import COLUMNS, row_key, row_writer, samples_writer
+from attnbench.results import COLUMNS, kernels_writer, row_key, row_writer, samples_writer
 from attnbench.runner import BadOutput, Call
+from attnbench.clocks import ClockSampler
+from attnbench.profiling import mismatch_note, profile_fn
 from attnbench.timing import TimerConfig, time_fn
 from attnbench.worker import Worker, WorkerFailed
 
 
+@dataclass(frozen=True)
+class Settings:
+    """How rows are measured, beyond the case itself."""
+    timer: TimerConfig = TimerConfig()
+    matmul_tflops: dict = field(default_factory=dict)  # dtype -> measured ceiling (pct_peak)
+    profile: tuple[str, ...] | None = None  # None: off; (): every pair; else all must match
+    traces_dir: Path | None = None  # where --profile writes one Chrome trace per pair
+
+    def profiles(self, impl: Impl, case: Case) -> bool:
+        text = f"{impl.name} {case.label()}"
+        return self.profile is not None and all(part in text for part in self.profile)
+
+
+class Measured(NamedTuple):
+    row: dict
+    times: list[float]  # the timing samples, ms
+    kernels: list[dict]  # with --profile: the kernel (GPU) or op (CPU) table of the pair
+
+
 def run_sweep(cases: list[Case], impls: list[Impl], run_dir: Path, *, run_id: str, seed: int,
-              timer: TimerConfig = TimerConfig(), progress: bool = True, isolate: bool = False,
+              settings: Settings = Settings(), progress: bool = True, isolate: bool = False,
               timeout_s: float | None = None, plugins: list[str] = (),
               done: set[tuple] = frozenset()) -> list[dict]:
     """Run every (case, impl) whose key is not in ``done``; append each row to
@@ -31,15 +55,16 @@ def run_sweep(cases: list[Case], impls: list[Impl], run_dir: Path, *, run_id: st
     out of memory, crashes or hangs (with ``isolate``) becomes a row, never an exception."""
     todo = [(c, [i for i in impls if row_key(base_row(i, c)) not in done]) for c in cases]
     todo = [(c, ims) for c, ims in todo if ims]
-    worker = Worker(list(plugins), seed, timer, timeout_s) if isolate or timeout_s else None
+    worker = Worker(list(plugins), seed, settings, timeout_s) if isolate or timeout_s else None
     oom_at: dict[tuple, Case] = {}
     rows = []
     bar = tqdm(total=sum(len(ims) for _, ims in todo), disable=not progress, unit="row",
                dynamic_ncols=True)
     try:
-        with row_writer(run_dir) as out, samples_writer(run_dir) as samples:
+        with row_writer(run_dir) as out, samples_writer(run_dir) as samples, \
+                kernels_writer(run_dir) as kernel_rows:
             for case, case_impls in todo:
-                here, broken = worker or Prepared(case, seed, timer), None
+                here, broken = worker or Prepared(case, seed, settings), None
                 if worker:
                     try:
                         worker.prepare(case)
@@ -47,7 +72,7 @@ def run_sweep(cases: list[Case], impls: list[Impl], run_dir: Path, *, run_id: st
                         broken = exc
                 for impl in case_impls:
                     bar.set_postfix_str(f"{impl.name}: {case.label()}", refresh=False)
-                    row, times = (
+                    row, times, kernels = (
                         (broken and _failed(impl, case, broken.status,
                                             f"while preparing the case: {broken.reason}"))
                         or _skip_after_oom(impl, case, oom_at) or _measure(here, impl))
@@ -56,6 +81,7 @@ def run_sweep(cases: list[Case], impls: list[Impl], run_dir: Path, *, run_id: st
                     row.update(run_id=run_id, seed=seed, flops=case.flops(key_lengths(case, seed)))
                     samples.write([{**row, "sample": i, "time_ms": t}
                                    for i, t in enumerate(times)])
+                    kernel_rows.write([{**row, **k} for k in kernels])
                     out.write(row)  # the row is the commit point: samples are written first
                     rows.append(row)
                     bar.update()
@@ -68,13 +94,13 @@ def run_sweep(cases: list[Case], impls: list[Impl], run_dir: Path, *, run_id: st
     return rows
 
 
-def _measure(here, impl: Impl) -> tuple[dict, list[float]]:
+def _measure(here, impl: Impl) -> Measured:
     if isinstance(here, Prepared):
         return here.measure(impl)
     try:
         return here.measure(impl.name)
     except WorkerFailed as exc:
-        return {**base_row(impl, here.case), "status": exc.status, "reason": exc.reason}, []
+        return _failed(impl, here.case, exc.status, exc.reason)
 
 
 def _family(case: Case) -> tuple:
@@ -83,13 +109,13 @@ def _family(case: Case) -> tuple:
     return tuple(v for k, v in d.items() if k not in ("seq_q", "seq_kv"))
 
 
-def _skip_after_oom(impl: Impl, case: Case, oom_at: dict) -> tuple[dict, list] | None:
+def _skip_after_oom(impl: Impl, case: Case, oom_at: dict) -> Measured | None:
     small = oom_at.get((impl.name, _family(case)))
     if small is None or case.seq_q < small.seq_q or case.seq_kv < small.seq_kv:
         return None
-    return {**base_row(impl, case), "status": "oom",
-            "reason": f"skipped: {impl.name} ran out of memory at the smaller seq_q="
-                      f"{small.seq_q}, seq_kv={small.seq_kv} of this case family"}, []
+    return _failed(impl, case, "oom", f"skipped: {impl.name} ran out of memory at the smaller "
+                                      f"seq_q={small.seq_q}, seq_kv={small.seq_kv} of this "
+                                      f"case family")
 
 
 def base_row(impl: Impl, case: Case) -> dict:
@@ -102,18 +128,18 @@ def base_row(impl: Impl, case: Case) -> dict:
 class Prepared:
     """A case's inputs and ground truth, made on first use and shared by all its impls."""
 
-    def __init__(self, case: Case, seed: int, timer: TimerConfig):
-        self.case, self.seed, self.timer = case, seed, timer
+    def __init__(self, case: Case, seed: int, settings: Settings):
+        self.case, self.seed, self.settings = case, seed, settings
         self._inputs: Inputs | None = None
         self._truth: Truth | None = None
 
-    def measure(self, impl: Impl) -> tuple[dict, list[float]]:
+    def measure(self, impl: Impl) -> Measured:
         if impl.reasons(self.case):
-            return measure(impl, self.case, None, None, self.timer)
+            return measure(impl, self.case, None, None, self.settings)
         if self._inputs is None:
             self._inputs = make_inputs(self.case, self.seed)
             self._truth = ground_truth(self.case, self._inputs)
-        return measure(impl, self.case, self._inputs, self._truth, self.timer)
+        return measure(impl, self.case, self._inputs, self._truth, self.settings)
 
 
 @dataclass
@@ -152,14 +178,15 @@ def ground_truth(case: Case, inputs: Inputs) -> Truth:
 
 
 def measure(impl: Impl, case: Case, inputs: Inputs | None, truth: Truth | None,
-            timer: TimerConfig) -> tuple[dict, list[float]]:
-    """One row: support check, a checked run, a timing pass, a memory pass. A failure at any
-    step leaves every metric blank."""
+            settings: Settings) -> Measured:
+    """One row: support check, a checked run, a timing pass (clocks sampled), a memory pass,
+    and on CUDA (or with --profile) a profiled pass. A failure at any step leaves every metric
+    blank."""
     row = base_row(impl, case)
     reasons = impl.reasons(case)
     if reasons:
-        return {**row, "status": "unsupported", "reason": "; ".join(reasons)}, []
-    notes, times = [], []
+        return _failed(impl, case, "unsupported", "; ".join(reasons))
+    notes = []
     try:
         call = Call.prepare(impl, case, inputs)
         compiles = compile_events()
@@ -175,7 +202,9 @@ def measure(impl: Impl, case: Case, inputs: Inputs | None, truth: Truth | None,
                          "compiled for an earlier row)")
         row["backend"] = _backend(impl, call, case)
         compiles = compile_events()
-        timing = time_fn(call.timed_fn(), case.device_type, timer)
+        with ClockSampler(case.device) as clocks, _nvtx(f"{impl.name} {case.label()} timing"):
+            timing = time_fn(call.timed_fn(), case.device_type, settings.timer)
+        row.update(clocks.summary())
         row["recompiled"] = compile_events() != compiles
         if row["recompiled"]:
             notes.append("recompiled during the timing pass: time_ms includes compilation")
@@ -184,12 +213,16 @@ def measure(impl: Impl, case: Case, inputs: Inputs | None, truth: Truth | None,
         row.update(time_ms=timing.median_ms, time_ms_p20=timing.p20_ms,
                    time_ms_p80=timing.p80_ms, samples=len(times), flops=flops,
                    tflops=flops / (timing.median_ms * 1e-3) / 1e12)
+        if settings.matmul_tflops.get(case.dtype):
+            row["pct_peak"] = 100 * row["tflops"] / settings.matmul_tflops[case.dtype]
         try:
-            row["peak_mem_mib"] = peak_mem_mib(call.memory_fn(), case.device_type)
+            with _nvtx(f"{impl.name} {case.label()} memory"):
+                row["peak_mem_mib"] = peak_mem_mib(call.memory_fn(), case.device_type)
         except MemoryUnavailable as exc:
             notes.append(f"peak_mem_mib not measured: {exc}")
+        kernels = _profile(impl, case, call, settings, row, notes)
         row.update(status="ok", reason="; ".join(notes) or None)
-        return row, times
+        return Measured(row, times, kernels)
     except Unsupported as exc:
         return _failed(impl, case, "unsupported", str(exc))
     except BadOutput as exc:
@@ -226,8 +259,38 @@ def _backend(impl: Impl, call: Call, case: Case) -> str | None:
     return impl.backend(forward, case.device_type)
 
 
-def _failed(impl: Impl, case: Case, status: str, reason: str) -> tuple[dict, list]:
-    return {**base_row(impl, case), "status": status, "reason": reason}, []
+def _profile(impl: Impl, case: Case, call: Call, settings: Settings, row: dict,
+             notes: list[str]) -> list[dict]:
+    """Every CUDA row: the profiler's kernel time per call (``profiler_ms``), cross-checked
+    against the median. With --profile also a Chrome trace and the kernel table."""
+    wanted = settings.profiles(impl, case)
+    if case.device_type != "cuda" and not wanted:
+        return []
+    trace = None
+    if wanted and settings.traces_dir is not None:
+        trace = settings.traces_dir / f"{impl.name}__{_slug(case.label())}.json"
+    with _nvtx(f"{impl.name} {case.label()} profile"):
+        prof = profile_fn(call.timed_fn(), case.device_type, trace_path=trace)
+    row["profiler_ms"] = prof.device_ms_per_call
+    note = mismatch_note(row["time_ms"], prof.device_ms_per_call)
+    if note:
+        notes.append(note)
+    return prof.kernels if wanted else []
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
+
+
+def _nvtx(name: str):
+    """An NVTX range (seen by nsys / ncu) when CUDA is up; nothing otherwise."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.nvtx.range(name)
+    return contextlib.nullcontext()
+
+
+def _failed(impl: Impl, case: Case, status: str, reason: str) -> Measured:
+    return Measured({**base_row(impl, case), "status": status, "reason": reason}, [], [])
 
 
 def _is_cpu_oom(exc: Exception) -> bool:

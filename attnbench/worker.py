@@ -9,7 +9,6 @@ import tempfile
 from pathlib import Path
 
 from attnbench.case import Case
-from attnbench.timing import TimerConfig
 
 STDERR_TAIL_CHARS = 600
 
@@ -20,7 +19,7 @@ class WorkerFailed(Exception):
         self.status, self.reason = status, reason
 
 
-def _serve(conn, plugins: list[str], seed: int, timer: TimerConfig, stderr_path: str) -> None:
+def _serve(conn, plugins: list[str], seed: int, settings, stderr_path: str) -> None:
     """The worker's loop: ("prepare", case) then any number of ("measure", impl name)."""
     fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(fd, 2)
@@ -36,7 +35,7 @@ def _serve(conn, plugins: list[str], seed: int, timer: TimerConfig, stderr_path:
         except EOFError:
             return
         if msg[0] == "prepare":
-            prepared = Prepared(msg[1], seed, timer)
+            prepared = Prepared(msg[1], seed, settings)
             conn.send(("ok", None))
         elif msg[0] == "measure":
             conn.send(("ok", prepared.measure(impls[msg[1]])))
@@ -45,9 +44,8 @@ def _serve(conn, plugins: list[str], seed: int, timer: TimerConfig, stderr_path:
 class Worker:
     """One worker process at a time; replaced after a crash or a timeout."""
 
-    def __init__(self, plugins: list[str], seed: int, timer: TimerConfig,
-                 timeout_s: float | None):
-        self.plugins, self.seed, self.timer, self.timeout_s = plugins, seed, timer, timeout_s
+    def __init__(self, plugins: list[str], seed: int, settings, timeout_s: float | None):
+        self.plugins, self.seed, self.settings, self.timeout_s = plugins, seed, settings, timeout_s
         self.proc = self.conn = None
         self.case: Case | None = None
         self._dir = tempfile.TemporaryDirectory(prefix="attnbench-worker-")
@@ -58,7 +56,7 @@ class Worker:
         self.conn, child = ctx.Pipe()
         self.stderr_path.write_text("")
         self.proc = ctx.Process(target=_serve, daemon=True, args=(
-            child, self.plugins, self.seed, self.timer, str(self.stderr_path)))
+            child, self.plugins, self.seed, self.settings, str(self.stderr_path)))
         self.proc.start()
         child.close()
 
@@ -85,7 +83,7 @@ class Worker:
         self.case = case
         self._call(("prepare", case), None)
 
-    def measure(self, impl_name: str) -> tuple[dict, list[float]]:
+    def measure(self, impl_name: str):
         return self._call(("measure", impl_name), self.timeout_s)
 
     def _stderr_tail(self) -> str:

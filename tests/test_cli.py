@@ -160,6 +160,7 @@ def test_list_shows_every_impl_with_reasons():
     (["--resume"], "--resume needs the --run-id"),
     (["--resume", "--run-id", "never-ran"], "holds no results.csv to continue"),
     (["--config", "/nonexistent/sweep.toml"], "no such file"),
+    (["--profile", "tiled,,S64"], "--profile 'tiled,,S64': empty item"),
     (["--plugin", "/nonexistent/p.py"], "no such file"),
     (["--run-id", "a/b"], "no path separators"),
     (["--device", "cuda:0"] if not __import__("torch").cuda.is_available()

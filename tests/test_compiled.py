@@ -9,9 +9,10 @@ from attnbench import registry
 from attnbench.case import Case
 from attnbench.inputs import make_inputs
 from attnbench.sweep import ground_truth, measure
+from attnbench.sweep import Settings
 from attnbench.timing import TimerConfig
 
-FAST = TimerConfig(rep_ms=1.0, min_samples=1)
+FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 SHAPE = dict(batch=2, heads=4, kv_heads=2, seq_q=80, seq_kv=72, head_dim=16)
 MASKS = [dict(causal=False), dict(causal=True), dict(mask="padding"),
          dict(mask="window", window=12, causal=True), dict(mask="window", window=12)]
@@ -19,7 +20,7 @@ MASKS = [dict(causal=False), dict(causal=True), dict(mask="padding"),
 
 def run(impl, case, seed=0):
     inputs = make_inputs(case, seed)
-    return measure(impl, case, inputs, ground_truth(case, inputs), FAST)[0]
+    return measure(impl, case, inputs, ground_truth(case, inputs), FAST).row
 
 
 def label(kw):

@@ -8,7 +8,7 @@ from attnbench.inputs import make_inputs
 from attnbench.memory import peak_mem_mib
 from attnbench.profiling import profile_fn
 from attnbench.runner import Call
-from attnbench.sweep import ground_truth, measure
+from attnbench.sweep import Settings, ground_truth, measure
 from attnbench.timing import TimerConfig, _time_cuda_events, time_fn
 
 pytestmark = pytest.mark.gpu
@@ -31,7 +31,8 @@ def test_every_gpu_impl_agrees_or_says_why_not(impls, name, case):
     if not impl.available:
         pytest.skip(impl.unavailable)
     inputs = make_inputs(case, 0)
-    row, _ = measure(impl, case, inputs, ground_truth(case, inputs), TimerConfig(rep_ms=20))
+    row = measure(impl, case, inputs, ground_truth(case, inputs),
+                  Settings(TimerConfig(rep_ms=20))).row
     assert row["status"] in ("ok", "unsupported"), row["reason"]
     if row["status"] == "ok":
         assert row["agrees"] is True, row["reason"]

@@ -14,9 +14,10 @@ from attnbench.layer import layer_reference
 from attnbench.memory import peak_mem_mib
 from attnbench.runner import Call
 from attnbench.sweep import ground_truth, measure
+from attnbench.sweep import Settings
 from attnbench.timing import TimerConfig
 
-FAST = TimerConfig(rep_ms=1.0, min_samples=1)
+FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 SHAPES = [  # (heads, kv_heads, seq_q, seq_kv, head_dim)
     (2, 2, 64, 64, 32),
     (4, 2, 80, 48, 16),  # GQA, seq_q > seq_kv
@@ -27,7 +28,7 @@ SHAPES = [  # (heads, kv_heads, seq_q, seq_kv, head_dim)
 
 def run(impl, case, seed=0):
     inputs = make_inputs(case, seed)
-    row, _ = measure(impl, case, inputs, ground_truth(case, inputs), FAST)
+    row = measure(impl, case, inputs, ground_truth(case, inputs), FAST).row
     return row
 
 
@@ -155,7 +156,7 @@ def test_layer_level_agrees_and_every_impl_gives_the_same_output(impls, case):
     truth = ground_truth(case, inputs)
     outs = {}
     for name in LAYER_IMPLS:
-        row, _ = measure(impls[name], case, inputs, truth, FAST)
+        row = measure(impls[name], case, inputs, truth, FAST).row
         assert row["status"] == "ok" and row["agrees"] is True, (name, row["reason"])
         outs[name] = Call.prepare(impls[name], case, inputs).check()
     first, *others = outs.values()

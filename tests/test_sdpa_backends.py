@@ -12,15 +12,16 @@ from attnbench.inputs import make_inputs
 from attnbench.masks import Mask
 from attnbench.registry import Unsupported
 from attnbench.sweep import ground_truth, measure
+from attnbench.sweep import Settings
 from attnbench.timing import TimerConfig
 
-FAST = TimerConfig(rep_ms=1.0, min_samples=1)
+FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 CASE = Case(batch=1, heads=2, kv_heads=2, seq_q=32, seq_kv=32, head_dim=16, causal=True)
 
 
 def run(impl, case=CASE):
     inputs = make_inputs(case, 0)
-    return measure(impl, case, inputs, ground_truth(case, inputs), FAST)[0]
+    return measure(impl, case, inputs, ground_truth(case, inputs), FAST).row
 
 
 def test_cuda_only_backends_are_unsupported_on_the_cpu_with_a_reason(impls):

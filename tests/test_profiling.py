@@ -1,0 +1,107 @@
+"""Ceilings, profile mode, the profiler cross-check and the clock sampler, on the CPU."""
+import json
+import types
+
+import pandas as pd
+import pytest
+
+from attnbench import clocks, profiling
+from attnbench.cli import main
+from attnbench.results import read_results
+
+ENV_FIELDS = ("time_utc", "command", "seed", "device", "gpu_name", "gpu_sm_count", "gpu_mem_gib",
+              "gpu_l2_mib", "gpu_capability", "driver", "cpu_name", "cpu_threads", "cpu_count",
+              "load_avg_1m", "python", "platform", "torch", "cuda", "cudnn", "triton",
+              "xformers", "git_sha", "git_dirty", "ceilings")
+
+
+@pytest.fixture(scope="module")
+def profiled_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("prof")
+    code = main(["--preset", "smoke", "--impls", "naive,tiled,xformers", "--seq-len", "64",
+                 "--profile", "tiled,fwd_bwd", "--results-dir", str(tmp / "res"),
+                 "--reports-dir", str(tmp / "rep"), "--run-id", "p", "--no-progress"])
+    assert code == 0
+    return tmp / "res" / "p", tmp / "rep" / "p"
+
+
+def test_env_json_has_every_field_blank_where_it_does_not_apply(profiled_run):
+    run_dir, _ = profiled_run
+    env = json.loads((run_dir / "env.json").read_text())
+    assert set(ENV_FIELDS) <= set(env)
+    for gpu_only in ("gpu_name", "gpu_sm_count", "gpu_l2_mib", "driver", "cudnn"):
+        assert env[gpu_only] is None
+    assert env["cpu_name"] and env["torch"] and env["seed"] == 0
+
+
+def test_ceilings_are_measured_and_every_ok_row_gets_pct_peak(profiled_run):
+    run_dir, _ = profiled_run
+    ceilings = json.loads((run_dir / "env.json").read_text())["ceilings"]
+    assert ceilings["matmul_tflops"]["float32"] > 0 and ceilings["copy_gb_s"] > 0
+    df = read_results(run_dir)
+    ok = df[df["status"] == "ok"]
+    expected = 100 * ok["tflops"] / ceilings["matmul_tflops"]["float32"]
+    assert ((ok["pct_peak"] - expected).abs() <= 1e-9 * expected).all()
+    assert df[df["status"] != "ok"]["pct_peak"].isna().all()
+
+
+def test_profile_writes_a_trace_per_selected_pair_and_the_op_table(profiled_run):
+    run_dir, report_dir = profiled_run
+    traces = sorted((run_dir / "traces").glob("*.json"))
+    assert [t.name.split("__")[0] for t in traces] == ["tiled", "tiled"]  # fwd_bwd, causal both
+    trace = json.loads(traces[0].read_text())
+    assert any(e.get("name") == "TiledAttentionBackward" for e in trace["traceEvents"])
+    kernels = pd.read_csv(run_dir / "kernels.csv")
+    assert set(kernels["impl"]) == {"tiled"} and set(kernels["mode"]) == {"fwd_bwd"}
+    for _, g in kernels.groupby("causal"):
+        assert g["share"].sum() == pytest.approx(1.0)
+    assert (kernels["calls"] > 0).all() and (kernels["total_us"] >= 0).all()
+    report = (report_dir / "report.md").read_text()
+    assert "## What ran (--profile)" in report and "TiledAttentionBackward" in report
+
+
+def test_cpu_rows_have_no_gpu_only_numbers(profiled_run):
+    run_dir, _ = profiled_run
+    df = read_results(run_dir)
+    for col in ("profiler_ms", "sm_clock_mhz", "power_w", "temp_c", "throttle"):
+        assert df[col].isna().all(), col
+
+
+def test_mismatch_note_fires_only_beyond_five_percent():
+    assert profiling.mismatch_note(1.0, 0.96) is None
+    assert profiling.mismatch_note(1.0, None) is None
+    note = profiling.mismatch_note(1.0, 0.8)
+    assert "+20%" in note and "gaps between kernels" in note
+    assert "-25%" in profiling.mismatch_note(1.0, 1.25)
+
+
+def test_clock_sampler_medians_and_throttle_reasons(monkeypatch):
+    readings = iter([(1980, 500_000, 60, 0), (1500, 700_000, 70, 0x4), (1700, 690_000, 71, 0x40)]
+                    + [(1700, 690_000, 71, 0)] * 1000)
+    fake = types.SimpleNamespace(
+        NVML_CLOCK_SM=0, NVML_TEMPERATURE_GPU=0,
+        nvmlDeviceGetClockInfo=lambda h, kind: current[0],
+        nvmlDeviceGetPowerUsage=lambda h: current[1],
+        nvmlDeviceGetTemperature=lambda h, kind: current[2],
+        nvmlDeviceGetCurrentClocksEventReasons=lambda h: current[3])
+    current = next(readings)
+
+    def advance(*_):
+        nonlocal current
+        current = next(readings)
+        return True
+    monkeypatch.setattr(clocks, "_nvml_handle", lambda device: (fake, "handle"))
+    sampler = clocks.ClockSampler("cuda")
+    sampler._stop.wait = advance  # one reading per loop turn, no sleeping
+    sampler._stop.is_set = lambda: len(sampler.samples) >= 3
+    sampler._loop()
+    summary = sampler.summary()
+    assert summary["sm_clock_mhz"] == 1700 and summary["power_w"] == 690.0
+    assert summary["throttle"] == "sw_power_cap,hw_thermal"
+
+
+def test_clock_sampler_is_blank_on_cpu():
+    with clocks.ClockSampler("cpu") as sampler:
+        pass
+    assert sampler.summary() == {"sm_clock_mhz": None, "power_w": None, "temp_c": None,
+                                 "throttle": None}
