@@ -23,3 +23,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _run_in_a_temporary_folder(tmp_path, monkeypatch):
+    """Sweeps write results/ and reports/ relative to the working folder: keep them out of the
+    repository."""
+    monkeypatch.chdir(tmp_path)

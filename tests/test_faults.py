@@ -29,7 +29,8 @@ def faulty_run(tmp_path_factory):
     proc = sweep(*GRID, "--impls", "naive,f_raise,f_nan,f_shape,f_oom,f_abort,f_hang,"
                  "broken_import", "--plugin", str(PLUGINS / "faulty.py"), "--plugin",
                  str(PLUGINS / "broken_import.py"), "--timeout", "5",
-                 "--results-dir", str(res), "--run-id", "faults")
+                 "--results-dir", str(res), "--reports-dir", str(res / "reports"),
+                 "--run-id", "faults")
     assert proc.returncode == 0, proc.stderr[-3000:]
     df = read_results(res / "faults")
     return {name: g.set_index("seq_q") for name, g in df.groupby("impl")}

@@ -94,7 +94,9 @@ def test_report_warns_about_a_busy_machine(tmp_path, stub_figures):
 @pytest.mark.slow
 def test_report_from_a_real_smoke_sweep(tmp_path, capsys):
     assert sweep_main(["--preset", "smoke", "--run-id", "smoke", "--no-progress",
-                       "--results-dir", str(tmp_path / "results")]) == 0
+                       "--impls", "naive,sdpa,tiled,xformers",
+                       "--results-dir", str(tmp_path / "results"),
+                       "--reports-dir", str(tmp_path / "reports")]) == 0
     capsys.readouterr()
     assert report_main([str(tmp_path / "results" / "smoke"),
                         "--reports-dir", str(tmp_path / "reports")]) == 0
