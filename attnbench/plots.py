@@ -244,7 +244,8 @@ def _slope_suffix(fits: pd.DataFrame | None, metric: str):
         match = f[f["impl"] == impl]
         for c in analysis.SERIES_KEY:
             if c != "impl":
-                match = match[match[c].eq(first[c]).fillna(first[c] is pd.NA)]
+                same = match[c].isna() if pd.isna(first[c]) else match[c].eq(first[c])
+                match = match[same.fillna(False).astype(bool)]
         if match.empty or pd.isna(match["slope"].iloc[0]):
             return "  (no fit)"
         m = match.iloc[0]

@@ -15,9 +15,10 @@ PRESETS: dict[str, dict] = {
     "smoke": dict(batch=[1], heads=[2], seq_len=[64, 128], head_dim=[32], dtype=["float32"],
                   causal=[False, True], mode=["fwd", "fwd_bwd"], rep_ms=[10.0],
                   compiled=False),
-    # under 3 minutes on 2 cores, long enough (2048) to show naive's N^2 memory
+    # under 3 minutes on 2 cores, long enough (2048) to show naive's N^2 memory; the
+    # torch.compile impls (compiling each shape takes seconds) only when named in --impls
     "cpu": dict(batch=[1], heads=[4], seq_len=[128, 256, 512, 1024, 2048], head_dim=[64],
-                dtype=["float32"], causal=[False, True], mode=["fwd", "bwd"]),
+                dtype=["float32"], causal=[False, True], mode=["fwd", "bwd"], compiled=False),
     "gpu": dict(batch=[2], heads=[16], seq_len=[512, 1024, 2048, 4096, 8192, 16384],
                 head_dim=[64, 128], dtype=["bfloat16"], causal=[False, True],
                 mode=["fwd", "bwd"]),
