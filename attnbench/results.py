@@ -226,7 +226,7 @@ def collect_env(argv: list[str], seed: int, device: str) -> dict:
 
     cuda = torch.cuda.is_available() and device.startswith("cuda")
     props = torch.cuda.get_device_properties(device) if cuda else None
-    status = _git("status", "--porcelain")
+    status = _git("status", "--porcelain", "--untracked-files=no")
     return {
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join([Path(sys.executable).name, *argv]),
