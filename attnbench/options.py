@@ -30,24 +30,21 @@ def _items(text: str) -> list[str]:
     return items
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise ValueError(f"{value} must be a positive integer")
-    return value
+def _positive(cast: type, noun: str) -> Callable[[str], int | float]:
+    """A parser of positive finite numbers of type ``cast`` (int or float)."""
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not {noun}") from None
+        if not 0 < value < float("inf"):
+            raise ValueError(f"{text} must be a positive {noun.split()[-1]}")
+        return value
+    return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"{text} must be a positive number")
-    return value
+_positive_int = _positive(int, "an integer")
+_positive_float = _positive(float, "a number")
 
 
 def _choice(what: str, allowed) -> Callable[[str], str]:
