@@ -15,17 +15,24 @@ Level ``op`` times the attention alone; ``layer`` times a multi-head self-attent
 around it (attnbench/layer.py): x (B, S, d_model) -> q/k/v projections -> attention -> output
 projection, d_model = Hq * D.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
 import torch
 
+from attnbench.errors import UsageError
 from attnbench.masks import MASKS, key_bounds
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
-                 "f32": "float32", "half": "float16"}
+DTYPE_ALIASES = {
+    "fp32": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "f32": "float32",
+    "half": "float16",
+}
 MODES = ("fwd", "bwd", "fwd_bwd")
 DEVICES = ("cpu", "cuda")
 # Backward costs 2.5x the forward's matmul work, forward + backward 3.5x (FlashAttention-2 paper).
@@ -35,7 +42,7 @@ PROJ_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.0, "fwd_bwd": 3.0}
 LEVELS = ("op", "layer")
 
 
-class CaseError(ValueError):
+class CaseError(UsageError):
     """A case (or a sweep spec) that cannot be run, with a message saying how to fix it."""
 
 
@@ -81,8 +88,10 @@ class Case:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise CaseError(f"{name}={value!r} must be a positive integer")
         if self.heads % self.kv_heads:
-            raise CaseError(f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads} "
-                            f"(for GQA/MQA pick kv_heads among the divisors of heads)")
+            raise CaseError(
+                f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads} "
+                f"(for GQA/MQA pick kv_heads among the divisors of heads)"
+            )
         if self.mode not in MODES:
             raise CaseError(f"unknown mode {self.mode!r} (allowed: {', '.join(MODES)})")
         if self.device.split(":")[0] not in DEVICES:
@@ -92,19 +101,24 @@ class Case:
         if self.level not in LEVELS:
             raise CaseError(f"unknown level {self.level!r} (allowed: {', '.join(LEVELS)})")
         if self.level == "layer" and self.cross:
-            raise CaseError(f"level=layer is self-attention: seq_q={self.seq_q} and "
-                            f"seq_kv={self.seq_kv} must be equal")
+            raise CaseError(
+                f"level=layer is self-attention: seq_q={self.seq_q} and "
+                f"seq_kv={self.seq_kv} must be equal"
+            )
         if self.mask != "window":
             if self.window is not None:
                 raise CaseError(f"window={self.window} needs mask=window (mask={self.mask})")
             return
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window <= 0:
-            raise CaseError(f"mask=window needs a positive integer window (got {self.window!r}; "
-                            f"set --window)")
+            raise CaseError(
+                f"mask=window needs a positive integer window (got {self.window!r}; set --window)"
+            )
         if self.seq_q > self.seq_kv + self.window - 1:
-            raise CaseError(f"mask=window with window={self.window}: queries i >= seq_kv + "
-                            f"window - 1 = {self.seq_kv + self.window - 1} would see no key "
-                            f"(seq_q={self.seq_q}); use a wider window or more keys")
+            raise CaseError(
+                f"mask=window with window={self.window}: queries i >= seq_kv + "
+                f"window - 1 = {self.seq_kv + self.window - 1} would see no key "
+                f"(seq_q={self.seq_q}); use a wider window or more keys"
+            )
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -132,12 +146,17 @@ class Case:
         if self.mask == "padding" and kv_lens is None:
             raise ValueError("mask=padding: the pair count needs kv_lens")
         if self.mask == "none":
-            per_batch = (causal_pairs(self.seq_q, self.seq_kv) if self.causal
-                         else self.seq_q * self.seq_kv)
+            per_batch = (
+                causal_pairs(self.seq_q, self.seq_kv) if self.causal else self.seq_q * self.seq_kv
+            )
             return self.batch * per_batch
-        lo, hi = key_bounds(torch.arange(self.seq_q), self.seq_kv, causal=self.causal,
-                            window=self.window,
-                            kv_lens=None if kv_lens is None else torch.tensor(kv_lens))
+        lo, hi = key_bounds(
+            torch.arange(self.seq_q),
+            self.seq_kv,
+            causal=self.causal,
+            window=self.window,
+            kv_lens=None if kv_lens is None else torch.tensor(kv_lens),
+        )
         counts = (hi - lo).clamp(min=0).sum()  # over (Bm, Sq)
         return int(counts) * (1 if kv_lens is not None else self.batch)
 
@@ -163,14 +182,20 @@ class Case:
         return total
 
     @classmethod
-    def from_row(cls, row) -> "Case":
+    def from_row(cls, row) -> Case:
         """The case of a results row (a dict or a pandas row; blank cells are missing)."""
+
         def value(name, kind):
             v = row[name]
             return None if v is None or str(v) in ("", "<NA>", "nan", "None") else kind(v)
+
         ints = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "window")
-        return cls(**{f: value(f, int if f in ints else bool if f == "causal" else str)
-                      for f in cls.__dataclass_fields__})
+        return cls(
+            **{
+                f: value(f, int if f in ints else bool if f == "causal" else str)
+                for f in cls.__dataclass_fields__
+            }
+        )
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -180,5 +205,7 @@ class Case:
         sk = f"x{self.seq_kv}" if self.cross else ""
         mask = {"none": "", "padding": " padding", "window": f" window{self.window}"}[self.mask]
         level = " layer" if self.level == "layer" else ""
-        return (f"B{self.batch} H{self.heads}{kv} S{self.seq_q}{sk} D{self.head_dim} "
-                f"{self.dtype} {'causal' if self.causal else 'full'}{mask} {self.mode}{level}")
+        return (
+            f"B{self.batch} H{self.heads}{kv} S{self.seq_q}{sk} D{self.head_dim} "
+            f"{self.dtype} {'causal' if self.causal else 'full'}{mask} {self.mode}{level}"
+        )

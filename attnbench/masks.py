@@ -14,6 +14,7 @@ Every rule keeps, for query i, one interval of keys ``lo <= j < hi``; ``key_boun
 it. Impls use these helpers; the float64 reference (accuracy.reference) writes the rules out
 element by element on its own, so a mistake here is caught there.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -40,21 +41,40 @@ def interval(i, *, back, ahead, kv_len):
     return lo, hi
 
 
-def key_bounds(rows: torch.Tensor, seq_kv: int, *, causal: bool, window: int | None = None,
-               kv_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def key_bounds(
+    rows: torch.Tensor,
+    seq_kv: int,
+    *,
+    causal: bool,
+    window: int | None = None,
+    kv_lens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """For query rows ``rows`` (n,): lo (1, n), hi (Bm, n), Bm = B with key padding else 1."""
     back, ahead = reach(causal, window)
-    kv_len = (torch.tensor(seq_kv, device=rows.device) if kv_lens is None
-              else kv_lens.to(rows.device)[:, None])  # () or (B, 1)
+    kv_len = (
+        torch.tensor(seq_kv, device=rows.device)
+        if kv_lens is None
+        else kv_lens.to(rows.device)[:, None]
+    )  # () or (B, 1)
     return interval(rows[None, :], back=back, ahead=ahead, kv_len=kv_len)
 
 
-def block_keep(q0: int, q1: int, k0: int, k1: int, seq_kv: int, *, causal: bool,
-               window: int | None = None, kv_lens: torch.Tensor | None = None,
-               device=None) -> torch.Tensor:
+def block_keep(
+    q0: int,
+    q1: int,
+    k0: int,
+    k1: int,
+    seq_kv: int,
+    *,
+    causal: bool,
+    window: int | None = None,
+    kv_lens: torch.Tensor | None = None,
+    device=None,
+) -> torch.Tensor:
     """Boolean mask of the block rows q0..q1-1, keys k0..k1-1, True = attend: (Bm, bq, bk)."""
-    lo, hi = key_bounds(torch.arange(q0, q1, device=device), seq_kv, causal=causal,
-                        window=window, kv_lens=kv_lens)
+    lo, hi = key_bounds(
+        torch.arange(q0, q1, device=device), seq_kv, causal=causal, window=window, kv_lens=kv_lens
+    )
     j = torch.arange(k0, k1, device=device)
     return (j >= lo[..., None]) & (j < hi[..., None])
 
@@ -65,12 +85,13 @@ class Mask:
     (kind window), the valid key lengths kv_lens (B,) int64 on the case's device (kind
     padding). Dense and block masks are built once per row and cached here, outside the timed
     calls, as a model builds them once for all its layers."""
+
     kind: str = "none"
     window: int | None = None
     kv_lens: torch.Tensor | None = None  # (B,)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def fresh(self) -> "Mask":
+    def fresh(self) -> Mask:
         """The same mask with an empty cache (one per row: caches die with the row)."""
         return Mask(self.kind, self.window, self.kv_lens)
 
@@ -81,9 +102,20 @@ class Mask:
     def keep(self, seq_q: int, seq_kv: int, causal: bool, device) -> torch.Tensor:
         """Dense boolean mask, True = attend: (Bm, 1, Sq, Skv), cached."""
         key = ("keep", seq_q, seq_kv, causal, str(device))
-        return self.cached(key, lambda: block_keep(
-            0, seq_q, 0, seq_kv, seq_kv, causal=causal, window=self.window,
-            kv_lens=self.kv_lens, device=device)[:, None])
+        return self.cached(
+            key,
+            lambda: block_keep(
+                0,
+                seq_q,
+                0,
+                seq_kv,
+                seq_kv,
+                causal=causal,
+                window=self.window,
+                kv_lens=self.kv_lens,
+                device=device,
+            )[:, None],
+        )
 
     def cached(self, key: tuple, make):
         """Any other per-row object (e.g. a flex block mask), made once by ``make()``."""

@@ -3,12 +3,14 @@
 Every value is text first (a flag, or a TOML value written back as text) and goes through the
 same parser, so a bad value gets the same one-line message wherever it came from.
 """
+
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 try:
     import tomllib
@@ -16,11 +18,8 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from attnbench.case import DEVICES, LEVELS, MODES, CaseError, canonical_dtype
+from attnbench.errors import UsageError
 from attnbench.spec import MASK_CHOICES, PRESETS
-
-
-class UsageError(Exception):
-    """Bad input: printed as one line, exit code 2."""
 
 
 def _items(text: str) -> list[str]:
@@ -32,6 +31,7 @@ def _items(text: str) -> list[str]:
 
 def _positive(cast: type, noun: str) -> Callable[[str], int | float]:
     """A parser of positive finite numbers of type ``cast`` (int or float)."""
+
     def parse(text: str):
         try:
             value = cast(text)
@@ -40,6 +40,7 @@ def _positive(cast: type, noun: str) -> Callable[[str], int | float]:
         if not 0 < value < float("inf"):
             raise ValueError(f"{text} must be a positive {noun.split()[-1]}")
         return value
+
     return parse
 
 
@@ -54,6 +55,7 @@ def _choice(what: str, allowed) -> Callable[[str], str]:
             did = f"; did you mean {hint[0]!r}?" if hint else ""
             raise ValueError(f"unknown {what} {text!r}{did} (allowed: {', '.join(allowed)})")
         return text
+
     return parse
 
 
@@ -99,45 +101,61 @@ def _dtype(text: str) -> str:
 class Option:
     parse: Callable[[str], Any]
     help: str
-    grid: bool = False  # part of the grid: a resumed run must use the same value
 
 
 OPTIONS: dict[str, Option] = {
-    "preset": Option(_choice("preset", PRESETS), f"base grid: {', '.join(PRESETS)} (default: gpu with "
-                     "CUDA, else cpu); the options below override its fields"),
-    "impls": Option(_list(str), "comma list of impl names (default: all)", grid=True),
-    "batch": Option(_list(_positive_int), "batch sizes", grid=True),
-    "heads": Option(_list(_positive_int), "query heads", grid=True),
-    "kv_heads": Option(_list(_positive_int), "key/value heads (default: = heads; fewer is "
-                       "GQA/MQA)", grid=True),
-    "seq_len": Option(_list(_positive_int), "query lengths", grid=True),
-    "seq_len_kv": Option(_list(_positive_int), "key/value lengths (default: = seq-len)",
-                         grid=True),
-    "head_dim": Option(_list(_positive_int), "head dims", grid=True),
-    "dtype": Option(_list(_dtype), "float32, bfloat16, float16 (fp32, bf16, fp16 accepted)",
-                    grid=True),
-    "causal": Option(_causal, "true, false or both", grid=True),
-    "mode": Option(_list(_choice("mode", MODES)), "fwd, bwd (backward alone), fwd_bwd", grid=True),
-    "mask": Option(_list(_choice("mask", MASK_CHOICES)), "none, causal, padding, window "
-                   "(default none); causal means mask none with causal true, the others "
-                   "combine with every --causal value", grid=True),
-    "window": Option(_list(_positive_int), "window widths W for mask window: query i sees "
-                     "keys |i - j| < W, or i - W < j <= i when causal", grid=True),
-    "level": Option(_list(_choice("level", LEVELS)), "op (attention alone, default) or layer "
-                    "(projections + attention + output projection)", grid=True),
-    "device": Option(_device, "cpu or cuda (default: cuda when available)", grid=True),
-    "rep_ms": Option(_positive_float, "time spent measuring each row, ms (default 100; "
-                     "smoke preset 10)", grid=True),
-    "seed": Option(lambda t: int(t), "seed of the inputs (default 0)", grid=True),
+    "preset": Option(
+        _choice("preset", PRESETS),
+        f"base grid: {', '.join(PRESETS)} (default: gpu with "
+        "CUDA, else cpu); the options below override its fields",
+    ),
+    "impls": Option(_list(str), "comma list of impl names (default: all)"),
+    "batch": Option(_list(_positive_int), "batch sizes"),
+    "heads": Option(_list(_positive_int), "query heads"),
+    "kv_heads": Option(
+        _list(_positive_int), "key/value heads (default: = heads; fewer is GQA/MQA)"
+    ),
+    "seq_len": Option(_list(_positive_int), "query lengths"),
+    "seq_len_kv": Option(_list(_positive_int), "key/value lengths (default: = seq-len)"),
+    "head_dim": Option(_list(_positive_int), "head dims"),
+    "dtype": Option(_list(_dtype), "float32, bfloat16, float16 (fp32, bf16, fp16 accepted)"),
+    "causal": Option(_causal, "true, false or both"),
+    "mode": Option(_list(_choice("mode", MODES)), "fwd, bwd (backward alone), fwd_bwd"),
+    "mask": Option(
+        _list(_choice("mask", MASK_CHOICES)),
+        "none, causal, padding, window "
+        "(default none); causal means mask none with causal true, the others "
+        "combine with every --causal value",
+    ),
+    "window": Option(
+        _list(_positive_int),
+        "window widths W for mask window: query i sees "
+        "keys |i - j| < W, or i - W < j <= i when causal",
+    ),
+    "level": Option(
+        _list(_choice("level", LEVELS)),
+        "op (attention alone, default) or layer (projections + attention + output projection)",
+    ),
+    "device": Option(_device, "cpu or cuda (default: cuda when available)"),
+    "rep_ms": Option(
+        _positive_float, "time spent measuring each row, ms (default 100; smoke preset 10)"
+    ),
+    "seed": Option(lambda t: int(t), "seed of the inputs (default 0)"),
     "plugin": Option(_list(str), "a .py file or module registering impls (repeatable)"),
-    "timeout": Option(_positive_float, "seconds one row may take before its worker is "
-                      "killed (status timeout; implies --isolate)"),
-    "isolate": Option(_bool, "run impls in a worker process, so crashes and hangs become "
-                      "rows (default: true on CUDA, false on CPU)"),
+    "timeout": Option(
+        _positive_float,
+        "seconds one row may take before its worker is killed (status timeout; implies --isolate)",
+    ),
+    "isolate": Option(
+        _bool, "run impls in a worker process, so crashes and hangs become rows (default: true)"
+    ),
     "threads": Option(_positive_int, "CPU threads torch may use (default: torch's choice)"),
-    "profile": Option(_profile, "profile the (case, impl) pairs: 'all', or comma-separated "
-                      "texts that must all appear in '<impl> <case label>' (e.g. tiled,S2048); "
-                      "writes a Chrome trace per pair and a kernel table"),
+    "profile": Option(
+        _profile,
+        "profile the (case, impl) pairs: 'all', or comma-separated "
+        "texts that must all appear in '<impl> <case label>' (e.g. tiled,S2048); "
+        "writes a Chrome trace per pair and a kernel table",
+    ),
 }
 
 
@@ -177,8 +195,9 @@ def load_config(path: Path) -> dict[str, Any]:
         if key not in OPTIONS:
             hint = difflib.get_close_matches(key, list(OPTIONS), n=1)
             did = f"; did you mean {hint[0]!r}?" if hint else ""
-            raise UsageError(f"--config {path}: unknown field {key!r}{did} "
-                             f"(allowed: {', '.join(OPTIONS)})")
+            raise UsageError(
+                f"--config {path}: unknown field {key!r}{did} (allowed: {', '.join(OPTIONS)})"
+            )
         try:
             text = _as_text(value)
         except ValueError as exc:

@@ -6,29 +6,36 @@ An impl is a function ``(q, k, v, *, causal, scale) -> out`` in the canonical la
 An impl that declares masks beyond ``none`` is also called with ``mask=`` (a masks.Mask);
 the others never see it.
 
-Impls come from three places: every module in ``impls/``, each ``--plugin`` file or module,
-and the entry-point group ``attnbench.impls`` of installed packages. A plugin that fails to
+Impls come from four places: the built-ins (the package ``attnbench.impls``, shipped in the
+wheel), every module in a drop-in ``impls/`` folder (the checkout's, and the working folder's),
+each ``--plugin`` file or module, and the entry-point group ``attnbench.impls`` of installed
+packages. A plugin that fails to
 import, or needs a package that is missing, is still listed, as unavailable with a reason.
 """
+
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
 import importlib.util
+import pkgutil
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 from attnbench.case import DEVICES, DTYPES, Case, CaseError
+from attnbench.errors import AttnbenchError, UsageError
 from attnbench.masks import MASKS
 
-IMPLS_DIR = Path(__file__).resolve().parent.parent / "impls"
+BUILTIN_PACKAGE = "attnbench.impls"
+# drop-in folders of one-file plugins: the checkout's impls/ and the working folder's
+DROP_IN_DIRS = (Path(__file__).resolve().parent.parent / "impls", Path("impls"))
 ENTRY_POINT_GROUP = "attnbench.impls"
 LAYOUTS = ("bhsd", "bshd")
 
 
-class RegistryError(ValueError):
+class RegistryError(UsageError):
     """A plugin that breaks the registry contract (bad capability, duplicate name)."""
 
 
@@ -49,6 +56,8 @@ class Impl:
     # that finds out (one extra untimed call); None: not an SDPA impl
     backend: str | Callable | None = field(default=None, repr=False)
     compiled: bool = False  # uses torch.compile: the first call's compile time is reported
+    baseline: bool = False  # the impl speedups are relative to (one per run)
+    color: str | None = None  # a matplotlib colour for its lines; None: from the palette
     description: str = ""
     source: str = ""
     unavailable: str | None = None  # why it cannot run at all (missing dependency, import error)
@@ -73,15 +82,17 @@ class Impl:
         if case.dtype not in self.dtypes:
             out.append(f"dtype={case.dtype} (supported: {', '.join(self.dtypes)})")
         if self.head_dims is not None and case.head_dim not in self.head_dims:
-            out.append(f"head_dim={case.head_dim} "
-                       f"(supported: {', '.join(map(str, self.head_dims))})")
+            out.append(
+                f"head_dim={case.head_dim} (supported: {', '.join(map(str, self.head_dims))})"
+            )
         if case.causal and not self.causal:
             out.append("causal=True (supported: False)")
         if case.cross and not self.cross:
             out.append(f"seq_q={case.seq_q} != seq_kv={case.seq_kv} (supported: equal lengths)")
         if case.gqa and not self.gqa:
-            out.append(f"kv_heads={case.kv_heads} < heads={case.heads} "
-                       f"(supported: kv_heads == heads)")
+            out.append(
+                f"kv_heads={case.kv_heads} < heads={case.heads} (supported: kv_heads == heads)"
+            )
         if case.backward and not self.backward:
             out.append(f"mode={case.mode} (supported: fwd; no backward)")
         if case.mask not in self.masks:
@@ -96,38 +107,72 @@ _LOADED: set[str] = set()
 _current_source = ""
 
 
-def register(name: str, *, devices: Iterable[str] = DEVICES,
-             dtypes: Iterable[str] = tuple(DTYPES), head_dims: Iterable[int] | None = None,
-             causal: bool = True, cross: bool = True, gqa: bool = True, backward: bool = True,
-             layout: str = "bhsd", masks: Iterable[str] = ("none",),
-             backend: str | Callable | None = None, compiled: bool = False,
-             requires: dict[str, str] | None = None,
-             check: Callable[[Case], list[str]] | None = None, description: str = ""):
+def register(
+    name: str,
+    *,
+    devices: Iterable[str] = DEVICES,
+    dtypes: Iterable[str] = tuple(DTYPES),
+    head_dims: Iterable[int] | None = None,
+    causal: bool = True,
+    cross: bool = True,
+    gqa: bool = True,
+    backward: bool = True,
+    layout: str = "bhsd",
+    masks: Iterable[str] = ("none",),
+    backend: str | Callable | None = None,
+    compiled: bool = False,
+    baseline: bool = False,
+    color: str | None = None,
+    requires: dict[str, str] | None = None,
+    check: Callable[[Case], list[str]] | None = None,
+    description: str = "",
+):
     """Decorator registering an attention function with what it supports.
 
     ``masks``: the masks.MASKS it supports; "none" (no mask beyond causal) is implied. An impl
     declaring more is called with ``mask=`` (a masks.Mask). ``backend``: the SDPA backend it
     forces, or a function ``(call, device_type) -> name`` that detects it. ``compiled``: it
-    uses torch.compile (its first call's compile time goes to compile_ms).
+    uses torch.compile (its first call's compile time goes to compile_ms). ``baseline``: the
+    impl that speedups are relative to (the run records it). ``color``: its colour in plots.
 
     ``requires`` maps importable module names to the command that installs them; if one is
     missing the impl is registered as unavailable with that command in its reason.
     ``check(case) -> list[str]`` adds reasons that only the impl itself can know.
     """
+
     def decorate(fn: Callable) -> Callable:
         missing = [(mod, cmd) for mod, cmd in (requires or {}).items() if not _importable(mod)]
-        unavailable = "; ".join(f"needs {mod}, which is not installed (install: {cmd})"
-                                for mod, cmd in missing) or None
-        add(Impl(name=name, fn=fn, devices=_valid(name, "devices", devices, DEVICES),
-                 dtypes=_valid(name, "dtypes", dtypes, DTYPES),
-                 head_dims=None if head_dims is None else tuple(head_dims),
-                 causal=causal, cross=cross, gqa=gqa, backward=backward,
-                 layout=_valid(name, "layout", [layout], LAYOUTS)[0],
-                 masks=tuple(dict.fromkeys(("none", *_valid(name, "masks", masks, MASKS)))),
-                 backend=backend, compiled=compiled,
-                 description=description or (fn.__doc__ or "").strip().split("\n")[0],
-                 source=_current_source, unavailable=unavailable, check=check))
+        unavailable = (
+            "; ".join(
+                f"needs {mod}, which is not installed (install: {cmd})" for mod, cmd in missing
+            )
+            or None
+        )
+        add(
+            Impl(
+                name=name,
+                fn=fn,
+                devices=_valid(name, "devices", devices, DEVICES),
+                dtypes=_valid(name, "dtypes", dtypes, DTYPES),
+                head_dims=None if head_dims is None else tuple(head_dims),
+                causal=causal,
+                cross=cross,
+                gqa=gqa,
+                backward=backward,
+                layout=_valid(name, "layout", [layout], LAYOUTS)[0],
+                masks=tuple(dict.fromkeys(("none", *_valid(name, "masks", masks, MASKS)))),
+                backend=backend,
+                compiled=compiled,
+                baseline=baseline,
+                color=color,
+                description=description or (fn.__doc__ or "").strip().split("\n")[0],
+                source=_current_source,
+                unavailable=unavailable,
+                check=check,
+            )
+        )
         return fn
+
     return decorate
 
 
@@ -168,9 +213,12 @@ def _load(source: str, loader: Callable[[], object], fallback_name: str) -> None
         name = "".join(c if c.isalnum() else "_" for c in fallback_name.lower()) or "plugin"
         if name in _IMPLS:
             name = f"{name}_plugin"
-        _IMPLS[name] = Impl(name=name, fn=None, source=source,
-                            unavailable=f"plugin {source} failed to import: "
-                                        f"{type(exc).__name__}: {exc}".strip())
+        _IMPLS[name] = Impl(
+            name=name,
+            fn=None,
+            source=source,
+            unavailable=f"plugin {source} failed to import: {type(exc).__name__}: {exc}".strip(),
+        )
     finally:
         _current_source = ""
 
@@ -188,8 +236,9 @@ def plugin_source(spec: str) -> Path | str:
     path = Path(spec)
     if path.suffix == ".py" or "/" in spec or path.exists():
         if not path.is_file():
-            raise CaseError(f"--plugin {spec}: no such file (give a .py file or an importable "
-                            f"module name)")
+            raise CaseError(
+                f"--plugin {spec}: no such file (give a .py file or an importable module name)"
+            )
         return path.resolve()
     if not all(part.isidentifier() for part in spec.split(".")):
         raise CaseError(f"--plugin {spec!r} is neither a file nor a module name")
@@ -198,12 +247,23 @@ def plugin_source(spec: str) -> Path | str:
     return spec
 
 
-def discover(plugins: Iterable[str] = (), *, builtin: bool = True,
-             entry_points: bool = True) -> dict[str, Impl]:
-    """Load impls from impls/, entry points and ``plugins``; return the registry by name."""
-    if builtin and IMPLS_DIR.is_dir():
-        for path in sorted(IMPLS_DIR.glob("[!_]*.py")):
-            _load(f"impls/{path.name}", lambda p=path: _load_file(p), path.stem)
+def discover(
+    plugins: Iterable[str] = (), *, builtin: bool = True, entry_points: bool = True
+) -> dict[str, Impl]:
+    """Load the built-in impls, the drop-in folders, entry points and ``plugins``; return the
+    registry by name."""
+    if builtin:
+        package = importlib.import_module(BUILTIN_PACKAGE)
+        for info in pkgutil.iter_modules(package.__path__):
+            module = f"{BUILTIN_PACKAGE}.{info.name}"
+            _load(
+                f"{BUILTIN_PACKAGE}.{info.name}",
+                lambda m=module: importlib.import_module(m),
+                info.name,
+            )
+        for folder in dict.fromkeys(d.resolve() for d in DROP_IN_DIRS if d.is_dir()):
+            for path in sorted(folder.glob("[!_]*.py")):
+                _load(str(path), lambda p=path: _load_file(p), path.stem)
     if entry_points:
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             _load(f"entry point {ep.name} ({ep.value})", ep.load, ep.name)
@@ -216,10 +276,11 @@ def discover(plugins: Iterable[str] = (), *, builtin: bool = True,
     return dict(_IMPLS)
 
 
-def get(name: str) -> Impl:
-    return _IMPLS[name]
+def baseline(impls: Iterable[Impl]) -> str | None:
+    """The name of the impl declared ``baseline=True`` among ``impls`` (the first), or None."""
+    return next((i.name for i in impls if i.baseline), None)
 
 
-class Unsupported(Exception):
+class Unsupported(AttnbenchError):
     """Raised by an impl at call time when the library it wraps refuses the case; the row
     becomes ``status=unsupported`` with this message as its reason."""

@@ -1,4 +1,5 @@
 """The sweep spec: presets, and their expansion into validated cases."""
+
 from __future__ import annotations
 
 import itertools
@@ -12,16 +13,52 @@ MASK_CHOICES = ("none", "causal", *MASKS[1:])
 
 PRESETS: dict[str, dict] = {
     # seconds, for tests and a first look: torch.compile impls only when named in --impls
-    "smoke": dict(batch=[1], heads=[2], seq_len=[64, 128], head_dim=[32], dtype=["float32"],
-                  causal=[False, True], mode=["fwd", "fwd_bwd"], rep_ms=[10.0],
-                  compiled=False),
+    "smoke": dict(
+        batch=[1],
+        heads=[2],
+        seq_len=[64, 128],
+        head_dim=[32],
+        dtype=["float32"],
+        causal=[False, True],
+        mode=["fwd", "fwd_bwd"],
+        rep_ms=[10.0],
+        compiled=False,
+    ),
     # under 3 minutes on 2 cores, long enough (2048) to show naive's N^2 memory; the
     # torch.compile impls (compiling each shape takes seconds) only when named in --impls
-    "cpu": dict(batch=[1], heads=[4], seq_len=[128, 256, 512, 1024, 2048], head_dim=[64],
-                dtype=["float32"], causal=[False, True], mode=["fwd", "bwd"], compiled=False),
-    "gpu": dict(batch=[2], heads=[16], seq_len=[512, 1024, 2048, 4096, 8192, 16384],
-                head_dim=[64, 128], dtype=["bfloat16"], causal=[False, True],
-                mode=["fwd", "bwd"]),
+    "cpu": dict(
+        batch=[1],
+        heads=[4],
+        seq_len=[128, 256, 512, 1024, 2048],
+        head_dim=[64],
+        dtype=["float32"],
+        causal=[False, True],
+        mode=["fwd", "bwd"],
+        compiled=False,
+    ),
+    "gpu": dict(
+        batch=[2],
+        heads=[16],
+        seq_len=[512, 1024, 2048, 4096, 8192, 16384],
+        head_dim=[64, 128],
+        dtype=["bfloat16"],
+        causal=[False, True],
+        mode=["fwd", "bwd"],
+    ),
+    # the kernel race: fixed tokens (B x N = 16384) and hidden size (heads x D = 2048), as
+    # FlashAttention's published benchmarks use, so batch and heads follow from N and D
+    "race": dict(
+        batch=[1],
+        heads=[1],
+        seq_len=[512, 1024, 2048, 4096, 8192, 16384],
+        head_dim=[64, 128],
+        dtype=["bfloat16"],
+        causal=[False, True],
+        mode=["fwd", "bwd"],
+        tokens=16384,
+        hidden=2048,
+        impls=["triton_flash", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "xformers"],
+    ),
 }
 
 
@@ -31,6 +68,7 @@ class Spec:
     of None mean "same as heads" / "same as seq_len". ``mask`` "causal" is mask none with
     causal true; the other masks combine with every ``causal`` value; ``window`` lists the
     widths of mask window (and only of it)."""
+
     batch: list[int]
     heads: list[int]
     seq_len: list[int]
@@ -46,19 +84,19 @@ class Spec:
     window: list[int] | None = None
     level: list[str] = field(default_factory=lambda: ["op"])
     compiled: bool = True  # with no impls named, include those that use torch.compile
-    preset: str | None = None
-    overrides: dict = field(default_factory=dict)
+    tokens: int | None = None  # B x N fixed: batch = tokens // seq_len (overrides batch)
+    hidden: int | None = None  # Hq x D fixed: heads = hidden // head_dim (overrides heads)
+    impls: list[str] | None = None  # the preset's impls when none are named
 
     @classmethod
-    def from_preset(cls, name: str, device: str, **overrides) -> "Spec":
+    def from_preset(cls, name: str, device: str, **overrides) -> Spec:
         if name not in PRESETS:
             raise CaseError(f"unknown preset {name!r} (allowed: {', '.join(PRESETS)})")
         given = {k: v for k, v in overrides.items() if v is not None}
         unknown = set(given) - set(cls.__dataclass_fields__)
         if unknown:
             raise CaseError(f"unknown spec fields {sorted(unknown)}")
-        return replace(cls(**PRESETS[name], device=device, preset=name), **given,
-                       overrides=given)
+        return replace(cls(**PRESETS[name], device=device), **given)
 
     def cases(self) -> list[Case]:
         """All cases, sequence length varying fastest so one impl's growth is contiguous."""
@@ -68,14 +106,29 @@ class Spec:
         dtypes = [canonical_dtype(d) for d in self.dtype]
         out = []
         for mode, dtype, level, (mask, causal, window), d, b, h in itertools.product(
-                self.mode, dtypes, self.level, self._masks(), self.head_dim, self.batch,
-                self.heads):
+            self.mode, dtypes, self.level, self._masks(), self.head_dim, self.batch, self.heads
+        ):
+            h = self.hidden // d if self.hidden else h
             for hkv, s in itertools.product(self.kv_heads or [h], self.seq_len):
+                b = max(1, self.tokens // s) if self.tokens else b
                 for skv in self.seq_len_kv or [s]:
-                    out.append(Case(batch=b, heads=h, kv_heads=hkv, seq_q=s, seq_kv=skv,
-                                    head_dim=d, dtype=dtype, causal=causal, mode=mode,
-                                    device=self.device, mask=mask, window=window,
-                                    level=level))
+                    out.append(
+                        Case(
+                            batch=b,
+                            heads=h,
+                            kv_heads=hkv,
+                            seq_q=s,
+                            seq_kv=skv,
+                            head_dim=d,
+                            dtype=dtype,
+                            causal=causal,
+                            mode=mode,
+                            device=self.device,
+                            mask=mask,
+                            window=window,
+                            level=level,
+                        )
+                    )
         if not out:
             raise CaseError("the grid is empty: every list needs at least one value")
         return list(dict.fromkeys(out))  # drop duplicates, keep order
@@ -90,6 +143,8 @@ class Spec:
                 raise CaseError(f"unknown mask {mask!r} (allowed: {', '.join(MASK_CHOICES)})")
             causals = [True] if mask == "causal" else self.causal
             windows = self.window if mask == "window" else [None]
-            out += [("none" if mask == "causal" else mask, c, w)
-                    for c, w in itertools.product(causals, windows)]
+            out += [
+                ("none" if mask == "causal" else mask, c, w)
+                for c, w in itertools.product(causals, windows)
+            ]
         return list(dict.fromkeys(out))

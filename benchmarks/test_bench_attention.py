@@ -8,30 +8,77 @@ cannot take a case is skipped with the registry's reason (or the library's, at c
 The sweep (scripts/sweep.py) is the tool for accuracy, memory and scaling; this suite only
 answers "did it get slower?".
 """
+
 import pytest
 import torch
 
 from attnbench import registry
 from attnbench.case import Case
-from attnbench.inputs import key_lengths, make_inputs
 from attnbench.registry import Unsupported
-from attnbench.runner import Call
+from attnbench.run.call import Call
+from attnbench.run.inputs import key_lengths, make_inputs
 
 SEED = 0
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CASES = {
     # tiny, for CI; the shapes of tests/test_compiled.py, so that a full test run compiles
     # the torch.compile impls' graphs once
-    "cpu": [Case(batch=2, heads=4, kv_heads=2, seq_q=80, seq_kv=72, head_dim=16, causal=True),
-            Case(batch=2, heads=4, kv_heads=2, seq_q=80, seq_kv=72, head_dim=16, causal=True,
-                 mask="padding", mode="fwd_bwd")],
-    "cuda": [Case(batch=2, heads=16, kv_heads=16, seq_q=4096, seq_kv=4096, head_dim=128,
-                  dtype="bfloat16", causal=True, device="cuda", mode=mode)
-             for mode in ("fwd", "fwd_bwd")]
-    + [Case(batch=2, heads=16, kv_heads=4, seq_q=4096, seq_kv=4096, head_dim=128,
-            dtype="bfloat16", causal=True, device="cuda", mask="padding"),
-       Case(batch=2, heads=16, kv_heads=16, seq_q=4096, seq_kv=4096, head_dim=128,
-            dtype="bfloat16", causal=True, device="cuda", level="layer", mode="fwd_bwd")],
+    "cpu": [
+        Case(batch=2, heads=4, kv_heads=2, seq_q=80, seq_kv=72, head_dim=16, causal=True),
+        Case(
+            batch=2,
+            heads=4,
+            kv_heads=2,
+            seq_q=80,
+            seq_kv=72,
+            head_dim=16,
+            causal=True,
+            mask="padding",
+            mode="fwd_bwd",
+        ),
+    ],
+    "cuda": [
+        Case(
+            batch=2,
+            heads=16,
+            kv_heads=16,
+            seq_q=4096,
+            seq_kv=4096,
+            head_dim=128,
+            dtype="bfloat16",
+            causal=True,
+            device="cuda",
+            mode=mode,
+        )
+        for mode in ("fwd", "fwd_bwd")
+    ]
+    + [
+        Case(
+            batch=2,
+            heads=16,
+            kv_heads=4,
+            seq_q=4096,
+            seq_kv=4096,
+            head_dim=128,
+            dtype="bfloat16",
+            causal=True,
+            device="cuda",
+            mask="padding",
+        ),
+        Case(
+            batch=2,
+            heads=16,
+            kv_heads=16,
+            seq_q=4096,
+            seq_kv=4096,
+            head_dim=128,
+            dtype="bfloat16",
+            causal=True,
+            device="cuda",
+            level="layer",
+            mode="fwd_bwd",
+        ),
+    ],
 }
 IMPLS = registry.discover()
 
@@ -45,6 +92,7 @@ def synchronized(fn, device_type: str):
     def run():
         fn()
         torch.cuda.synchronize()
+
     return run
 
 

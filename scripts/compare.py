@@ -1,8 +1,10 @@
-"""Compare two runs, with an optional regression gate: see docs/reports.md or --help."""
+"""`attnbench compare` from a checkout: see README.md or --help."""
+
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from attnbench.report_cli import compare_main  # noqa: E402
+from attnbench.cli import main  # noqa: E402
 
-sys.exit(compare_main())
+if __name__ == "__main__":  # worker processes import this file too
+    sys.exit(main(["compare", *sys.argv[1:]]))

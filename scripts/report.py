@@ -1,8 +1,10 @@
-"""Regenerate a run's report: see docs/reports.md or --help."""
+"""`attnbench report` from a checkout: see README.md or --help."""
+
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from attnbench.report_cli import report_main  # noqa: E402
+from attnbench.cli import main  # noqa: E402
 
-sys.exit(report_main())
+if __name__ == "__main__":  # worker processes import this file too
+    sys.exit(main(["report", *sys.argv[1:]]))

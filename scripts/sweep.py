@@ -1,4 +1,5 @@
-"""Sweep attention impls over a grid of cases: see README.md or --help."""
+"""`attnbench sweep` from a checkout: see README.md or --help."""
+
 import sys
 from pathlib import Path
 
@@ -6,4 +7,4 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from attnbench.cli import main  # noqa: E402
 
 if __name__ == "__main__":  # worker processes import this file too
-    sys.exit(main())
+    sys.exit(main(["sweep", *sys.argv[1:]]))

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from attnbench import accuracy
-from attnbench.accuracy import Error, agrees, bound, error, reference
+from attnbench.measure import accuracy
+from attnbench.measure.accuracy import Error, agrees, bound, error, reference
 
 
 def dense(q, k, v, causal, scale):
@@ -19,10 +19,13 @@ def dense(q, k, v, causal, scale):
     return s.softmax(-1) @ v
 
 
-@pytest.mark.parametrize("hq,hkv,sq,skv,causal", [
-    (2, 2, 33, 33, False), (4, 2, 40, 17, True), (4, 1, 17, 40, True), (2, 2, 50, 50, True)])
-def test_chunked_reference_matches_dense_formula_and_autograd(monkeypatch, hq, hkv, sq, skv,
-                                                              causal):
+@pytest.mark.parametrize(
+    "hq,hkv,sq,skv,causal",
+    [(2, 2, 33, 33, False), (4, 2, 40, 17, True), (4, 1, 17, 40, True), (2, 2, 50, 50, True)],
+)
+def test_chunked_reference_matches_dense_formula_and_autograd(
+    monkeypatch, hq, hkv, sq, skv, causal
+):
     monkeypatch.setattr(accuracy, "CHUNK_BYTES", 7 * 8 * hq * skv)  # 7 query rows per chunk
     g = torch.Generator().manual_seed(1)
     q = torch.randn(2, hq, sq, 16, generator=g, dtype=torch.float64, requires_grad=True)

@@ -3,17 +3,18 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-
-from attnbench import analysis
-from attnbench.case import Case
-from attnbench.results import read_results
 from synth import failed_row, ok_row, write_run
+
+from attnbench.case import Case
+from attnbench.report import analysis
+from attnbench.store.results import read_results
 
 SEQS = (64, 128, 256, 512, 1024, 2048, 4096)
 
 
-def series(tmp_path, time_fn, mem_fn, seqs=SEQS, impl="x", noise=0.0, seed=0, statuses=None,
-           seq_kv=None):
+def series(
+    tmp_path, time_fn, mem_fn, seqs=SEQS, impl="x", noise=0.0, seed=0, statuses=None, seq_kv=None
+):
     rng = np.random.default_rng(seed)
     rows = []
     for n in seqs:
@@ -32,7 +33,7 @@ def fit_of(fits, metric):
 
 
 def test_fit_recovers_known_exponents_with_noise_and_overhead(tmp_path):
-    df = series(tmp_path, lambda n: 0.05 + 3e-6 * n ** 2, lambda n: 0.5 + 0.01 * n, noise=0.03)
+    df = series(tmp_path, lambda n: 0.05 + 3e-6 * n**2, lambda n: 0.5 + 0.01 * n, noise=0.03)
     fits = analysis.scaling_exponents(df)
     t, m = fit_of(fits, "time_ms"), fit_of(fits, "peak_mem_mib")
     assert t["slope"] == pytest.approx(2.0, abs=0.1)
@@ -43,14 +44,14 @@ def test_fit_recovers_known_exponents_with_noise_and_overhead(tmp_path):
 
 def test_fit_is_exact_on_a_pure_power_law():
     n = np.array(SEQS, dtype=float)
-    fit = analysis.fit_loglog(n, 7e-4 * n ** 1.5)
+    fit = analysis.fit_loglog(n, 7e-4 * n**1.5)
     assert fit["slope"] == pytest.approx(1.5, abs=1e-9)
     assert fit["slope_se"] == pytest.approx(0.0, abs=1e-9)
 
 
 def test_overhead_cut_drops_the_flat_region():
     n = np.array(SEQS, dtype=float)
-    y = 0.2 + 1e-6 * n ** 2  # flat until N ~ 500
+    y = 0.2 + 1e-6 * n**2  # flat until N ~ 500
     naive = np.polyfit(np.log(n), np.log(y), 1)[0]
     fit = analysis.fit_loglog(n, y)
     assert naive < 1.2  # a fit over every point would badly understate the exponent
@@ -60,7 +61,7 @@ def test_overhead_cut_drops_the_flat_region():
 
 def test_overhead_limited_fit_is_flagged_as_lower_bound():
     n = np.array((64, 128, 256, 512, 1024), dtype=float)
-    fit = analysis.fit_loglog(n, 1.0 + 1e-6 * n ** 2)  # reaches 4x its floor only at 2048+
+    fit = analysis.fit_loglog(n, 1.0 + 1e-6 * n**2)  # reaches 4x its floor only at 2048+
     assert fit["overhead_limited"] is True
     assert fit["n_points"] == 3 and fit["seq_min"] == 256
     assert fit["slope"] < 2.0
@@ -68,15 +69,20 @@ def test_overhead_limited_fit_is_flagged_as_lower_bound():
 
 
 def test_fewer_than_three_points_gives_no_fit(tmp_path):
-    df = series(tmp_path, lambda n: n ** 2, lambda n: n, seqs=(512, 1024))
+    df = series(tmp_path, lambda n: n**2, lambda n: n, seqs=(512, 1024))
     fits = analysis.scaling_exponents(df)
     assert fits["slope"].isna().all()
     assert fits["reason"].str.contains("needs 3").all()
 
 
 def test_failed_rows_are_not_fit_points(tmp_path):
-    df = series(tmp_path, lambda n: n ** 2, lambda n: n, seqs=(256, 512, 1024, 2048),
-                statuses={1024: "oom", 2048: "timeout"})
+    df = series(
+        tmp_path,
+        lambda n: n**2,
+        lambda n: n,
+        seqs=(256, 512, 1024, 2048),
+        statuses={1024: "oom", 2048: "timeout"},
+    )
     fits = analysis.scaling_exponents(df)
     assert fits["slope"].isna().all()
     assert (fits["n_ok"] == 2).all() and (fits["n_failed"] == 2).all()
@@ -109,8 +115,13 @@ def test_speedup_only_where_both_ok(tmp_path):
 
 def test_speedup_na_when_baseline_failed(tmp_path):
     case = Case(1, 2, 2, 128, 128, 32)
-    df = read_results(write_run(tmp_path, "r", [failed_row("r", "sdpa", case, "oom", "x"),
-                                                ok_row("r", "tiled", case, 1.0, 1.0)]))
+    df = read_results(
+        write_run(
+            tmp_path,
+            "r",
+            [failed_row("r", "sdpa", case, "oom", "x"), ok_row("r", "tiled", case, 1.0, 1.0)],
+        )
+    )
     assert analysis.speedups(df, "sdpa")["speedup"].isna().all()
 
 

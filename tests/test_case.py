@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -9,15 +11,18 @@ def case(**kw):
     return Case(**{**base, **kw})
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("batch", 0, "batch=0 must be a positive integer"),
-    ("seq_q", -3, "seq_q=-3 must be a positive integer"),
-    ("head_dim", 1.5, "head_dim=1.5 must be a positive integer"),
-    ("kv_heads", 3, "heads=4 must be a multiple of kv_heads=3"),
-    ("dtype", "float64", "unknown dtype 'float64'"),
-    ("mode", "forward", "unknown mode 'forward'"),
-    ("device", "tpu", "unknown device 'tpu'"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("batch", 0, "batch=0 must be a positive integer"),
+        ("seq_q", -3, "seq_q=-3 must be a positive integer"),
+        ("head_dim", 1.5, "head_dim=1.5 must be a positive integer"),
+        ("kv_heads", 3, "heads=4 must be a multiple of kv_heads=3"),
+        ("dtype", "float64", "unknown dtype 'float64'"),
+        ("mode", "forward", "unknown mode 'forward'"),
+        ("device", "tpu", "unknown device 'tpu'"),
+    ],
+)
 def test_validation_names_the_problem(field, value, message):
     with pytest.raises(CaseError, match=message.replace("(", r"\(")):
         case(**{field: value})
@@ -46,6 +51,6 @@ def test_flops_follow_the_design_rules():
 
 def test_case_is_frozen_and_hashable():
     c = case()
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         c.batch = 3
     assert len({c, case()}) == 1

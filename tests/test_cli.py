@@ -1,4 +1,5 @@
 """The CLI end to end on the CPU, as a user runs it."""
+
 import csv
 import json
 import os
@@ -10,29 +11,35 @@ from pathlib import Path
 import pytest
 
 from attnbench.cli import main
-from attnbench.results import COLUMNS, METRICS, read_results
+from attnbench.store.results import read_results
+from attnbench.store.schema import COLUMNS, METRICS
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUIRED = ("run_id, impl, mode, batch, heads, kv_heads, seq_q, seq_kv, head_dim, dtype, causal, "
-            "device, status, reason, time_ms, time_ms_p20, time_ms_p80, samples, tflops, "
-            "peak_mem_mib, max_abs_err, rel_err, agrees").split(", ")
+REQUIRED = (
+    "run_id, impl, mode, batch, heads, kv_heads, seq_q, seq_kv, head_dim, dtype, causal, "
+    "device, status, reason, time_ms, time_ms_p20, time_ms_p80, samples, tflops, "
+    "peak_mem_mib, max_abs_err, rel_err, agrees"
+).split(", ")
 
-USER_PLUGIN = '''
+USER_PLUGIN = """
 import torch.nn.functional as F
 from attnbench.registry import register
 
 @register("my_sdpa", devices=("cpu", "cuda"), backward=False)
 def my_sdpa(q, k, v, *, causal, scale):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
-'''
-
-
+"""
 
 
 def sweep(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), *args],
-                          capture_output=True, text=True, cwd=cwd, timeout=600,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "sweep.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +49,18 @@ def smoke_run(tmp_path_factory):
     plugin.parent.mkdir()
     plugin.write_text(textwrap.dedent(USER_PLUGIN))
     # the smoke preset leaves the torch.compile impls out (tests/test_compiled.py covers them)
-    proc = sweep("--preset", "smoke", "--run-id", "smoke1", "--results-dir", str(tmp / "res"),
-                 "--plugin", str(plugin), "--no-progress", cwd=tmp)
+    proc = sweep(
+        "--preset",
+        "smoke",
+        "--run-id",
+        "smoke1",
+        "--results-dir",
+        str(tmp / "res"),
+        "--plugin",
+        str(plugin),
+        "--no-progress",
+        cwd=tmp,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc, tmp / "res" / "smoke1"
 
@@ -53,7 +70,7 @@ def test_smoke_writes_csv_with_the_exact_schema(smoke_run):
     with open(run_dir / "results.csv", newline="") as f:
         header = next(csv.reader(f))
     assert header == list(COLUMNS)
-    assert header[:len(REQUIRED)] == REQUIRED
+    assert header[: len(REQUIRED)] == REQUIRED
 
 
 def test_smoke_rows_cover_every_case_and_impl(smoke_run):
@@ -107,14 +124,26 @@ def test_ok_rows_have_consistent_metrics(smoke_run):
 
 def read_results_samples(run_dir):
     import pandas as pd
+
     return pd.read_csv(run_dir / "samples.csv")
 
 
 def test_env_json_says_where_it_ran(smoke_run):
     _, run_dir = smoke_run
     env = json.loads((run_dir / "env.json").read_text())
-    for key in ("cpu_name", "gpu_name", "torch", "cuda", "triton", "xformers", "git_sha",
-                "command", "time_utc", "seed", "device"):
+    for key in (
+        "cpu_name",
+        "gpu_name",
+        "torch",
+        "cuda",
+        "triton",
+        "xformers",
+        "git_sha",
+        "command",
+        "time_utc",
+        "seed",
+        "device",
+    ):
         assert key in env
     assert env["device"] == "cpu" and env["gpu_name"] is None
     assert "--preset smoke" in env["command"]
@@ -133,39 +162,50 @@ def test_list_shows_every_impl_with_reasons():
         assert name in proc.stdout
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--seq-len", "1,,2"], "--seq-len '1,,2': empty item"),
-    (["--seq-len", "abc"], "'abc' is not an integer"),
-    (["--batch", "0"], "0 must be a positive integer"),
-    (["--heads", "6", "--kv-heads", "4"], "heads=6 must be a multiple of kv_heads=4"),
-    (["--dtype", "fp64"], "unknown dtype 'fp64'"),
-    (["--mode", "forward"], "unknown mode 'forward'"),
-    (["--impls", "sdpa_flsh"], "unknown impl 'sdpa_flsh'; did you mean 'sdpa_flash'?"),
-    (["--preset", "smok"], "unknown preset 'smok'; did you mean 'smoke'?"),
-    (["--head-dim", "-1"], "-1 must be a positive integer"),
-    (["--seq-len", "64", "--seq-len-kv", "0"], "--seq-len-kv '0': 0 must be a positive"),
-    (["--causal", "maybe"], "'maybe' is not one of true, false, both"),
-    (["--level", "block"], "unknown level 'block'"),
-    (["--level", "op,layr"], "unknown level 'layr'; did you mean 'layer'?"),
-    (["--level", "layer", "--seq-len", "64", "--seq-len-kv", "32"],
-     "level=layer is self-attention"),
-    (["--mask", "paddin"], "unknown mask 'paddin'; did you mean 'padding'?"),
-    (["--mask", "window"], "mask window needs --window W"),
-    (["--mask", "window", "--window", "0"], "--window '0': 0 must be a positive integer"),
-    (["--mask", "window", "--window", "x"], "'x' is not an integer"),
-    (["--mask", "window", "--window", "4", "--seq-len", "64", "--seq-len-kv", "16"],
-     "would see no key"),
-    (["--rep-ms", "-5"], "must be a positive number"),
-    (["--timeout", "abc"], "'abc' is not a number"),
-    (["--resume"], "--resume needs the --run-id"),
-    (["--resume", "--run-id", "never-ran"], "holds no results.csv to continue"),
-    (["--config", "/nonexistent/sweep.toml"], "no such file"),
-    (["--profile", "tiled,,S64"], "--profile 'tiled,,S64': empty item"),
-    (["--plugin", "/nonexistent/p.py"], "no such file"),
-    (["--run-id", "a/b"], "no path separators"),
-    (["--device", "cuda:0"] if not __import__("torch").cuda.is_available()
-     else ["--device", "tpu"], "--device"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--seq-len", "1,,2"], "--seq-len '1,,2': empty item"),
+        (["--seq-len", "abc"], "'abc' is not an integer"),
+        (["--batch", "0"], "0 must be a positive integer"),
+        (["--heads", "6", "--kv-heads", "4"], "heads=6 must be a multiple of kv_heads=4"),
+        (["--dtype", "fp64"], "unknown dtype 'fp64'"),
+        (["--mode", "forward"], "unknown mode 'forward'"),
+        (["--impls", "sdpa_flsh"], "unknown impl 'sdpa_flsh'; did you mean 'sdpa_flash'?"),
+        (["--preset", "smok"], "unknown preset 'smok'; did you mean 'smoke'?"),
+        (["--head-dim", "-1"], "-1 must be a positive integer"),
+        (["--seq-len", "64", "--seq-len-kv", "0"], "--seq-len-kv '0': 0 must be a positive"),
+        (["--causal", "maybe"], "'maybe' is not one of true, false, both"),
+        (["--level", "block"], "unknown level 'block'"),
+        (["--level", "op,layr"], "unknown level 'layr'; did you mean 'layer'?"),
+        (
+            ["--level", "layer", "--seq-len", "64", "--seq-len-kv", "32"],
+            "level=layer is self-attention",
+        ),
+        (["--mask", "paddin"], "unknown mask 'paddin'; did you mean 'padding'?"),
+        (["--mask", "window"], "mask window needs --window W"),
+        (["--mask", "window", "--window", "0"], "--window '0': 0 must be a positive integer"),
+        (["--mask", "window", "--window", "x"], "'x' is not an integer"),
+        (
+            ["--mask", "window", "--window", "4", "--seq-len", "64", "--seq-len-kv", "16"],
+            "would see no key",
+        ),
+        (["--rep-ms", "-5"], "must be a positive number"),
+        (["--timeout", "abc"], "'abc' is not a number"),
+        (["--resume"], "--resume needs the --run-id"),
+        (["--resume", "--run-id", "never-ran"], "holds no results.csv to continue"),
+        (["--config", "/nonexistent/sweep.toml"], "no such file"),
+        (["--profile", "tiled,,S64"], "--profile 'tiled,,S64': empty item"),
+        (["--plugin", "/nonexistent/p.py"], "no such file"),
+        (["--run-id", "a/b"], "no path separators"),
+        (
+            ["--device", "cuda:0"]
+            if not __import__("torch").cuda.is_available()
+            else ["--device", "tpu"],
+            "--device",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, args, message):
     code = main(["--preset", "smoke", "--results-dir", str(tmp_path / "res"), *args])
     assert code == 2
@@ -174,22 +214,25 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, args, me
     assert not (tmp_path / "res").exists()
 
 
-@pytest.mark.parametrize("text,message", [
-    ("seq_lens = [64]\n", "unknown field 'seq_lens'; did you mean 'seq_len'?"),
-    ("seq_len = [64, 0]\n", "seq_len = '64,0': 0 must be a positive integer"),
-    ("seq_len = ['abc']\n", "'abc' is not an integer"),
-    ("dtype = 'fp64'\n", "unknown dtype 'fp64'"),
-    ("causal = [true, 3]\n", "'3' is not one of true, false, both"),
-    ("impls = ['naive', 'tild']\n", "unknown impl 'tild'; did you mean 'tiled'?"),
-    ("heads = [6]\nkv_heads = [4]\n", "heads=6 must be a multiple of kv_heads=4"),
-    ("mask = ['none', 'diagonal']\n", "mask = 'none,diagonal': unknown mask 'diagonal'"),
-    ("mask = 'window'\n", "mask window needs --window W"),
-    ("mask = 'window'\nwindow = -3\n", "window = '-3': -3 must be a positive integer"),
-    ("level = ['op', 3]\n", "level = 'op,3': unknown level '3'"),
-    ("windows = [8]\n", "unknown field 'windows'; did you mean 'window'?"),
-    ("seq_len = [64\n", "not valid TOML"),
-    ("batch = {a = 1}\n", "batch: {'a': 1} is not a number"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("seq_lens = [64]\n", "unknown field 'seq_lens'; did you mean 'seq_len'?"),
+        ("seq_len = [64, 0]\n", "seq_len = '64,0': 0 must be a positive integer"),
+        ("seq_len = ['abc']\n", "'abc' is not an integer"),
+        ("dtype = 'fp64'\n", "unknown dtype 'fp64'"),
+        ("causal = [true, 3]\n", "'3' is not one of true, false, both"),
+        ("impls = ['naive', 'tild']\n", "unknown impl 'tild'; did you mean 'tiled'?"),
+        ("heads = [6]\nkv_heads = [4]\n", "heads=6 must be a multiple of kv_heads=4"),
+        ("mask = ['none', 'diagonal']\n", "mask = 'none,diagonal': unknown mask 'diagonal'"),
+        ("mask = 'window'\n", "mask window needs --window W"),
+        ("mask = 'window'\nwindow = -3\n", "window = '-3': -3 must be a positive integer"),
+        ("level = ['op', 3]\n", "level = 'op,3': unknown level '3'"),
+        ("windows = [8]\n", "unknown field 'windows'; did you mean 'window'?"),
+        ("seq_len = [64\n", "not valid TOML"),
+        ("batch = {a = 1}\n", "batch: {'a': 1} is not a number"),
+    ],
+)
 def test_bad_sweep_file_is_one_line_exit_2_nothing_written(tmp_path, capsys, text, message):
     config = tmp_path / "sweep.toml"
     config.write_text(text)
@@ -202,10 +245,23 @@ def test_bad_sweep_file_is_one_line_exit_2_nothing_written(tmp_path, capsys, tex
 
 def test_sweep_file_sets_the_grid_and_flags_override_it(tmp_path):
     config = tmp_path / "sweep.toml"
-    config.write_text('preset = "smoke"\nimpls = ["naive"]\nseq_len = [32, 48]\n'
-                      'mode = "fwd"\ncausal = true\nrep_ms = 2\n')
-    code = main(["--config", str(config), "--seq-len", "40", "--results-dir",
-                 str(tmp_path / "res"), "--run-id", "cfg", "--no-progress"])
+    config.write_text(
+        'preset = "smoke"\nimpls = ["naive"]\nseq_len = [32, 48]\n'
+        'mode = "fwd"\ncausal = true\nrep_ms = 2\n'
+    )
+    code = main(
+        [
+            "--config",
+            str(config),
+            "--seq-len",
+            "40",
+            "--results-dir",
+            str(tmp_path / "res"),
+            "--run-id",
+            "cfg",
+            "--no-progress",
+        ]
+    )
     assert code == 0
     df = read_results(tmp_path / "res" / "cfg")
     assert list(df["seq_q"]) == [40] and list(df["impl"]) == ["naive"]
@@ -214,24 +270,46 @@ def test_sweep_file_sets_the_grid_and_flags_override_it(tmp_path):
 
 def test_reports_dir_that_is_a_file_is_refused(tmp_path, capsys):
     (tmp_path / "rep").write_text("not a folder")
-    code = main(["--preset", "smoke", "--results-dir", str(tmp_path / "res"), "--reports-dir",
-                 str(tmp_path / "rep")])
+    code = main(
+        [
+            "--preset",
+            "smoke",
+            "--results-dir",
+            str(tmp_path / "res"),
+            "--reports-dir",
+            str(tmp_path / "rep"),
+        ]
+    )
     assert code == 2 and "--reports-dir" in capsys.readouterr().err
     assert not (tmp_path / "res").exists()
 
 
 def test_sweep_file_sets_masks_windows_and_levels(tmp_path):
     config = tmp_path / "sweep.toml"
-    config.write_text('preset = "smoke"\nimpls = ["sdpa"]\nseq_len = [32]\nmode = "fwd"\n'
-                      'causal = false\nmask = ["causal", "window"]\nwindow = [4, 8]\n'
-                      'level = ["op", "layer"]\nrep_ms = 2\n')
-    code = main(["--config", str(config), "--results-dir", str(tmp_path / "res"), "--run-id",
-                 "m", "--no-progress"])
+    config.write_text(
+        'preset = "smoke"\nimpls = ["sdpa"]\nseq_len = [32]\nmode = "fwd"\n'
+        'causal = false\nmask = ["causal", "window"]\nwindow = [4, 8]\n'
+        'level = ["op", "layer"]\nrep_ms = 2\n'
+    )
+    code = main(
+        [
+            "--config",
+            str(config),
+            "--results-dir",
+            str(tmp_path / "res"),
+            "--run-id",
+            "m",
+            "--no-progress",
+        ]
+    )
     assert code == 0
     df = read_results(tmp_path / "res" / "m")
     got = sorted(zip(df["level"], df["mask"], df["causal"], df["window"].fillna(0)))
-    assert got == sorted((level, mask, causal, w) for level in ("op", "layer") for mask, causal, w
-                         in (("none", True, 0), ("window", False, 4), ("window", False, 8)))
+    assert got == sorted(
+        (level, mask, causal, w)
+        for level in ("op", "layer")
+        for mask, causal, w in (("none", True, 0), ("window", False, 4), ("window", False, 8))
+    )
     assert (df["status"] == "ok").all() and df["agrees"].all()
     assert df["backend"].notna().all()
 

@@ -1,9 +1,9 @@
 import pytest
-
-from attnbench.compare import compare_runs, regressions
-from attnbench.report_cli import compare_main
-from attnbench.results import read_results
 from synth import smoke_rows, write_run
+
+from attnbench.report.compare import compare_runs, regressions
+from attnbench.report_cli import compare_main
+from attnbench.store.results import read_results
 
 SEQS = (64, 128, 256)
 
@@ -74,11 +74,14 @@ def test_threshold_is_strict(runs):
     assert len(regressions(cmp, 60)) == 1  # only the crash: 1.5x is within +60%
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--fail-above", "five"], "'five' is not a number"),
-    (["--fail-above", "-3"], "must be a finite percentage"),
-    (["--fail-above", "nan"], "must be a finite percentage"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--fail-above", "five"], "'five' is not a number"),
+        (["--fail-above", "-3"], "must be a finite percentage"),
+        (["--fail-above", "nan"], "must be a finite percentage"),
+    ],
+)
 def test_malformed_fail_above(runs, capsys, args, needle):
     root, a, b = runs
     with pytest.raises(SystemExit) as exc:

@@ -1,21 +1,26 @@
 """torch.compile impls (flex, naive_compiled): agreement under every mask, compile_ms outside
 time_ms, and recompiles inside the timed region caught. Compiling on the CPU takes seconds
 per graph: the cases share shapes so that few graphs are compiled."""
+
 import textwrap
 
 import pytest
 
 from attnbench import registry
 from attnbench.case import Case
-from attnbench.inputs import make_inputs
-from attnbench.sweep import ground_truth, measure
-from attnbench.sweep import Settings
-from attnbench.timing import TimerConfig
+from attnbench.measure.timing import TimerConfig
+from attnbench.run.inputs import make_inputs
+from attnbench.run.sweep import Settings, ground_truth, measure
 
 FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 SHAPE = dict(batch=2, heads=4, kv_heads=2, seq_q=80, seq_kv=72, head_dim=16)
-MASKS = [dict(causal=False), dict(causal=True), dict(mask="padding"),
-         dict(mask="window", window=12, causal=True), dict(mask="window", window=12)]
+MASKS = [
+    dict(causal=False),
+    dict(causal=True),
+    dict(mask="padding"),
+    dict(mask="window", window=12, causal=True),
+    dict(mask="window", window=12),
+]
 
 
 def run(impl, case, seed=0):
@@ -40,13 +45,15 @@ def test_flex_forward_agrees_under_every_mask(impls, kw):
 def test_flex_has_no_cpu_backward(impls):
     row = run(impls["flex"], Case(**SHAPE, mode="fwd_bwd"))
     assert row["status"] == "unsupported"
-    assert row["reason"] == ("mode=fwd_bwd on cpu (supported: fwd; FlexAttention has no CPU "
-                             "backward)")
+    assert row["reason"] == (
+        "mode=fwd_bwd on cpu (supported: fwd; FlexAttention has no CPU backward)"
+    )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kw", [dict(mask="padding", causal=True),
-                                dict(mask="window", window=12)], ids=label)
+@pytest.mark.parametrize(
+    "kw", [dict(mask="padding", causal=True), dict(mask="window", window=12)], ids=label
+)
 def test_naive_compiled_agrees_with_grads(impls, kw):
     row = run(impls["naive_compiled"], Case(**SHAPE, mode="fwd_bwd", **kw))
     assert row["status"] == "ok", row["reason"]
@@ -66,7 +73,7 @@ def test_compile_ms_is_the_first_calls_extra_time_and_not_in_time_ms(impls):
     assert again["recompiled"] is False
 
 
-RECOMPILING = '''
+RECOMPILING = """
 import itertools
 
 import torch
@@ -88,7 +95,7 @@ def recompiling(q, k, v, *, causal, scale):
     x = q if next(calls) < 2 else q[..., :1]
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale) + 0 * doubled(
         x).sum()
-'''
+"""
 
 
 def test_a_recompile_inside_the_timing_pass_is_flagged(tmp_path):
@@ -105,8 +112,13 @@ def test_a_recompile_inside_the_timing_pass_is_flagged(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kw", MASKS, ids=label)
 def test_flex_forward_and_backward_agree_on_cuda(impls, kw):
-    case = Case(**{**SHAPE, "seq_q": 256, "seq_kv": 256, "head_dim": 64}, dtype="bfloat16",
-                device="cuda", mode="fwd_bwd", **kw)
+    case = Case(
+        **{**SHAPE, "seq_q": 256, "seq_kv": 256, "head_dim": 64},
+        dtype="bfloat16",
+        device="cuda",
+        mode="fwd_bwd",
+        **kw,
+    )
     row = run(impls["flex"], case)
     assert row["status"] == "ok", row["reason"]
     assert row["agrees"] is True, row["reason"]

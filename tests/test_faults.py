@@ -1,6 +1,6 @@
 """Fault injection: misbehaving plugins never stop a sweep, never lose a row, and each fault is
 recorded with the right status and a useful reason."""
-import os
+
 import signal
 import subprocess
 import sys
@@ -10,35 +10,68 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from attnbench.results import read_results
+from attnbench.store.results import read_results
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = Path(__file__).resolve().parent / "plugins"
-GRID = ["--batch", "1", "--heads", "2", "--head-dim", "16", "--seq-len", "64,128,256",
-        "--causal", "false", "--mode", "fwd", "--dtype", "fp32", "--rep-ms", "2"]
+GRID = [
+    "--batch",
+    "1",
+    "--heads",
+    "2",
+    "--head-dim",
+    "16",
+    "--seq-len",
+    "64,128,256",
+    "--causal",
+    "false",
+    "--mode",
+    "fwd",
+    "--dtype",
+    "fp32",
+    "--rep-ms",
+    "2",
+]
 
 
 def sweep(*args, timeout=600):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), "--no-progress",
-                           *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "sweep.py"), "--no-progress", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
 def faulty_run(tmp_path_factory):
     res = tmp_path_factory.mktemp("faults")
-    proc = sweep(*GRID, "--impls", "naive,f_raise,f_nan,f_shape,f_oom,f_abort,f_hang,"
-                 "broken_import", "--plugin", str(PLUGINS / "faulty.py"), "--plugin",
-                 str(PLUGINS / "broken_import.py"), "--timeout", "5",
-                 "--results-dir", str(res), "--reports-dir", str(res / "reports"),
-                 "--run-id", "faults")
+    proc = sweep(
+        *GRID,
+        "--impls",
+        "naive,f_raise,f_nan,f_shape,f_oom,f_abort,f_hang,broken_import",
+        "--plugin",
+        str(PLUGINS / "faulty.py"),
+        "--plugin",
+        str(PLUGINS / "broken_import.py"),
+        "--timeout",
+        "5",
+        "--results-dir",
+        str(res),
+        "--reports-dir",
+        str(res / "reports"),
+        "--run-id",
+        "faults",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     df = read_results(res / "faults")
     return {name: g.set_index("seq_q") for name, g in df.groupby("impl")}
 
 
 def test_every_pair_has_exactly_one_row(faulty_run):
-    assert sorted(faulty_run) == sorted(["naive", "f_raise", "f_nan", "f_shape", "f_oom",
-                                         "f_abort", "f_hang", "broken_import"])
+    assert sorted(faulty_run) == sorted(
+        ["naive", "f_raise", "f_nan", "f_shape", "f_oom", "f_abort", "f_hang", "broken_import"]
+    )
     for rows in faulty_run.values():
         assert sorted(rows.index) == [64, 128, 256]
 
@@ -67,8 +100,9 @@ def test_nan_output_never_agrees(faulty_run):
 def test_wrong_shape_is_an_error_naming_both_shapes(faulty_run):
     rows = faulty_run["f_shape"]
     assert (rows["status"] == "error").all()
-    assert rows.loc[64, "reason"] == ("bad output: out has shape (1, 2, 63, 16) in layout bhsd, "
-                                      "expected (1, 2, 64, 16)")
+    assert rows.loc[64, "reason"] == (
+        "bad output: out has shape (1, 2, 63, 16) in layout bhsd, expected (1, 2, 64, 16)"
+    )
 
 
 def test_oom_is_recorded_with_size_and_larger_sizes_are_skipped(faulty_run):
@@ -77,8 +111,9 @@ def test_oom_is_recorded_with_size_and_larger_sizes_are_skipped(faulty_run):
     assert rows.loc[128, "status"] == "oom"
     assert "seq_q=128" in rows.loc[128, "reason"] and "64.00 GiB" in rows.loc[128, "reason"]
     assert rows.loc[256, "status"] == "oom"
-    assert rows.loc[256, "reason"].startswith("skipped: f_oom ran out of memory at the smaller "
-                                              "seq_q=128")
+    assert rows.loc[256, "reason"].startswith(
+        "skipped: f_oom ran out of memory at the smaller seq_q=128"
+    )
     assert rows.loc[[128, 256], "time_ms"].isna().all()
 
 
@@ -102,9 +137,27 @@ def test_import_failure_is_unsupported_naming_file_and_error(faulty_run):
     assert rows["reason"].str.contains("this_module_does_not_exist_anywhere").all()
 
 
-KILL_GRID = ["--batch", "1", "--heads", "2", "--head-dim", "16", "--seq-len", "32,48,64,80",
-             "--causal", "both", "--mode", "fwd,fwd_bwd", "--rep-ms", "20", "--impls",
-             "naive,slow,xformers", "--plugin", str(PLUGINS / "slow.py"), "--no-isolate"]
+KILL_GRID = [
+    "--batch",
+    "1",
+    "--heads",
+    "2",
+    "--head-dim",
+    "16",
+    "--seq-len",
+    "32,48,64,80",
+    "--causal",
+    "both",
+    "--mode",
+    "fwd,fwd_bwd",
+    "--rep-ms",
+    "20",
+    "--impls",
+    "naive,slow,xformers",
+    "--plugin",
+    str(PLUGINS / "slow.py"),
+    "--no-isolate",
+]
 
 
 def _keys(df):
@@ -116,8 +169,16 @@ def test_sigkill_then_resume_gives_exactly_the_rows_of_an_uninterrupted_run(tmp_
     assert whole.returncode == 0, whole.stderr[-2000:]
     expected = read_results(tmp_path / "whole")
 
-    args = [sys.executable, str(ROOT / "scripts" / "sweep.py"), "--no-progress", *KILL_GRID,
-            "--results-dir", str(tmp_path), "--run-id", "killed"]
+    args = [
+        sys.executable,
+        str(ROOT / "scripts" / "sweep.py"),
+        "--no-progress",
+        *KILL_GRID,
+        "--results-dir",
+        str(tmp_path),
+        "--run-id",
+        "killed",
+    ]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     csv_path = tmp_path / "killed" / "results.csv"
     deadline = time.time() + 300
@@ -132,8 +193,7 @@ def test_sigkill_then_resume_gives_exactly_the_rows_of_an_uninterrupted_run(tmp_
     with open(csv_path, "a") as f:  # as if the kill had cut a write in half
         f.write("killed,naive,fwd,1,2,2,32,3")
 
-    resumed = sweep(*KILL_GRID, "--results-dir", str(tmp_path), "--run-id", "killed",
-                    "--resume")
+    resumed = sweep(*KILL_GRID, "--results-dir", str(tmp_path), "--run-id", "killed", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     got = read_results(tmp_path / "killed")
     assert len(got) == len(expected)
@@ -147,12 +207,37 @@ def test_sigkill_then_resume_gives_exactly_the_rows_of_an_uninterrupted_run(tmp_
 
 
 def test_resume_with_a_different_grid_is_refused(tmp_path):
-    first = sweep("--preset", "smoke", "--impls", "naive", "--seq-len", "32", "--mode", "fwd",
-                  "--results-dir", str(tmp_path), "--run-id", "r")
+    first = sweep(
+        "--preset",
+        "smoke",
+        "--impls",
+        "naive",
+        "--seq-len",
+        "32",
+        "--mode",
+        "fwd",
+        "--results-dir",
+        str(tmp_path),
+        "--run-id",
+        "r",
+    )
     assert first.returncode == 0, first.stderr[-2000:]
     before = (tmp_path / "r" / "results.csv").read_bytes()
-    again = sweep("--preset", "smoke", "--impls", "naive", "--seq-len", "32,64", "--mode", "fwd",
-                  "--results-dir", str(tmp_path), "--run-id", "r", "--resume")
+    again = sweep(
+        "--preset",
+        "smoke",
+        "--impls",
+        "naive",
+        "--seq-len",
+        "32,64",
+        "--mode",
+        "fwd",
+        "--results-dir",
+        str(tmp_path),
+        "--run-id",
+        "r",
+        "--resume",
+    )
     assert again.returncode == 2
     assert "--resume: the run used cases=" in again.stderr
     assert (tmp_path / "r" / "results.csv").read_bytes() == before

@@ -1,38 +1,53 @@
 """Checks that need a CUDA GPU (marked `gpu`: skipped without one; run by scripts/gpu_check.sh)."""
+
 import pytest
 import torch
 
-from attnbench import ceilings
 from attnbench.case import Case
-from attnbench.inputs import make_inputs
-from attnbench.memory import peak_mem_mib
-from attnbench.profiling import profile_fn
-from attnbench.runner import Call
-from attnbench.sweep import Settings, ground_truth, measure
-from attnbench.timing import TimerConfig, _time_cuda_events, time_fn
+from attnbench.measure import ceilings
+from attnbench.measure.memory import peak_mem_mib
+from attnbench.measure.profiling import profile_fn
+from attnbench.measure.timing import TimerConfig, _time_cuda_events, time_fn
+from attnbench.run.call import Call
+from attnbench.run.inputs import make_inputs
+from attnbench.run.sweep import Settings, ground_truth, measure
 
 pytestmark = pytest.mark.gpu
 GPU_IMPLS = ["naive", "sdpa", "tiled", "triton_flash", "xformers"]
 
 
 def cuda_case(**kw):
-    base = dict(batch=2, heads=8, kv_heads=8, seq_q=1024, seq_kv=1024, head_dim=64,
-                dtype="bfloat16", device="cuda")
+    base = dict(
+        batch=2,
+        heads=8,
+        kv_heads=8,
+        seq_q=1024,
+        seq_kv=1024,
+        head_dim=64,
+        dtype="bfloat16",
+        device="cuda",
+    )
     return Case(**{**base, **kw})
 
 
 @pytest.mark.parametrize("name", GPU_IMPLS)
-@pytest.mark.parametrize("case", [
-    cuda_case(), cuda_case(causal=True, mode="fwd_bwd"),
-    cuda_case(kv_heads=2, seq_q=777, seq_kv=1500, causal=True, mode="fwd_bwd", dtype="float16"),
-], ids=Case.label)
+@pytest.mark.parametrize(
+    "case",
+    [
+        cuda_case(),
+        cuda_case(causal=True, mode="fwd_bwd"),
+        cuda_case(kv_heads=2, seq_q=777, seq_kv=1500, causal=True, mode="fwd_bwd", dtype="float16"),
+    ],
+    ids=Case.label,
+)
 def test_every_gpu_impl_agrees_or_says_why_not(impls, name, case):
     impl = impls[name]
     if not impl.available:
         pytest.skip(impl.unavailable)
     inputs = make_inputs(case, 0)
-    row = measure(impl, case, inputs, ground_truth(case, inputs),
-                  Settings(TimerConfig(rep_ms=20))).row
+    row = measure(
+        impl, case, inputs, ground_truth(case, inputs), Settings(TimerConfig(rep_ms=20))
+    ).row
     assert row["status"] in ("ok", "unsupported"), row["reason"]
     if row["status"] == "ok":
         assert row["agrees"] is True, row["reason"]
@@ -55,6 +70,7 @@ def test_memory_growth_on_the_gpu(impls):
             call = Call.prepare(impls[name], case, make_inputs(case, 0))
             peaks.append(peak_mem_mib(call.memory_fn(), "cuda"))
         return (peaks[2] - peaks[1]) / (peaks[1] - peaks[0])
+
     assert 3.5 < growth_ratio("naive") < 4.5
     assert 1.5 < growth_ratio("sdpa") < 2.5
 

@@ -1,5 +1,6 @@
 """Every impl that runs on the CPU against the float64 reference, through the sweep's own
 measure() so the agreement rule under test is the one the CSV uses."""
+
 import itertools
 import textwrap
 
@@ -9,13 +10,12 @@ import torch.nn.functional as F
 
 from attnbench import registry
 from attnbench.case import Case
-from attnbench.inputs import make_inputs
-from attnbench.layer import layer_reference
-from attnbench.memory import peak_mem_mib
-from attnbench.runner import Call
-from attnbench.sweep import ground_truth, measure
-from attnbench.sweep import Settings
-from attnbench.timing import TimerConfig
+from attnbench.measure.memory import peak_mem_mib
+from attnbench.measure.timing import TimerConfig
+from attnbench.run.call import Call
+from attnbench.run.inputs import make_inputs
+from attnbench.run.layer import layer_reference
+from attnbench.run.sweep import Settings, ground_truth, measure
 
 FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 SHAPES = [  # (heads, kv_heads, seq_q, seq_kv, head_dim)
@@ -34,9 +34,19 @@ def run(impl, case, seed=0):
 
 def cases(dtypes=("float32",)):
     for (h, hkv, sq, skv, d), causal, mode, dtype in itertools.product(
-            SHAPES, (False, True), ("fwd", "fwd_bwd"), dtypes):
-        yield Case(batch=2, heads=h, kv_heads=hkv, seq_q=sq, seq_kv=skv, head_dim=d,
-                   causal=causal, mode=mode, dtype=dtype)
+        SHAPES, (False, True), ("fwd", "fwd_bwd"), dtypes
+    ):
+        yield Case(
+            batch=2,
+            heads=h,
+            kv_heads=hkv,
+            seq_q=sq,
+            seq_kv=skv,
+            head_dim=d,
+            causal=causal,
+            mode=mode,
+            dtype=dtype,
+        )
 
 
 @pytest.mark.parametrize("name", ["naive", "sdpa", "tiled"])
@@ -63,9 +73,20 @@ MASKED_SHAPES = [  # (heads, kv_heads, seq_q, seq_kv, head_dim, window)
 
 def masked_cases(mode="fwd_bwd", shapes=MASKED_SHAPES):
     for (h, hkv, sq, skv, d, w), causal, mask in itertools.product(
-            shapes, (False, True), ("padding", "window")):
-        yield Case(batch=3, heads=h, kv_heads=hkv, seq_q=sq, seq_kv=skv, head_dim=d,
-                   causal=causal, mode=mode, mask=mask, window=w if mask == "window" else None)
+        shapes, (False, True), ("padding", "window")
+    ):
+        yield Case(
+            batch=3,
+            heads=h,
+            kv_heads=hkv,
+            seq_q=sq,
+            seq_kv=skv,
+            head_dim=d,
+            causal=causal,
+            mode=mode,
+            mask=mask,
+            window=w if mask == "window" else None,
+        )
 
 
 @pytest.mark.parametrize("name", ["naive", "sdpa", "tiled", "sdpa_flash", "sdpa_math"])
@@ -75,15 +96,17 @@ def test_impl_agrees_with_reference_under_masks(impls, name, case):
 
 
 @pytest.mark.parametrize("name", ["sdpa_flash", "sdpa_math"])
-@pytest.mark.parametrize("case", [c for c in cases() if c.mode == "fwd_bwd" and c.cross],
-                         ids=Case.label)
+@pytest.mark.parametrize(
+    "case", [c for c in cases() if c.mode == "fwd_bwd" and c.cross], ids=Case.label
+)
 def test_forced_sdpa_backends_agree_on_the_cpu(impls, name, case):
     row = check_agrees(impls[name], case)
     assert row["backend"] == name.split("_")[1]
 
 
-@pytest.mark.parametrize("case", list(masked_cases(shapes=[(2, 2, 100, 100, 16, 20)])),
-                         ids=Case.label)
+@pytest.mark.parametrize(
+    "case", list(masked_cases(shapes=[(2, 2, 100, 100, 16, 20)])), ids=Case.label
+)
 def test_tiled_with_small_blocks_skips_and_masks_blocks_correctly(impls, monkeypatch, case):
     """Blocks smaller than the window: whole key blocks skipped, rows whose first key
     blocks are all masked (their running max still -inf), partly masked blocks."""
@@ -94,8 +117,7 @@ def test_tiled_with_small_blocks_skips_and_masks_blocks_correctly(impls, monkeyp
 
 
 @pytest.mark.parametrize("name", ["sdpa", "tiled"])
-@pytest.mark.parametrize("case", [c for c in cases(("bfloat16",)) if c.seq_q <= 80],
-                         ids=Case.label)
+@pytest.mark.parametrize("case", [c for c in cases(("bfloat16",)) if c.seq_q <= 80], ids=Case.label)
 def test_impl_agrees_in_bfloat16(impls, name, case):
     row = run(impls[name], case)
     assert row["status"] == "ok", row["reason"]
@@ -109,13 +131,34 @@ WRONG = {  # name -> (the keys it keeps, the causal case that catches it)
     # off-by-one diagonal: each query also sees the next key
     "wrong_diag": ("j <= i + 1", CAUSAL_CROSS),
     # sliding window one key too narrow: i - W + 1 < j <= i instead of i - W < j <= i
-    "wrong_window": ("(j >= i - mask.window + 2) & (j <= i)",
-                     Case(batch=3, heads=2, kv_heads=2, seq_q=48, seq_kv=48, head_dim=16,
-                          causal=True, mask="window", window=8)),
+    "wrong_window": (
+        "(j >= i - mask.window + 2) & (j <= i)",
+        Case(
+            batch=3,
+            heads=2,
+            kv_heads=2,
+            seq_q=48,
+            seq_kv=48,
+            head_dim=16,
+            causal=True,
+            mask="window",
+            window=8,
+        ),
+    ),
     # key padding that also keeps the first padded key
-    "wrong_padding": ("(j <= mask.kv_lens[:, None, None, None]) & (j <= i)",
-                      Case(batch=3, heads=2, kv_heads=2, seq_q=48, seq_kv=48, head_dim=16,
-                           causal=True, mask="padding")),
+    "wrong_padding": (
+        "(j <= mask.kv_lens[:, None, None, None]) & (j <= i)",
+        Case(
+            batch=3,
+            heads=2,
+            kv_heads=2,
+            seq_q=48,
+            seq_kv=48,
+            head_dim=16,
+            causal=True,
+            mask="padding",
+        ),
+    ),
 }
 
 
@@ -123,7 +166,8 @@ WRONG = {  # name -> (the keys it keeps, the causal case that catches it)
 def test_agreement_rule_catches_a_wrong_impl(tmp_path, bug):
     keep, case = WRONG[bug]
     path = tmp_path / f"{bug}.py"
-    path.write_text(textwrap.dedent(f"""
+    path.write_text(
+        textwrap.dedent(f"""
         import torch
         from attnbench.registry import register
 
@@ -133,7 +177,8 @@ def test_agreement_rule_catches_a_wrong_impl(tmp_path, bug):
             i = torch.arange(s.shape[-2])[:, None]
             j = torch.arange(s.shape[-1])[None, :]
             return s.masked_fill(~({keep}), float("-inf")).softmax(-1) @ v
-    """))
+    """)
+    )
     impl = registry.discover([str(path)], builtin=False, entry_points=False)[bug]
     row = run(impl, case)
     assert row["status"] == "ok", row["reason"]
@@ -145,12 +190,37 @@ def test_agreement_rule_catches_a_wrong_impl(tmp_path, bug):
 LAYER_IMPLS = ["naive", "sdpa", "sdpa_flash", "sdpa_math", "tiled"]
 
 
-@pytest.mark.parametrize("case", [
-    Case(batch=2, heads=4, kv_heads=2, seq_q=72, seq_kv=72, head_dim=16, causal=True,
-         mode="fwd_bwd", level="layer", mask="padding"),
-    Case(batch=2, heads=2, kv_heads=2, seq_q=40, seq_kv=40, head_dim=32, causal=False,
-         mode="fwd_bwd", level="layer", mask="window", window=9),
-], ids=Case.label)
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(
+            batch=2,
+            heads=4,
+            kv_heads=2,
+            seq_q=72,
+            seq_kv=72,
+            head_dim=16,
+            causal=True,
+            mode="fwd_bwd",
+            level="layer",
+            mask="padding",
+        ),
+        Case(
+            batch=2,
+            heads=2,
+            kv_heads=2,
+            seq_q=40,
+            seq_kv=40,
+            head_dim=32,
+            causal=False,
+            mode="fwd_bwd",
+            level="layer",
+            mask="window",
+            window=9,
+        ),
+    ],
+    ids=Case.label,
+)
 def test_layer_level_agrees_and_every_impl_gives_the_same_output(impls, case):
     inputs = make_inputs(case, 0)
     truth = ground_truth(case, inputs)
@@ -167,21 +237,40 @@ def test_layer_level_agrees_and_every_impl_gives_the_same_output(impls, case):
 
 
 def test_layer_reference_matches_autograd_through_a_dense_layer():
-    case = Case(batch=2, heads=4, kv_heads=2, seq_q=12, seq_kv=12, head_dim=8, causal=True,
-                mode="fwd_bwd", level="layer", mask="padding")
+    case = Case(
+        batch=2,
+        heads=4,
+        kv_heads=2,
+        seq_q=12,
+        seq_kv=12,
+        head_dim=8,
+        causal=True,
+        mode="fwd_bwd",
+        level="layer",
+        mask="padding",
+    )
     inputs = make_inputs(case, 1)
     x, *ws = (t.double().requires_grad_() for t in (inputs.x, *inputs.weights))
-    q, k, v = (F.linear(x, w).unflatten(-1, (h, -1)).transpose(1, 2)
-               for w, h in zip(ws[:3], (4, 2, 2)))  # (B, H, S, D)
+    q, k, v = (
+        F.linear(x, w).unflatten(-1, (h, -1)).transpose(1, 2) for w, h in zip(ws[:3], (4, 2, 2))
+    )  # (B, H, S, D)
     k, v = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
     keep = torch.ones(12, 12, dtype=torch.bool).tril() & (
-        torch.arange(12) < inputs.mask.kv_lens[:, None, None, None])  # (B, 1, S, S)
+        torch.arange(12) < inputs.mask.kv_lens[:, None, None, None]
+    )  # (B, 1, S, S)
     s = (q @ k.transpose(-1, -2) * inputs.scale).masked_fill(~keep, float("-inf"))
     want = F.linear((s.softmax(-1) @ v).transpose(1, 2).flatten(2), ws[3])
     want_grads = torch.autograd.grad(want, (x, *ws), inputs.dout.double())
-    out, grads = layer_reference(inputs.x, inputs.weights, heads=4, kv_heads=2, causal=True,
-                                 scale=inputs.scale, dout=inputs.dout,
-                                 kv_lens=inputs.mask.kv_lens)
+    out, grads = layer_reference(
+        inputs.x,
+        inputs.weights,
+        heads=4,
+        kv_heads=2,
+        causal=True,
+        scale=inputs.scale,
+        dout=inputs.dout,
+        kv_lens=inputs.mask.kv_lens,
+    )
     torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
     assert len(grads) == 5
     for got, exp in zip(grads, want_grads):
@@ -191,14 +280,17 @@ def test_layer_reference_matches_autograd_through_a_dense_layer():
 def test_tiled_memory_grows_linearly_and_naive_quadratically(impls):
     """Equal steps in N: the growth doubles per doubling of N when memory is linear (a + bN)
     and quadruples when it is quadratic, whatever the constant part."""
+
     def peak(name, s):
         case = Case(batch=1, heads=2, kv_heads=2, seq_q=s, seq_kv=s, head_dim=32, mode="fwd")
-        return peak_mem_mib(Call.prepare(impls[name], case, make_inputs(case, 0)).memory_fn(),
-                            "cpu")
+        return peak_mem_mib(
+            Call.prepare(impls[name], case, make_inputs(case, 0)).memory_fn(), "cpu"
+        )
 
     def growth_ratio(name):
         p1, p2, p4 = (peak(name, s) for s in (512, 1024, 2048))
         return (p4 - p2) / (p2 - p1)
+
     assert 3.6 < growth_ratio("naive") < 4.4
     assert 1.8 < growth_ratio("tiled") < 2.2
 
@@ -206,8 +298,19 @@ def test_tiled_memory_grows_linearly_and_naive_quadratically(impls):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["sdpa", "tiled", "triton_flash", "xformers", "flex"])
 def test_layer_level_on_cuda(impls, name):
-    case = Case(batch=2, heads=8, kv_heads=2, seq_q=512, seq_kv=512, head_dim=64,
-                dtype="bfloat16", causal=True, mode="fwd_bwd", level="layer", device="cuda")
+    case = Case(
+        batch=2,
+        heads=8,
+        kv_heads=2,
+        seq_q=512,
+        seq_kv=512,
+        head_dim=64,
+        dtype="bfloat16",
+        causal=True,
+        mode="fwd_bwd",
+        level="layer",
+        device="cuda",
+    )
     row = run(impls[name], case)
     assert row["status"] == "ok", row["reason"]
     assert row["agrees"] is True, row["reason"]

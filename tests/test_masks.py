@@ -1,19 +1,27 @@
 """Masks as a case dimension: the rules, written once more here as plain Python loops, against
 the reference, the FLOP count, the impl-side helpers, the Case and the grid."""
+
 import math
 
 import pytest
 import torch
 
-from attnbench import accuracy
 from attnbench.case import Case, CaseError
-from attnbench.inputs import key_lengths, make_inputs
 from attnbench.masks import block_keep
+from attnbench.measure import accuracy
+from attnbench.run.inputs import key_lengths, make_inputs
 from attnbench.spec import Spec
 
 RULES = [  # (causal, window, padded)
-    (False, None, False), (True, None, False), (False, None, True), (True, None, True),
-    (False, 3, False), (True, 3, False), (False, 1, False), (True, 1, False)]
+    (False, None, False),
+    (True, None, False),
+    (False, None, True),
+    (True, None, True),
+    (False, 3, False),
+    (True, 3, False),
+    (False, 1, False),
+    (True, 1, False),
+]
 
 
 def loop_keep(b, i, j, *, causal, window, kv_lens):
@@ -26,8 +34,9 @@ def loop_keep(b, i, j, *, causal, window, kv_lens):
 
 
 def loop_mask(B, Sq, Skv, **rule):
-    return torch.tensor([[[loop_keep(b, i, j, **rule) for j in range(Skv)] for i in range(Sq)]
-                         for b in range(B)])  # (B, Sq, Skv)
+    return torch.tensor(
+        [[[loop_keep(b, i, j, **rule) for j in range(Skv)] for i in range(Sq)] for b in range(B)]
+    )  # (B, Sq, Skv)
 
 
 def rule_args(causal, window, padded, B=3, Skv=7):
@@ -46,8 +55,17 @@ def test_block_keep_and_pair_count_follow_the_rules(sq, skv, causal, window, pad
     if window is not None and sq > skv + window - 1:
         return  # such a case is refused (rows without keys); see the validation test
     mask = "window" if window else "padding" if padded else "none"
-    case = Case(batch=3, heads=2, kv_heads=2, seq_q=sq, seq_kv=skv, head_dim=4, causal=causal,
-                mask=mask, window=window)
+    case = Case(
+        batch=3,
+        heads=2,
+        kv_heads=2,
+        seq_q=sq,
+        seq_kv=skv,
+        head_dim=4,
+        causal=causal,
+        mask=mask,
+        window=window,
+    )
     assert case.pairs(rule["kv_lens"]) == int(want.sum())
     assert case.flops(rule["kv_lens"]) == 4 * 2 * int(want.sum()) * 4
 
@@ -57,11 +75,14 @@ def test_reference_applies_the_rules(monkeypatch, causal, window, padded):
     monkeypatch.setattr(accuracy, "CHUNK_BYTES", 3 * 8 * 2 * 7)  # 3 query rows per chunk
     rule = rule_args(causal, window, padded)
     g = torch.Generator().manual_seed(0)
-    q, k, v, dout = (torch.randn(3, 2, 7, 4, generator=g, dtype=torch.float64,
-                                 requires_grad=True) for _ in range(4))
+    q, k, v, dout = (
+        torch.randn(3, 2, 7, 4, generator=g, dtype=torch.float64, requires_grad=True)
+        for _ in range(4)
+    )
     lens = None if rule["kv_lens"] is None else torch.tensor(rule["kv_lens"])
-    out, grads = accuracy.reference(q, k, v, causal=causal, scale=0.5, dout=dout.detach(),
-                                    window=window, kv_lens=lens)
+    out, grads = accuracy.reference(
+        q, k, v, causal=causal, scale=0.5, dout=dout.detach(), window=window, kv_lens=lens
+    )
     keep = loop_mask(3, 7, 7, **rule)[:, None]  # (B, 1, Sq, Skv)
     want = ((q @ k.transpose(-1, -2)) * 0.5).masked_fill(~keep, -math.inf).softmax(-1) @ v
     torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
@@ -74,23 +95,29 @@ def test_key_lengths_are_seeded_in_range_and_leave_q_k_v_alone():
     lens = key_lengths(case, 3)
     assert lens == key_lengths(case, 3) and lens != key_lengths(case, 4)
     assert all(1 <= n <= 16 for n in lens)
-    assert key_lengths(Case(batch=8, heads=2, kv_heads=2, seq_q=16, seq_kv=16, head_dim=4),
-                       3) is None
-    padded, plain = make_inputs(case, 3), make_inputs(
-        Case(batch=8, heads=2, kv_heads=2, seq_q=16, seq_kv=16, head_dim=4), 3)
+    assert (
+        key_lengths(Case(batch=8, heads=2, kv_heads=2, seq_q=16, seq_kv=16, head_dim=4), 3) is None
+    )
+    padded, plain = (
+        make_inputs(case, 3),
+        make_inputs(Case(batch=8, heads=2, kv_heads=2, seq_q=16, seq_kv=16, head_dim=4), 3),
+    )
     assert torch.equal(padded.q, plain.q) and plain.mask.kv_lens is None
     assert padded.mask.kv_lens.tolist() == lens
 
 
-@pytest.mark.parametrize("kw,message", [
-    (dict(mask="diagonal"), "unknown mask 'diagonal'"),
-    (dict(mask="window"), "mask=window needs a positive integer window"),
-    (dict(mask="window", window=0), "mask=window needs a positive integer window"),
-    (dict(window=4), "window=4 needs mask=window"),
-    (dict(mask="window", window=4, seq_q=20, seq_kv=8), "would see no key"),
-    (dict(level="block"), "unknown level 'block'"),
-    (dict(level="layer", seq_q=8, seq_kv=12), "level=layer is self-attention"),
-])
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        (dict(mask="diagonal"), "unknown mask 'diagonal'"),
+        (dict(mask="window"), "mask=window needs a positive integer window"),
+        (dict(mask="window", window=0), "mask=window needs a positive integer window"),
+        (dict(window=4), "window=4 needs mask=window"),
+        (dict(mask="window", window=4, seq_q=20, seq_kv=8), "would see no key"),
+        (dict(level="block"), "unknown level 'block'"),
+        (dict(level="layer", seq_q=8, seq_kv=12), "level=layer is self-attention"),
+    ],
+)
 def test_case_validation_of_mask_window_level(kw, message):
     base = dict(batch=1, heads=2, kv_heads=2, seq_q=8, seq_kv=8, head_dim=4)
     with pytest.raises(CaseError, match=message):
@@ -107,12 +134,25 @@ def test_layer_flops_add_the_four_projections():
 
 
 def test_grid_mask_causal_shorthand_and_windows():
-    spec = Spec.from_preset("smoke", "cpu", seq_len=[64], mode=["fwd"],
-                            mask=["none", "causal", "padding", "window"], window=[8, 16])
+    spec = Spec.from_preset(
+        "smoke",
+        "cpu",
+        seq_len=[64],
+        mode=["fwd"],
+        mask=["none", "causal", "padding", "window"],
+        window=[8, 16],
+    )
     combos = [(c.mask, c.causal, c.window) for c in spec.cases()]
-    assert combos == [("none", False, None), ("none", True, None), ("padding", False, None),
-                      ("padding", True, None), ("window", False, 8), ("window", False, 16),
-                      ("window", True, 8), ("window", True, 16)]
+    assert combos == [
+        ("none", False, None),
+        ("none", True, None),
+        ("padding", False, None),
+        ("padding", True, None),
+        ("window", False, 8),
+        ("window", False, 16),
+        ("window", True, 8),
+        ("window", True, 16),
+    ]
     only_causal = Spec.from_preset("smoke", "cpu", seq_len=[64], mode=["fwd"], mask=["causal"])
     assert [(c.mask, c.causal) for c in only_causal.cases()] == [("none", True)]
     with pytest.raises(CaseError, match="needs --window"):
@@ -120,8 +160,9 @@ def test_grid_mask_causal_shorthand_and_windows():
 
 
 def test_level_is_part_of_the_grid_and_the_label():
-    spec = Spec.from_preset("smoke", "cpu", seq_len=[64], mode=["fwd"], causal=[False],
-                            level=["op", "layer"])
+    spec = Spec.from_preset(
+        "smoke", "cpu", seq_len=[64], mode=["fwd"], causal=[False], level=["op", "layer"]
+    )
     cases = spec.cases()
     assert [c.level for c in cases] == ["op", "layer"]
     assert cases[1].label().endswith("fwd layer") and "layer" not in cases[0].label()

@@ -1,26 +1,65 @@
 """Ceilings, profile mode, the profiler cross-check and the clock sampler, on the CPU."""
+
 import json
 import types
 
 import pandas as pd
 import pytest
 
-from attnbench import clocks, profiling
 from attnbench.cli import main
-from attnbench.results import read_results
+from attnbench.measure import clocks, profiling
+from attnbench.store.results import read_results
 
-ENV_FIELDS = ("time_utc", "command", "seed", "device", "gpu_name", "gpu_sm_count", "gpu_mem_gib",
-              "gpu_l2_mib", "gpu_capability", "driver", "cpu_name", "cpu_threads", "cpu_count",
-              "load_avg_1m", "python", "platform", "torch", "cuda", "cudnn", "triton",
-              "xformers", "git_sha", "git_dirty", "ceilings")
+ENV_FIELDS = (
+    "time_utc",
+    "command",
+    "seed",
+    "device",
+    "gpu_name",
+    "gpu_sm_count",
+    "gpu_mem_gib",
+    "gpu_l2_mib",
+    "gpu_capability",
+    "driver",
+    "cpu_name",
+    "cpu_threads",
+    "cpu_count",
+    "load_avg_1m",
+    "python",
+    "platform",
+    "torch",
+    "cuda",
+    "cudnn",
+    "triton",
+    "xformers",
+    "git_sha",
+    "git_dirty",
+    "ceilings",
+)
 
 
 @pytest.fixture(scope="module")
 def profiled_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("prof")
-    code = main(["--preset", "smoke", "--impls", "naive,tiled,xformers", "--seq-len", "64",
-                 "--profile", "tiled,fwd_bwd", "--results-dir", str(tmp / "res"),
-                 "--reports-dir", str(tmp / "rep"), "--run-id", "p", "--no-progress"])
+    code = main(
+        [
+            "--preset",
+            "smoke",
+            "--impls",
+            "naive,tiled,xformers",
+            "--seq-len",
+            "64",
+            "--profile",
+            "tiled,fwd_bwd",
+            "--results-dir",
+            str(tmp / "res"),
+            "--reports-dir",
+            str(tmp / "rep"),
+            "--run-id",
+            "p",
+            "--no-progress",
+        ]
+    )
     assert code == 0
     return tmp / "res" / "p", tmp / "rep" / "p"
 
@@ -76,20 +115,25 @@ def test_mismatch_note_fires_only_beyond_five_percent():
 
 
 def test_clock_sampler_medians_and_throttle_reasons(monkeypatch):
-    readings = iter([(1980, 500_000, 60, 0), (1500, 700_000, 70, 0x4), (1700, 690_000, 71, 0x40)]
-                    + [(1700, 690_000, 71, 0)] * 1000)
+    readings = iter(
+        [(1980, 500_000, 60, 0), (1500, 700_000, 70, 0x4), (1700, 690_000, 71, 0x40)]
+        + [(1700, 690_000, 71, 0)] * 1000
+    )
     fake = types.SimpleNamespace(
-        NVML_CLOCK_SM=0, NVML_TEMPERATURE_GPU=0,
+        NVML_CLOCK_SM=0,
+        NVML_TEMPERATURE_GPU=0,
         nvmlDeviceGetClockInfo=lambda h, kind: current[0],
         nvmlDeviceGetPowerUsage=lambda h: current[1],
         nvmlDeviceGetTemperature=lambda h, kind: current[2],
-        nvmlDeviceGetCurrentClocksEventReasons=lambda h: current[3])
+        nvmlDeviceGetCurrentClocksEventReasons=lambda h: current[3],
+    )
     current = next(readings)
 
     def advance(*_):
         nonlocal current
         current = next(readings)
         return True
+
     monkeypatch.setattr(clocks, "_nvml_handle", lambda device: (fake, "handle"))
     sampler = clocks.ClockSampler("cuda")
     sampler._stop.wait = advance  # one reading per loop turn, no sleeping
@@ -103,5 +147,9 @@ def test_clock_sampler_medians_and_throttle_reasons(monkeypatch):
 def test_clock_sampler_is_blank_on_cpu():
     with clocks.ClockSampler("cpu") as sampler:
         pass
-    assert sampler.summary() == {"sm_clock_mhz": None, "power_w": None, "temp_c": None,
-                                 "throttle": None}
+    assert sampler.summary() == {
+        "sm_clock_mhz": None,
+        "power_w": None,
+        "temp_c": None,
+        "throttle": None,
+    }

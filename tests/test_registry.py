@@ -30,9 +30,17 @@ def test_xformers_is_listed_on_cpu_as_unsupported_with_a_reason(impls):
 
 
 def test_reasons_are_readable_and_complete():
-    impl = registry.Impl(name="limited", fn=None, devices=("cuda",), dtypes=("float16",),
-                         head_dims=(64, 128), causal=False, cross=False, gqa=False,
-                         backward=False)
+    impl = registry.Impl(
+        name="limited",
+        fn=None,
+        devices=("cuda",),
+        dtypes=("float16",),
+        head_dims=(64, 128),
+        causal=False,
+        cross=False,
+        gqa=False,
+        backward=False,
+    )
     case = cpu_case(kv_heads=1, seq_kv=9, head_dim=16, causal=True, mode="bwd")
     assert impl.reasons(case) == [
         "device=cpu (supported: cuda)",
@@ -47,13 +55,16 @@ def test_reasons_are_readable_and_complete():
 
 
 def test_plugin_file_registers_its_impl(tmp_path):
-    path = write(tmp_path / "my_attn.py", """
+    path = write(
+        tmp_path / "my_attn.py",
+        """
         from attnbench.registry import register
 
         @register("my_attn", devices=("cpu",), backward=False)
         def my_attn(q, k, v, *, causal, scale):
             return q
-    """)
+    """,
+    )
     impls = registry.discover([str(path)], builtin=False, entry_points=False)
     assert impls["my_attn"].available
     assert impls["my_attn"].source == str(path.resolve())
@@ -61,26 +72,32 @@ def test_plugin_file_registers_its_impl(tmp_path):
 
 
 def test_plugin_module_by_name(tmp_path, monkeypatch):
-    write(tmp_path / "attn_mod_plugin.py", """
+    write(
+        tmp_path / "attn_mod_plugin.py",
+        """
         from attnbench.registry import register
 
         @register("mod_attn")
         def mod_attn(q, k, v, *, causal, scale):
             return q
-    """)
+    """,
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     impls = registry.discover(["attn_mod_plugin"], builtin=False, entry_points=False)
     assert impls["mod_attn"].source == "module attn_mod_plugin"
 
 
 def test_entry_point_plugins_are_discovered(tmp_path, monkeypatch):
-    write(tmp_path / "ep_attn_pkg.py", """
+    write(
+        tmp_path / "ep_attn_pkg.py",
+        """
         from attnbench.registry import register
 
         @register("ep_attn")
         def ep_attn(q, k, v, *, causal, scale):
             return q
-    """)
+    """,
+    )
     dist = tmp_path / "ep_attn_pkg-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-attn-pkg\nVersion: 1.0\n")
@@ -102,26 +119,33 @@ def test_plugin_that_fails_to_import_is_unavailable_with_file_and_error(tmp_path
 
 
 def test_missing_optional_dependency_gives_the_install_command(tmp_path):
-    path = write(tmp_path / "needs_dep.py", """
+    path = write(
+        tmp_path / "needs_dep.py",
+        """
         from attnbench.registry import register
 
         @register("needs_dep", requires={"fancy_attn_lib_xyz": "pip install fancy-attn-lib"})
         def needs_dep(q, k, v, *, causal, scale):
             import fancy_attn_lib_xyz
-    """)
+    """,
+    )
     impl = registry.discover([str(path)], builtin=False, entry_points=False)["needs_dep"]
-    assert impl.unavailable == ("needs fancy_attn_lib_xyz, which is not installed "
-                                "(install: pip install fancy-attn-lib)")
+    assert impl.unavailable == (
+        "needs fancy_attn_lib_xyz, which is not installed (install: pip install fancy-attn-lib)"
+    )
 
 
 def test_a_plugin_cannot_take_a_builtin_name(tmp_path, impls):
-    path = write(tmp_path / "imposter.py", """
+    path = write(
+        tmp_path / "imposter.py",
+        """
         from attnbench.registry import register
 
         @register("naive")
         def naive(q, k, v, *, causal, scale):
             return q
-    """)
+    """,
+    )
     impls = registry.discover([str(path)], builtin=False, entry_points=False)
     assert impls["naive"].source == "impls/naive.py"
     assert "already registered by impls/naive.py" in impls["imposter"].unavailable
@@ -163,17 +187,20 @@ def test_register_adds_none_to_the_masks_and_refuses_unknown_ones(monkeypatch):
 
 
 def test_an_impl_without_masks_is_never_called_with_mask(tmp_path):
-    from attnbench.inputs import make_inputs
-    from attnbench.runner import Call
+    from attnbench.run.call import Call
+    from attnbench.run.inputs import make_inputs
 
-    path = write(tmp_path / "strict_attn.py", """
+    path = write(
+        tmp_path / "strict_attn.py",
+        """
         import torch.nn.functional as F
         from attnbench.registry import register
 
         @register("strict_attn")
         def strict_attn(q, k, v, *, causal, scale):  # no **kwargs: mask= would raise
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
-    """)
+    """,
+    )
     impl = registry.discover([str(path)], builtin=False, entry_points=False)["strict_attn"]
     case = cpu_case(causal=True)
     out, _ = Call.prepare(impl, case, make_inputs(case, 0)).check()

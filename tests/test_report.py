@@ -1,16 +1,17 @@
 import os
 
 import pytest
-
-from attnbench import plots, report
-from attnbench.report_cli import report_main
-from attnbench.cli import main as sweep_main
 from synth import env, smoke_rows, write_run
+
+from attnbench.cli import main as sweep_main
+from attnbench.report import plots, report
+from attnbench.report_cli import report_main
 
 
 @pytest.fixture
 def stub_figures(monkeypatch):
     """Skip drawing (seconds per report) in tests about the report's text and files."""
+
     def save(fig, stem, svg=True):
         stem.with_suffix(".png").write_bytes(b"png")
         return [stem.with_suffix(".png")]
@@ -33,9 +34,17 @@ def test_report_has_every_section_and_figure(smoke_report):
     root, _, path = smoke_report
     assert path == root / "reports" / "smoke1" / "report.md"
     text = path.read_text()
-    for heading in ("## Summary", "### Who wins where", "### Speedup vs sdpa",
-                    "### Scaling exponents", "### Numerical agreement", "## Plots",
-                    "## Non-ok rows", "### Failures (4)", "### Unsupported"):
+    for heading in (
+        "## Summary",
+        "### Who wins where",
+        "### Speedup vs sdpa",
+        "### Scaling exponents",
+        "### Numerical agreement",
+        "## Plots",
+        "## Non-ok rows",
+        "### Failures (4)",
+        "### Unsupported",
+    ):
         assert heading in text
     assert "Synthetic CPU @ 3.0GHz" in text
     assert "`python scripts/sweep.py --preset smoke --run-id synth`" in text
@@ -56,8 +65,7 @@ def test_report_names_winners_disagreement_and_failures(smoke_report):
     assert "≥" in text  # an overhead-limited time fit is marked as a lower bound
 
 
-def test_report_replaces_atomically_and_keeps_old_on_failure(tmp_path, stub_figures,
-                                                             monkeypatch):
+def test_report_replaces_atomically_and_keeps_old_on_failure(tmp_path, stub_figures, monkeypatch):
     run = write_run(tmp_path / "results", "r", smoke_rows("r", seqs=(64, 128, 256)))
     reports = tmp_path / "reports"
     path = report.write_report(run, reports)
@@ -76,8 +84,9 @@ def test_report_replaces_atomically_and_keeps_old_on_failure(tmp_path, stub_figu
 
 
 def test_report_without_env_says_so(tmp_path, stub_figures):
-    run = write_run(tmp_path / "results", "noenv", smoke_rows("noenv", seqs=(64, 128, 256)),
-                    env_data=False)
+    run = write_run(
+        tmp_path / "results", "noenv", smoke_rows("noenv", seqs=(64, 128, 256)), env_data=False
+    )
     text = report.write_report(run, tmp_path / "reports").read_text()
     assert "env.json is missing" in text
 
@@ -93,13 +102,31 @@ def test_report_warns_about_a_busy_machine(tmp_path, stub_figures):
 
 @pytest.mark.slow
 def test_report_from_a_real_smoke_sweep(tmp_path, capsys):
-    assert sweep_main(["--preset", "smoke", "--run-id", "smoke", "--no-progress",
-                       "--impls", "naive,sdpa,tiled,xformers",
-                       "--results-dir", str(tmp_path / "results"),
-                       "--reports-dir", str(tmp_path / "reports")]) == 0
+    assert (
+        sweep_main(
+            [
+                "--preset",
+                "smoke",
+                "--run-id",
+                "smoke",
+                "--no-progress",
+                "--impls",
+                "naive,sdpa,tiled,xformers",
+                "--results-dir",
+                str(tmp_path / "results"),
+                "--reports-dir",
+                str(tmp_path / "reports"),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
-    assert report_main([str(tmp_path / "results" / "smoke"),
-                        "--reports-dir", str(tmp_path / "reports")]) == 0
+    assert (
+        report_main(
+            [str(tmp_path / "results" / "smoke"), "--reports-dir", str(tmp_path / "reports")]
+        )
+        == 0
+    )
     text = (tmp_path / "reports" / "smoke" / "report.md").read_text()
     assert "### Who wins where" in text and "scripts/sweep.py --preset smoke" in text
     # smoke sweeps 2 lengths: every series says why it has no fit instead of inventing one
@@ -109,11 +136,14 @@ def test_report_from_a_real_smoke_sweep(tmp_path, capsys):
         assert (tmp_path / "reports" / "smoke" / f"{stem}.png").stat().st_size > 5_000
 
 
-@pytest.mark.parametrize("make, needle", [
-    (lambda d: None, "does not exist"),
-    (lambda d: d.mkdir(), "results.csv not found"),
-    (lambda d: (d.mkdir(), (d / "results.csv").write_text("a,b\n1,2\n")), "lacks columns"),
-])
+@pytest.mark.parametrize(
+    "make, needle",
+    [
+        (lambda d: None, "does not exist"),
+        (lambda d: d.mkdir(), "results.csv not found"),
+        (lambda d: (d.mkdir(), (d / "results.csv").write_text("a,b\n1,2\n")), "lacks columns"),
+    ],
+)
 def test_report_cli_bad_input(tmp_path, capsys, make, needle):
     run = tmp_path / "run"
     make(run)
@@ -126,16 +156,18 @@ def test_report_cli_bad_input(tmp_path, capsys, make, needle):
 
 def test_report_cli_unknown_baseline(tmp_path, capsys):
     run = write_run(tmp_path, "r", smoke_rows("r", seqs=(64, 128, 256)))
-    assert report_main([str(run), "--reports-dir", str(tmp_path / "rep"),
-                        "--baseline", "nosuch"]) == 2
+    assert (
+        report_main([str(run), "--reports-dir", str(tmp_path / "rep"), "--baseline", "nosuch"]) == 2
+    )
     assert "pick one of: naive, sdpa" in capsys.readouterr().err
     assert not (tmp_path / "rep").exists()
 
 
 def test_report_cli_writes_report(tmp_path, capsys, stub_figures):
     run = write_run(tmp_path, "r", smoke_rows("r", seqs=(64, 128, 256)))
-    assert report_main([str(run), "--reports-dir", str(tmp_path / "rep"),
-                        "--baseline", "naive"]) == 0
+    assert (
+        report_main([str(run), "--reports-dir", str(tmp_path / "rep"), "--baseline", "naive"]) == 0
+    )
     out = capsys.readouterr().out.strip()
     assert out.endswith("report.md")
     assert "### Speedup vs naive" in (tmp_path / "rep" / "r" / "report.md").read_text()

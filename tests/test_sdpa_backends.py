@@ -1,19 +1,19 @@
 """SDPA with a forced backend: PyTorch's refusal reasons become unsupported rows; the backend
 column says which backend ran."""
+
 import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from attnbench import sdpa
 from attnbench.case import Case
-from attnbench.inputs import make_inputs
+from attnbench.impls import sdpa
 from attnbench.masks import Mask
+from attnbench.measure.timing import TimerConfig
 from attnbench.registry import Unsupported
-from attnbench.sweep import ground_truth, measure
-from attnbench.sweep import Settings
-from attnbench.timing import TimerConfig
+from attnbench.run.inputs import make_inputs
+from attnbench.run.sweep import Settings, ground_truth, measure
 
 FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 CASE = Case(batch=1, heads=2, kv_heads=2, seq_q=32, seq_kv=32, head_dim=16, causal=True)
@@ -36,44 +36,53 @@ def test_a_refused_backend_raises_unsupported_in_pytorchs_words_on_the_cpu():
     """Called past its static capabilities, the efficient backend on the CPU: PyTorch's own
     refusal, as one line."""
     q = torch.randn(1, 2, 8, 16)
-    with pytest.raises(Unsupported, match="PyTorch's efficient backend refused: No viable "
-                                          "backend"):
+    with pytest.raises(Unsupported, match="PyTorch's efficient backend refused: No viable backend"):
         sdpa.forced("efficient")(q, q, q, causal=False, scale=0.25, mask=Mask())
 
 
 def test_pytorchs_warnings_become_the_reason(impls, monkeypatch):
     """PyTorch gives its reasons as UserWarnings before raising (as on CUDA): they are the
     row's reason, one line, without the C++ location."""
+
     def refuse(*args, **kwargs):
-        warnings.warn("Flash attention requires q,k,v to have the same last dimension and to "
-                      "be less than or equal to 256. Got Query.size(-1): 512. (Triggered "
-                      "internally at /pytorch/aten/src/ATen/native/transformers/sdp_utils.cpp)",
-                      UserWarning)
-        warnings.warn("Flash attention kernel not used because:", UserWarning)
+        warnings.warn(
+            "Flash attention requires q,k,v to have the same last dimension and to "
+            "be less than or equal to 256. Got Query.size(-1): 512. (Triggered "
+            "internally at /pytorch/aten/src/ATen/native/transformers/sdp_utils.cpp)",
+            UserWarning,
+            stacklevel=2,
+        )
+        warnings.warn("Flash attention kernel not used because:", UserWarning, stacklevel=2)
         raise RuntimeError("No available kernel. Aborting execution.")
+
     monkeypatch.setattr(F, "scaled_dot_product_attention", refuse)
     row = run(impls["sdpa_flash"])
     assert row["status"] == "unsupported"
     assert row["reason"] == (
         "PyTorch's flash backend refused: Flash attention requires q,k,v to have the same "
         "last dimension and to be less than or equal to 256. Got Query.size(-1): 512. Flash "
-        "attention kernel not used because:")
+        "attention kernel not used because:"
+    )
     assert row["time_ms"] is None
 
 
 def test_other_runtime_errors_stay_errors(impls, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
     monkeypatch.setattr(F, "scaled_dot_product_attention", broken)
     row = run(impls["sdpa_flash"])
     assert row["status"] == "error" and "illegal memory access" in row["reason"]
 
 
-@pytest.mark.parametrize("mask,causal,backend", [
-    ("none", False, "flash"), ("none", True, "flash"), ("padding", True, "flash")])
+@pytest.mark.parametrize(
+    "mask,causal,backend",
+    [("none", False, "flash"), ("none", True, "flash"), ("padding", True, "flash")],
+)
 def test_auto_sdpa_row_names_the_backend_that_ran_on_the_cpu(impls, mask, causal, backend):
-    case = Case(batch=2, heads=2, kv_heads=2, seq_q=32, seq_kv=32, head_dim=16, causal=causal,
-                mask=mask)
+    case = Case(
+        batch=2, heads=2, kv_heads=2, seq_q=32, seq_kv=32, head_dim=16, causal=causal, mask=mask
+    )
     row = run(impls["sdpa"], case)
     assert row["status"] == "ok" and row["agrees"]
     assert row["backend"] == backend
@@ -84,9 +93,11 @@ def test_auto_sdpa_backend_follows_what_pytorch_picks(impls):
 
     q = torch.randn(1, 2, 16, 8)
     for forced, name in ((SDPBackend.MATH, "math"), (SDPBackend.FLASH_ATTENTION, "flash")):
-        def run_once():
+
+        def run_once(forced=forced):
             with sdpa_kernel(forced):
                 sdpa.attention(q, q, q, causal=False, scale=0.3)
+
         assert sdpa.detect_backend(run_once, "cpu") == name
 
 
@@ -103,8 +114,18 @@ def test_cuda_kernel_names_map_to_backends_when_no_aten_op_says():
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math"])
 def test_forced_backends_on_cuda_run_or_say_why(impls, name):
-    case = Case(batch=2, heads=4, kv_heads=4, seq_q=256, seq_kv=256, head_dim=64,
-                dtype="bfloat16", causal=True, device="cuda", mode="fwd_bwd")
+    case = Case(
+        batch=2,
+        heads=4,
+        kv_heads=4,
+        seq_q=256,
+        seq_kv=256,
+        head_dim=64,
+        dtype="bfloat16",
+        causal=True,
+        device="cuda",
+        mode="fwd_bwd",
+    )
     row = run(impls[name], case)
     assert row["status"] in ("ok", "unsupported"), row["reason"]
     if row["status"] == "ok":

@@ -9,13 +9,14 @@ a subprocess with TRITON_INTERPRET=1 (``test_interpreted_in_subprocess``) and sk
 in-process copies.
 
 Agreement is the harness's rule: errors against the float64 reference must be within
-``attnbench.accuracy.agrees`` of the same-dtype textbook baseline's errors.
+``attnbench.measure.accuracy.agrees`` of the same-dtype textbook baseline's errors.
 
 bfloat16: the interpreter (triton 3.9) computes ``tl.dot`` on bfloat16 by multiplying the raw
 uint16 bit patterns, so bf16 results are garbage there; ``test_bf16`` probes for that and skips
 with the reason when it is the case. bf16 goes through the same code path as fp16 (only the
 element type differs), which the fp16 cases cover.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,7 +26,9 @@ import sys
 from pathlib import Path
 
 _CHILD = os.environ.get("ATTNBENCH_INTERPRET_CHILD") == "1"
-_IN_PROCESS = _CHILD or ("triton" not in sys.modules and not __import__("torch").cuda.is_available())
+_IN_PROCESS = _CHILD or (
+    "triton" not in sys.modules and not __import__("torch").cuda.is_available()
+)
 if _IN_PROCESS:
     os.environ["TRITON_INTERPRET"] = "1"  # before the first import of triton
 
@@ -38,11 +41,11 @@ sys.path.insert(0, str(ROOT))
 pytest.importorskip("triton")
 
 from attnbench import registry  # noqa: E402
-from attnbench.accuracy import agrees, error, reference  # noqa: E402
 from attnbench.case import Case  # noqa: E402
+from attnbench.measure.accuracy import agrees, error, reference  # noqa: E402
 
 if _IN_PROCESS:
-    from attnbench.kernels import triton_flash as tf  # noqa: E402
+    from attnbench.impls.triton_flash import kernel as tf  # noqa: E402
 else:
     tf = None
 
@@ -52,9 +55,14 @@ interpreted = pytest.mark.skipif(not _IN_PROCESS, reason="run by test_interprete
 @pytest.mark.skipif(_IN_PROCESS, reason="kernel tests run in this process")
 def test_interpreted_in_subprocess():
     env = {**os.environ, "TRITON_INTERPRET": "1", "ATTNBENCH_INTERPRET_CHILD": "1"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           __file__], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
@@ -90,8 +98,10 @@ def _check_agrees(q, k, v, do, *, causal, dtype, tiles=None, backward=True):
         assert got[name].shape == ref.shape and got[name].dtype == dtype, name
         err, err_base = error(got[name], ref), error(base, ref)
         if not agrees(err, err_base, dtype):
-            bad.append(f"{name}: rel {err.rel:.3g} (baseline {err_base.rel:.3g}), max abs "
-                       f"{err.max_abs:.3g} (baseline {err_base.max_abs:.3g})")
+            bad.append(
+                f"{name}: rel {err.rel:.3g} (baseline {err_base.rel:.3g}), max abs "
+                f"{err.max_abs:.3g} (baseline {err_base.max_abs:.3g})"
+            )
     assert not bad, "; ".join(bad)
 
 
@@ -112,9 +122,15 @@ CASES = [
 
 
 @interpreted
-@pytest.mark.parametrize("Hq,Hkv,Sq,Skv,D,dtype,causal,tiles", CASES,
-                         ids=[f"H{c[0]}-{c[1]}_S{c[2]}x{c[3]}_D{c[4]}_{str(c[5])[6:]}_"
-                              f"{'causal' if c[6] else 'full'}_t{c[7]}" for c in CASES])
+@pytest.mark.parametrize(
+    "Hq,Hkv,Sq,Skv,D,dtype,causal,tiles",
+    CASES,
+    ids=[
+        f"H{c[0]}-{c[1]}_S{c[2]}x{c[3]}_D{c[4]}_{str(c[5])[6:]}_"
+        f"{'causal' if c[6] else 'full'}_t{c[7]}"
+        for c in CASES
+    ],
+)
 def test_fwd_bwd_agrees(Hq, Hkv, Sq, Skv, D, dtype, causal, tiles):
     q, k, v, do = _inputs(1, Hq, Hkv, Sq, Skv, D, dtype)
     _check_agrees(q, k, v, do, causal=causal, dtype=dtype, tiles=tiles)
@@ -129,8 +145,10 @@ def test_forward_only_batch2():
 @interpreted
 def test_strided_inputs():
     # q/k/v/dout as transposed (B, S, H, D) storage: only the last dim is contiguous
-    q, k, v, do = (t.transpose(1, 2).contiguous().transpose(1, 2)
-                   for t in _inputs(2, 4, 2, 29, 41, 32, torch.float16, seed=2))
+    q, k, v, do = (
+        t.transpose(1, 2).contiguous().transpose(1, 2)
+        for t in _inputs(2, 4, 2, 29, 41, 32, torch.float16, seed=2)
+    )
     assert not q.is_contiguous() and q.stride(-1) == 1
     _check_agrees(q, k, v, do, causal=True, dtype=torch.float16)
 
@@ -166,8 +184,10 @@ def _interpreter_bf16_dot_ok() -> bool:
 @interpreted
 def test_bf16():
     if not _interpreter_bf16_dot_ok():
-        pytest.skip("Triton's CPU interpreter computes bf16 tl.dot on the raw uint16 bits; "
-                    "bf16 is checked only on a GPU (scripts/bench_kernel.py verifies it)")
+        pytest.skip(
+            "Triton's CPU interpreter computes bf16 tl.dot on the raw uint16 bits; "
+            "bf16 is checked only on a GPU (scripts/bench_kernel.py verifies it)"
+        )
     q, k, v, do = _inputs(1, 4, 2, 37, 45, 64, torch.bfloat16, seed=5)
     _check_agrees(q, k, v, do, causal=True, dtype=torch.bfloat16)
 
@@ -185,10 +205,19 @@ def test_rejects_bad_shapes():
 def test_registered_unsupported_on_cpu():
     impl = registry.discover(entry_points=False)["triton_flash"]
     assert impl.available, impl.unavailable
-    case = Case(batch=1, heads=4, kv_heads=2, seq_q=64, seq_kv=64, head_dim=64,
-                dtype="bfloat16", causal=True, mode="fwd_bwd", device="cpu")
+    case = Case(
+        batch=1,
+        heads=4,
+        kv_heads=2,
+        seq_q=64,
+        seq_kv=64,
+        head_dim=64,
+        dtype="bfloat16",
+        causal=True,
+        mode="fwd_bwd",
+        device="cpu",
+    )
     reasons = impl.reasons(case)
     assert reasons and "device=cpu" in reasons[0], reasons
     assert impl.reasons(Case(1, 4, 2, 64, 64, 64, "bfloat16", True, "fwd_bwd", "cuda")) == []
-    assert any("head_dim=48" in r for r in impl.reasons(Case(1, 4, 2, 64, 64, 48,
-                                                            device="cuda")))
+    assert any("head_dim=48" in r for r in impl.reasons(Case(1, 4, 2, 64, 64, 48, device="cuda")))

@@ -1,4 +1,5 @@
 """Impls that misbehave on purpose, one way each, for the fault-injection tests."""
+
 import os
 import time
 
@@ -8,8 +9,7 @@ from attnbench.registry import register
 
 
 def _ok(q, k, v, causal, scale):
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                            scale=scale)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 
 
 @register("f_raise")

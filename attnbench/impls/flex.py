@@ -1,0 +1,66 @@
+"""FlexAttention (torch.nn.attention.flex_attention) through torch.compile, masks as block masks.
+
+One mask_mod serves every mask: query i keeps keys i - back < j < i + ahead and j < kv_len[b]
+(masks.interval), with back, ahead and kv_len held in tensors, so causal, padding and window
+cases of one shape share one compiled graph; the block mask (made once per row, outside the
+timing) lets the kernel skip fully masked tiles. Without any mask the block mask is None.
+FlexAttention has no backward on the CPU."""
+
+import torch
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from attnbench.masks import MASKS, interval, reach
+from attnbench.measure.compiling import compile_static
+from attnbench.registry import Unsupported, register
+
+_flex = compile_static(flex_attention)
+
+
+def _no_cpu_backward(case):
+    if case.device_type == "cpu" and case.backward:
+        return [f"mode={case.mode} on cpu (supported: fwd; FlexAttention has no CPU backward)"]
+    return []
+
+
+def block_mask(q, k, causal, mask):
+    # q (B, Hq, Sq, D); k (B, Hkv, Skv, D)
+    if not mask.masked(causal):
+        return None
+    B, Sq, Skv = q.shape[0], q.shape[-2], k.shape[-2]
+
+    def make():
+        back, ahead = (torch.tensor(n, device=q.device) for n in reach(causal, mask.window))
+        kv_len = (
+            mask.kv_lens if mask.kv_lens is not None else torch.full((B,), Skv, device=q.device)
+        )  # (B,)
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            lo, hi = interval(q_idx, back=back, ahead=ahead, kv_len=kv_len[b])
+            return (kv_idx >= lo) & (kv_idx < hi)
+
+        return create_block_mask(mask_mod, B, None, Sq, Skv, device=q.device)
+
+    return mask.cached(("flex", causal, B, Sq, Skv, str(q.device)), make)
+
+
+@register(
+    "flex",
+    color="#8c564b",
+    masks=MASKS,
+    compiled=True,
+    check=_no_cpu_backward,
+    description="torch.nn.attention.flex_attention, torch.compile'd, block masks",
+)
+def flex(q, k, v, *, causal, scale, mask):
+    # q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D) -> (B, Hq, Sq, D)
+    try:
+        return _flex(
+            q,
+            k,
+            v,
+            block_mask=block_mask(q, k, causal, mask),
+            scale=scale,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )
+    except NotImplementedError as exc:  # FlexAttention refuses the case
+        raise Unsupported(" ".join(str(exc).split())) from exc

@@ -1,0 +1,47 @@
+"""The textbook formula: softmax(Q K^T · scale) V, materialising the full score matrix; eager,
+and compiled with torch.compile (static shapes)."""
+
+from attnbench.masks import MASKS
+from attnbench.measure.compiling import compile_static
+from attnbench.registry import register
+
+
+def formula(q, k, v, keep, scale):
+    # q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D); keep None or bool (Bm, 1, Sq, Skv), True = attend
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    s = (q @ k.transpose(-2, -1)) * scale  # (B, Hq, Sq, Skv)
+    if keep is not None:
+        s = s.masked_fill(~keep, float("-inf"))
+    return s.softmax(dim=-1) @ v  # (B, Hq, Sq, D)
+
+
+def _keep(q, k, causal, mask):
+    if not mask.masked(causal):
+        return None
+    return mask.keep(q.shape[-2], k.shape[-2], causal, q.device)  # (Bm, 1, Sq, Skv)
+
+
+@register(
+    "naive",
+    color="#1f77b4",
+    masks=MASKS,
+    description="softmax(QK^T*scale)V in eager PyTorch; materialises the (Sq, Skv) score matrix",
+)
+def naive(q, k, v, *, causal, scale, mask):
+    return formula(q, k, v, _keep(q, k, causal, mask), scale)
+
+
+_compiled = compile_static(formula)
+
+
+@register(
+    "naive_compiled",
+    color="#aec7e8",
+    masks=MASKS,
+    compiled=True,
+    description="the naive formula through torch.compile (dynamic=False)",
+)
+def naive_compiled(q, k, v, *, causal, scale, mask):
+    return _compiled(q, k, v, _keep(q, k, causal, mask), scale)

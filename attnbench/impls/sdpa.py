@@ -1,0 +1,180 @@
+"""The SDPA family: ``sdpa`` (PyTorch's own backend choice; the backend column says which
+ran) and ``sdpa_flash`` / ``sdpa_efficient`` / ``sdpa_cudnn`` / ``sdpa_math`` (one backend
+forced with torch.nn.attention.sdpa_kernel).
+
+F.scaled_dot_product_attention for a case: masks as attn_mask, a forced backend whose
+refusal becomes ``Unsupported`` with PyTorch's reasons, and which backend actually ran.
+
+Masks: causal alone goes through ``is_causal`` (every backend takes it); any other mask is a
+boolean ``attn_mask`` (Bm, 1, Sq, Skv) with causal folded in, built once per row (masks.Mask).
+PyTorch's flash backend on CUDA takes no attn_mask, so masked rows there run another backend
+(auto) or are refused (sdpa_flash), in PyTorch's words.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from attnbench.masks import MASKS, Mask
+from attnbench.measure.profiling import profiled
+from attnbench.registry import Unsupported, register
+
+BACKENDS = {
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+    "math": "MATH",
+}
+# What PyTorch raises when no enabled backend takes the case (CUDA, CPU wording)
+REFUSALS = ("No available kernel", "No viable backend")
+# aten op name (recorded on CPU and CUDA alike) -> backend; first match wins
+OP_BACKENDS = (
+    ("cudnn", "cudnn"),
+    ("flash", "flash"),
+    ("efficient", "efficient"),
+    ("math", "math"),
+    ("overrideable", "overrideable"),
+)
+OP_PREFIX = "aten::_scaled_dot_product_"
+# CUDA kernel name -> backend, when no aten op says (no 'cutlass': GEMM kernels have it too)
+KERNEL_BACKENDS = (
+    ("cudnn", "cudnn"),
+    ("flash", "flash"),
+    ("fmha", "efficient"),
+    ("efficient", "efficient"),
+)
+
+
+def attention(q, k, v, *, causal: bool, scale: float, mask: Mask | None = None):
+    # q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D); is_causal is top-left aligned
+    attn_mask = None
+    if mask is not None and mask.kind != "none":
+        attn_mask = mask.keep(q.shape[-2], k.shape[-2], causal, q.device)  # (Bm, 1, Sq, Skv)
+        causal = False
+    return F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=attn_mask,
+        is_causal=causal,
+        scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+
+
+def forced(name: str) -> Callable:
+    """An impl running ``attention`` with only SDPA backend ``name`` enabled."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, BACKENDS[name])
+
+    def run(q, k, v, *, causal, scale, mask):
+        # q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D) -> (B, Hq, Sq, D)
+        try:
+            with sdpa_kernel(backend):
+                return attention(q, k, v, causal=causal, scale=scale, mask=mask)
+        except RuntimeError as exc:
+            if not any(text in str(exc) for text in REFUSALS):
+                raise
+            why = refusal(
+                lambda: attention(q, k, v, causal=causal, scale=scale, mask=mask), backend
+            )
+        raise Unsupported(f"PyTorch's {name} backend refused: {why}")
+
+    return run
+
+
+def refusal(run: Callable[[], object], backend) -> str:
+    """PyTorch's reasons, one line, for refusing ``run`` with only ``backend`` enabled. They
+    come as UserWarnings before the RuntimeError, so the refused call is repeated (off the hot
+    path) with every warning recorded."""
+    from torch.nn.attention import sdpa_kernel
+
+    error = "no reason given"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with sdpa_kernel(backend):  # same grad mode: backends' limits can differ
+                run()
+        except RuntimeError as exc:
+            error = _one_line(str(exc))
+    reasons = [
+        _one_line(str(w.message).split("(Triggered internally")[0])
+        for w in caught
+        if issubclass(w.category, UserWarning)
+    ]
+    return " ".join(dict.fromkeys(r for r in reasons if r)) or error
+
+
+def detect_backend(run: Callable[[], object], device_type: str) -> str | None:
+    """Which SDPA backend ``run`` used: from the aten op names the profiler records (the same
+    on CPU and CUDA), else on CUDA from kernel names; several are joined with '+'."""
+    from torch.profiler import ProfilerActivity
+
+    activities = [ProfilerActivity.CPU]
+    if device_type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profiled(activities) as prof:
+        run()
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+    names = {event.key for event in prof.key_averages()}
+    found = _match([n for n in names if n.startswith(OP_PREFIX)], OP_BACKENDS)
+    if not found and device_type == "cuda":
+        found = _match([n.lower() for n in names if not n.startswith("aten::")], KERNEL_BACKENDS)
+    return "+".join(sorted(found)) or None
+
+
+def _match(names: list[str], table) -> set[str]:
+    found = set()
+    for name in names:
+        hit = next((backend for text, backend in table if text in name), None)
+        if hit:
+            found.add(hit)
+    return found
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+# Static capabilities are what PyTorch builds: the efficient and cuDNN backends are CUDA only;
+# flash and math also run on the CPU (flash: aten::_scaled_dot_product_flash_attention_for_cpu,
+# which takes every dtype, head dim and attn_mask here). Finer limits (flash on CUDA: float16 /
+# bfloat16, no attn_mask; head-dim and alignment limits) differ between torch versions and GPUs,
+# so PyTorch itself says them at call time, and they become the row's (unsupported) reason.
+COLORS = {"flash": "#ffbb78", "efficient": "#98df8a", "cudnn": "#ff9896", "math": "#c5b0d5"}
+DEVICES = {
+    "flash": ("cpu", "cuda"),
+    "efficient": ("cuda",),
+    "cudnn": ("cuda",),
+    "math": ("cpu", "cuda"),
+}
+
+
+@register(
+    "sdpa",
+    color="#ff7f0e",
+    masks=MASKS,
+    backend=detect_backend,
+    baseline=True,
+    description="F.scaled_dot_product_attention, default backend choice",
+)
+def sdpa(q, k, v, *, causal, scale, mask):
+    # q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D)
+    return attention(q, k, v, causal=causal, scale=scale, mask=mask)
+
+
+for _name, _devices in DEVICES.items():
+    register(
+        f"sdpa_{_name}",
+        devices=_devices,
+        masks=MASKS,
+        backend=_name,
+        color=COLORS[_name],
+        description=f"F.scaled_dot_product_attention with only the {_name} backend",
+    )(forced(_name))

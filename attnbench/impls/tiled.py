@@ -1,0 +1,141 @@
+"""Our blocked attention in plain PyTorch: FlashAttention's algorithm without a custom kernel.
+
+Forward: for each query block, loop over key blocks keeping a running max ``m`` and running
+sum ``l`` (online softmax, float32), rescaling the accumulator; key blocks that no row of the
+query block keeps (past the causal diagonal, outside the window, past every batch's padding)
+are skipped, and only blocks that some row masks in part are masked element-wise. Only the
+output and the per-row log-sum-exp are saved.
+Backward (hand-written): scores are recomputed block by block from the saved log-sum-exp.
+Extra memory is O(block_q · block_k) for scores plus O(S) for out / lse / grads, so it grows
+linearly in the sequence length; the (Sq, Skv) matrix never exists.
+GQA without copies: q is viewed as (B, Hkv, G, Sq, D) and k/v broadcast over G.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from attnbench.masks import MASKS, block_keep, key_bounds
+from attnbench.registry import register
+
+BLOCK_Q = 128
+BLOCK_K = 256
+
+
+def _blocks(start: int, end: int, size: int):
+    return [(s, min(s + size, end)) for s in range(start, end, size)]
+
+
+@dataclass
+class _Masking:
+    """Causal, window and key padding, per block."""
+
+    seq_kv: int
+    causal: bool
+    window: int | None
+    kv_lens: torch.Tensor | None  # (B,) on the device
+
+    def __post_init__(self):
+        self.kv_lens_cpu = None if self.kv_lens is None else self.kv_lens.cpu()  # one sync
+
+    def key_range(self, q0: int, q1: int) -> tuple[int, int, int, int]:
+        """For query rows q0..q1-1: keys some row keeps, [start, end), and keys every row
+        keeps, [full_lo, full_hi). The kept interval only moves right as the row grows."""
+        lo, hi = key_bounds(
+            torch.tensor([q0, q1 - 1]),
+            self.seq_kv,
+            causal=self.causal,
+            window=self.window,
+            kv_lens=self.kv_lens_cpu,
+        )  # (1, 2), (Bm, 2)
+        return int(lo[0, 0]), int(hi[:, 1].max()), int(lo[0, 1]), int(hi[:, 0].min())
+
+    def scores(self, qb, kb, scale, q0, k0, full):
+        """Scaled scores of a block in float32, masked where needed: (B, Hkv, G, bq, bk)."""
+        s = (qb @ kb.transpose(-1, -2)).float() * scale
+        k1 = k0 + kb.shape[-2]
+        if k0 < full[0] or k1 > full[1]:  # some row of the block masks some of these keys
+            keep = block_keep(
+                q0,
+                q0 + qb.shape[-2],
+                k0,
+                k1,
+                self.seq_kv,
+                causal=self.causal,
+                window=self.window,
+                kv_lens=self.kv_lens,
+                device=s.device,
+            )
+            s = s.masked_fill(~keep[:, None, None], float("-inf"))  # keep (Bm, 1, 1, bq, bk)
+        return s
+
+
+class TiledAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, masking, scale):
+        B, Hq, Sq, D = q.shape
+        Hkv = k.shape[1]
+        q5 = q.reshape(B, Hkv, Hq // Hkv, Sq, D)  # (B, Hkv, G, Sq, D)
+        k5, v5 = k[:, :, None], v[:, :, None]  # (B, Hkv, 1, Skv, D)
+        out = torch.empty_like(q5)
+        lse = torch.empty(q5.shape[:-1], dtype=torch.float32, device=q.device)  # (B, Hkv, G, Sq)
+        for q0, q1 in _blocks(0, Sq, BLOCK_Q):
+            qb = q5[..., q0:q1, :]
+            m = torch.full(qb.shape[:-1], float("-inf"), device=q.device)  # (B, Hkv, G, bq)
+            l = torch.zeros_like(m)
+            acc = torch.zeros(qb.shape, dtype=torch.float32, device=q.device)
+            start, end, *full = masking.key_range(q0, q1)
+            for k0, k1 in _blocks(start, end, BLOCK_K):
+                s = masking.scores(qb, k5[..., k0:k1, :], scale, q0, k0, full)
+                m_new = torch.maximum(m, s.amax(dim=-1))
+                # a row with no kept key yet has m_new = -inf: shift by 0 instead (exp -> 0)
+                shift = m_new.masked_fill(m_new == float("-inf"), 0.0)
+                p = torch.exp(s - shift[..., None])  # (B, Hkv, G, bq, bk)
+                correction = torch.exp(m - shift)
+                l = l * correction + p.sum(dim=-1)
+                acc = acc * correction[..., None] + (p.to(v.dtype) @ v5[..., k0:k1, :]).float()
+                m = m_new
+            out[..., q0:q1, :] = (acc / l[..., None]).to(q.dtype)
+            lse[..., q0:q1] = m + torch.log(l)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.masking, ctx.scale = masking, scale
+        return out.reshape(B, Hq, Sq, D)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out5, lse = ctx.saved_tensors
+        masking, scale = ctx.masking, ctx.scale
+        B, Hq, Sq, D = q.shape
+        q5 = q.reshape(out5.shape)  # (B, Hkv, G, Sq, D)
+        do5 = dout.reshape(out5.shape)
+        k5, v5 = k[:, :, None], v[:, :, None]  # (B, Hkv, 1, Skv, D)
+        delta = (do5.float() * out5.float()).sum(dim=-1)  # (B, Hkv, G, Sq)
+        dq = torch.zeros(q5.shape, dtype=torch.float32, device=q.device)
+        dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)  # (B, Hkv, Skv, D)
+        dv = torch.zeros_like(dk)
+        for q0, q1 in _blocks(0, Sq, BLOCK_Q):
+            qb, dob = q5[..., q0:q1, :], do5[..., q0:q1, :]
+            start, end, *full = masking.key_range(q0, q1)
+            for k0, k1 in _blocks(start, end, BLOCK_K):
+                kb, vb = k5[..., k0:k1, :], v5[..., k0:k1, :]
+                s = masking.scores(qb, kb, scale, q0, k0, full)
+                p = torch.exp(s - lse[..., q0:q1, None])  # (B, Hkv, G, bq, bk)
+                dv[..., k0:k1, :] += (p.to(q.dtype).transpose(-1, -2) @ dob).float().sum(2)
+                dp = (dob @ vb.transpose(-1, -2)).float()
+                ds = (p * (dp - delta[..., q0:q1, None]) * scale).to(q.dtype)
+                dq[..., q0:q1, :] += (ds @ kb).float()
+                dk[..., k0:k1, :] += (ds.transpose(-1, -2) @ qb).float().sum(2)
+        return (dq.reshape(B, Hq, Sq, D).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None)
+
+
+@register(
+    "tiled",
+    color="#d62728",
+    masks=MASKS,
+    description="our blocked online-softmax attention in plain PyTorch, hand-written "
+    "backward; memory linear in sequence length",
+)
+def tiled(q, k, v, *, causal, scale, mask):
+    # q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D) -> (B, Hq, Sq, D)
+    masking = _Masking(k.shape[2], causal, mask.window, mask.kv_lens)
+    return TiledAttention.apply(q, k, v, masking, scale)

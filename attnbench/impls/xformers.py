@@ -1,0 +1,31 @@
+"""xformers.ops.memory_efficient_attention, in its own (B, S, H, D) layout."""
+
+from attnbench.registry import Unsupported, register
+
+
+@register(
+    "xformers",
+    color="#2ca02c",
+    devices=("cuda",),
+    layout="bshd",
+    requires={"xformers": "pip install 'attnbench[xformers]'"},
+    description="xformers.ops.memory_efficient_attention (CUDA only: xformers has no CPU operator)",
+)
+def xformers(q, k, v, *, causal, scale):
+    import xformers.ops as xops
+    from xformers.ops.fmha.attn_bias import LowerTriangularMask
+
+    # q (B, Sq, Hq, D); k, v (B, Skv, Hkv, D)
+    B, Sq, Hq, D = q.shape
+    Skv, Hkv = k.shape[1], k.shape[2]
+    if Hq != Hkv:  # GQA: xformers' 5-D form (B, S, G, H, D), k/v broadcast without a copy
+        group = Hq // Hkv
+        q = q.view(B, Sq, Hkv, group, D)
+        k = k.unsqueeze(3).expand(B, Skv, Hkv, group, D)
+        v = v.unsqueeze(3).expand(B, Skv, Hkv, group, D)
+    bias = LowerTriangularMask() if causal else None  # top-left aligned, like SDPA's is_causal
+    try:
+        out = xops.memory_efficient_attention(q, k, v, attn_bias=bias, scale=scale)
+    except NotImplementedError as exc:  # no xformers operator takes this case
+        raise Unsupported(" ".join(str(exc).split())) from exc
+    return out.reshape(B, Sq, Hq, D)

@@ -1,0 +1,40 @@
+"""torch.compile for benchmarking, and counting compile events.
+
+``compile_events()`` grows whenever dynamo compiles a frame (a first compile or a recompile)
+or inductor compiles a graph (including a backward graph, compiled lazily at the first
+backward). The sweep reads it around the first call (did it compile? -> compile_ms) and around
+the timing pass (did anything recompile while being timed? -> recompiled).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+# Each new shape, dtype or scale is a new graph; a sweep has many. Past dynamo's limit it
+# would silently run the function eagerly, and the row would time eager code under a
+# compiled name; so the limit is raised and hitting it anyway is an error.
+RECOMPILE_LIMIT = 256
+
+
+def compile_events() -> int:
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return 0
+    inductor = sum(n for key, n in counters["inductor"].items() if key.startswith("fxgraph_cache_"))
+    return counters["frames"]["total"] + counters["aot_autograd"]["total"] + inductor
+
+
+def compile_static(fn: Callable) -> Callable:
+    """``torch.compile(fn, dynamic=False)``: one specialised graph per shape, as a benchmark
+    of the best case wants, with the recompile limit raised (see RECOMPILE_LIMIT)."""
+    import torch._dynamo.config as dynamo_config
+
+    for name in ("recompile_limit", "accumulated_recompile_limit"):
+        if getattr(dynamo_config, name, RECOMPILE_LIMIT) < RECOMPILE_LIMIT:
+            setattr(dynamo_config, name, RECOMPILE_LIMIT)
+    if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):
+        dynamo_config.fail_on_recompile_limit_hit = True
+    return torch.compile(fn, dynamic=False)

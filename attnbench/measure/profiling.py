@@ -1,0 +1,111 @@
+"""What ran: torch.profiler around a few calls of a measured function. Gives the kernels (GPU)
+or ops (CPU) with their counts, total time and share, the kernel time per call that the
+harness's own median is cross-checked against, and optionally a Chrome trace."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+PROFILED_CALLS = 3
+MISMATCH_PCT = 5.0  # harness median vs profiler kernel time: flagged beyond this
+
+
+@contextlib.contextmanager
+def quiet_stderr():
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+@contextlib.contextmanager
+def profiled(activities, **kwargs):
+    """A started torch.profiler.profile, stopped on exit; its C++ start/stop lines on stderr
+    (which would garble the progress bar) are silenced."""
+    from torch.profiler import profile
+
+    prof = profile(activities=activities, **kwargs)
+    with quiet_stderr():
+        prof.start()
+    try:
+        yield prof
+    finally:
+        with quiet_stderr():
+            prof.stop()
+
+
+@dataclass(frozen=True)
+class Profile:
+    kernels: list[dict]  # {"kernel", "calls", "total_us", "share"} per kernel name, per call set
+    device_ms_per_call: float | None  # summed device kernel time / calls (GPU only)
+
+
+def profile_fn(
+    fn: Callable[[], object],
+    device_type: str,
+    *,
+    calls: int = PROFILED_CALLS,
+    trace_path: Path | None = None,
+) -> Profile:
+    """Run ``fn`` ``calls`` times under the profiler (after one warm call)."""
+    cuda = device_type == "cuda"
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+    if trace_path is not None:
+        trace_path.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(trace_path))
+    totals, counts = defaultdict(float), defaultdict(int)
+    for event in prof.events():
+        if cuda and event.device_type == DeviceType.CUDA:
+            totals[event.name] += event.time_range.elapsed_us()  # a kernel's own span
+        elif not cuda and event.device_type == DeviceType.CPU:
+            totals[event.name] += event.self_cpu_time_total  # us, self time: no double count
+        else:
+            continue
+        counts[event.name] += 1
+    whole = sum(totals.values()) or 1.0
+    kernels = sorted(
+        (
+            {"kernel": name, "calls": counts[name], "total_us": us, "share": us / whole}
+            for name, us in totals.items()
+        ),
+        key=lambda k: -k["total_us"],
+    )
+    per_call = sum(totals.values()) / calls / 1e3 if cuda and totals else None
+    return Profile(kernels, per_call)
+
+
+def mismatch_note(time_ms: float, profiler_ms: float | None) -> str | None:
+    """A note when the harness's median and the profiler's kernel time disagree beyond 5%."""
+    if profiler_ms is None or not time_ms:
+        return None
+    diff = (time_ms - profiler_ms) / time_ms * 100
+    if abs(diff) <= MISMATCH_PCT:
+        return None
+    why = "idle gaps between kernels (host overhead)" if diff > 0 else "kernels overlapping"
+    return (
+        f"time_ms {time_ms:.4g} vs profiler kernel time {profiler_ms:.4g} ms per call "
+        f"({diff:+.0f}%; likely {why})"
+    )

@@ -1,0 +1,181 @@
+"""Executors: where rows are measured. One protocol, so the sweep never asks which it has:
+
+    prepare(case)   inputs and the float64 reference, once per case, outside any row's timeout
+    measure(impl)   one row (``row.Measured``); a failure of any kind is a row, never an
+                    exception
+    close()
+
+``InProcess`` measures in this process (no start-up cost; a crash of the impl is a crash of
+the sweep). ``Subprocess`` measures in a worker process, so that a segfault, an abort, a
+poisoned CUDA context or a hang costs one row (status crash / timeout) and a fresh worker. The
+Ray executor (``attnbench.run.ray_executor``) puts the same protocol on one Ray actor per
+device."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import tempfile
+from pathlib import Path
+from typing import Protocol
+
+from attnbench.case import Case
+from attnbench.errors import AttnbenchError
+from attnbench.registry import Impl
+from attnbench.run.row import Measured, Prepared, Settings, failed
+
+STDERR_TAIL_CHARS = 600
+
+
+class Executor(Protocol):
+    def prepare(self, case: Case, impls: list[Impl]) -> None: ...
+    def measure(self, impl: Impl) -> Measured: ...
+    def close(self) -> None: ...
+
+
+class InProcess:
+    def __init__(self, seed: int, settings: Settings):
+        self.seed, self.settings = seed, settings
+        self.prepared: Prepared | None = None
+
+    def prepare(self, case: Case, impls: list[Impl]) -> None:
+        self.prepared = Prepared(case, self.seed, self.settings)
+        if any(not i.reasons(case) for i in impls):
+            self.prepared.build()
+
+    def measure(self, impl: Impl) -> Measured:
+        return self.prepared.measure(impl)
+
+    def close(self) -> None:
+        self.prepared = None
+
+
+class WorkerFailed(AttnbenchError):
+    def __init__(self, status: str, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+def _serve(conn, plugins: list[str], seed: int, settings, stderr_path: str) -> None:
+    """The worker's loop: ("prepare", case, build) then any number of ("measure", impl name)."""
+    fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(fd, 2)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
+    from attnbench import registry
+
+    impls = registry.discover(plugins)
+    prepared = None
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg[0] == "prepare":
+            prepared = Prepared(msg[1], seed, settings)
+            if msg[2]:
+                prepared.build()
+            conn.send(("ok", None))
+        elif msg[0] == "measure":
+            conn.send(("ok", prepared.measure(impls[msg[1]])))
+
+
+class Subprocess:
+    """One worker process at a time, started once and replaced after a crash or a timeout."""
+
+    def __init__(self, plugins: list[str], seed: int, settings: Settings, timeout_s: float | None):
+        self.plugins, self.seed, self.settings, self.timeout_s = plugins, seed, settings, timeout_s
+        self.proc = self.conn = None
+        self.case: Case | None = None
+        self.build = False
+        self.broken: WorkerFailed | None = None
+        self._dir = tempfile.TemporaryDirectory(prefix="attnbench-worker-")
+        self.stderr_path = Path(self._dir.name) / "stderr.log"
+
+    def prepare(self, case: Case, impls: list[Impl]) -> None:
+        self.case, self.broken = case, None
+        self.build = any(not i.reasons(case) for i in impls)
+        try:
+            self._call(("prepare", case, self.build), None)
+        except WorkerFailed as exc:
+            self.broken = exc
+
+    def measure(self, impl: Impl) -> Measured:
+        if self.broken:
+            return failed(
+                impl,
+                self.case,
+                self.broken.status,
+                f"while preparing the case: {self.broken.reason}",
+            )
+        try:
+            return self._call(("measure", impl.name), self.timeout_s)
+        except WorkerFailed as exc:
+            return failed(impl, self.case, exc.status, exc.reason)
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.stderr_path.write_text("")
+        self.proc = ctx.Process(
+            target=_serve,
+            daemon=True,
+            args=(child, self.plugins, self.seed, self.settings, str(self.stderr_path)),
+        )
+        self.proc.start()
+        child.close()
+
+    def _call(self, msg: tuple, timeout_s: float | None):
+        if self.proc is None or not self.proc.is_alive():
+            self._start()
+            if msg[0] == "measure" and self.case is not None:  # a fresh worker: prepare again
+                self._call(("prepare", self.case, self.build), None)
+        self.conn.send(msg)
+        if not self.conn.poll(timeout_s):
+            self.stop()
+            raise WorkerFailed(
+                "timeout", f"no result after {timeout_s:g} s; the worker process was killed"
+            )
+        try:
+            return self.conn.recv()[1]
+        except (EOFError, ConnectionError, OSError):
+            self.proc.join(5)
+            code = self.proc.exitcode
+            self.proc = None
+            raise WorkerFailed(
+                "crash",
+                f"worker process died ({describe_exit(code)}); stderr: {self._stderr_tail()}",
+            ) from None
+
+    def _stderr_tail(self) -> str:
+        try:
+            text = self.stderr_path.read_text(errors="replace")
+        except OSError:
+            return "(unreadable)"
+        text = " | ".join(line.strip() for line in text.splitlines() if line.strip())
+        return (
+            ("..." + text[-STDERR_TAIL_CHARS:])
+            if len(text) > STDERR_TAIL_CHARS
+            else (text or "(empty)")
+        )
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+        self.proc = None
+
+    def close(self) -> None:
+        self.stop()
+        self._dir.cleanup()
+
+
+def describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "no exit code"
+    if exitcode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"

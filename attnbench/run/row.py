@@ -1,0 +1,304 @@
+"""One case and one row: inputs and the float64 reference once per case; per impl a checked
+call, accuracy, compile time, backend, a timing pass, a memory pass and a profiled pass. A
+failure at any step is a row with a status and a reason and every metric blank."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from attnbench.case import Case
+from attnbench.measure import accuracy
+from attnbench.measure.clocks import ClockSampler
+from attnbench.measure.compiling import compile_events
+from attnbench.measure.memory import MemoryUnavailable, peak_mem_mib
+from attnbench.measure.profiling import mismatch_note, profile_fn
+from attnbench.measure.timing import TimerConfig, time_fn
+from attnbench.registry import Impl, Unsupported
+from attnbench.run.call import BadOutput, Call
+from attnbench.run.inputs import Inputs, make_inputs
+from attnbench.run.layer import layer_reference
+from attnbench.store.schema import COLUMNS
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How rows are measured, beyond the case itself."""
+
+    timer: TimerConfig = TimerConfig()
+    matmul_tflops: dict = field(default_factory=dict)  # dtype -> measured ceiling (pct_peak)
+    profile: tuple[str, ...] | None = None  # None: off; (): every pair; else all must match
+    traces_dir: Path | None = None  # where --profile writes one Chrome trace per pair
+
+    def profiles(self, impl: Impl, case: Case) -> bool:
+        text = f"{impl.name} {case.label()}"
+        return self.profile is not None and all(part in text for part in self.profile)
+
+
+class Measured(NamedTuple):
+    row: dict
+    times: list[float]  # the timing samples, ms
+    kernels: list[dict]  # with --profile: the kernel (GPU) or op (CPU) table of the pair
+
+
+def base_row(impl: Impl, case: Case) -> dict:
+    """The row's identity; ``flops`` is set by run_sweep (key padding needs the seed)."""
+    row = {name: None for name in COLUMNS}
+    row.update(case.as_dict(), impl=impl.name)
+    return row
+
+
+class Prepared:
+    """A case's inputs and ground truth, shared by all its impls. ``build`` makes them (only
+    when some impl will run, so a case no impl supports costs nothing); it is called before
+    the first row, outside any row's timeout."""
+
+    def __init__(self, case: Case, seed: int, settings: Settings):
+        self.case, self.seed, self.settings = case, seed, settings
+        self.inputs: Inputs | None = None
+        self.truth: Truth | None = None
+
+    def build(self) -> None:
+        if self.inputs is None:
+            self.inputs = make_inputs(self.case, self.seed)
+            self.truth = ground_truth(self.case, self.inputs)
+
+    def measure(self, impl: Impl) -> Measured:
+        if not impl.reasons(self.case):
+            self.build()
+        return measure(impl, self.case, self.inputs, self.truth, self.settings)
+
+    def failed(self, impl: Impl, status: str, reason: str) -> Measured:
+        return failed(impl, self.case, status, reason)
+
+
+@dataclass
+class Truth:
+    """Per case: the float64 reference and the textbook formula's error in the case dtype."""
+
+    ref: list[torch.Tensor] | None  # out (+ its grads), canonical layout, float64
+    baseline: list[accuracy.Error] | None
+    failure: str | None = None
+
+
+def checked_names(case: Case) -> list[str]:
+    """The tensors compared with the reference, in Call.check's order."""
+    grads = ["dq", "dk", "dv"] if case.level == "op" else ["dx", "dwq", "dwk", "dwv", "dwo"]
+    return ["out", *(grads if case.backward else [])]
+
+
+def ground_truth(case: Case, inputs: Inputs) -> Truth:
+    args = dict(
+        causal=case.causal,
+        scale=inputs.scale,
+        dout=inputs.dout,
+        window=case.window,
+        kv_lens=inputs.mask.kv_lens,
+    )
+
+    def truth(dtype):
+        if case.level == "layer":
+            return layer_reference(
+                inputs.x,
+                inputs.weights,
+                heads=case.heads,
+                kv_heads=case.kv_heads,
+                dtype=dtype,
+                **args,
+            )
+        return accuracy.reference(inputs.q, inputs.k, inputs.v, dtype=dtype, **args)
+
+    try:
+        out, grads = truth(torch.float64)
+        ref = [out, *(grads or ())]
+        b_out, b_grads = truth(case.torch_dtype)
+        baseline = [accuracy.error(x, r) for x, r in zip([b_out, *(b_grads or ())], ref)]
+    except (torch.OutOfMemoryError, MemoryError) as exc:
+        release(case)
+        return Truth(
+            None, None, f"not checked: the float64 reference ran out of memory ({one_line(exc)})"
+        )
+    return Truth(ref, baseline)
+
+
+def measure(
+    impl: Impl, case: Case, inputs: Inputs | None, truth: Truth | None, settings: Settings
+) -> Measured:
+    """One row: support check, a checked run, a timing pass (clocks sampled), a memory pass,
+    and on CUDA (or with --profile) a profiled pass. A failure at any step leaves every metric
+    blank."""
+    row = base_row(impl, case)
+    reasons = impl.reasons(case)
+    if reasons:
+        return failed(impl, case, "unsupported", "; ".join(reasons))
+    notes = []
+    try:
+        call = Call.prepare(impl, case, inputs)
+        compiles = compile_events()
+        (out, grads), first_ms = _once(call.check, case.device_type)
+        compiled_now = compile_events() != compiles
+        row.update(_accuracy(case, [out, *(grads or ())], truth, notes))
+        del out, grads
+        if impl.compiled and compiled_now:  # the first call's extra time is compilation
+            row["compile_ms"] = first_ms - _once(call.check, case.device_type)[1]
+        elif impl.compiled:
+            row["compile_ms"] = 0.0
+            notes.append(
+                "compile_ms 0: the first call compiled nothing (it reused code "
+                "compiled for an earlier row)"
+            )
+        row["backend"] = _backend(impl, call, case)
+        compiles = compile_events()
+        with ClockSampler(case.device) as clocks, _nvtx(f"{impl.name} {case.label()} timing"):
+            timing = time_fn(call.timed_fn(), case.device_type, settings.timer)
+        row.update(clocks.summary())
+        row["recompiled"] = compile_events() != compiles
+        if row["recompiled"]:
+            notes.append("recompiled during the timing pass: time_ms includes compilation")
+        times = list(timing.samples_ms)
+        flops = case.flops(None if inputs.mask.kv_lens is None else inputs.mask.kv_lens.tolist())
+        row.update(
+            time_ms=timing.median_ms,
+            time_ms_p20=timing.p20_ms,
+            time_ms_p80=timing.p80_ms,
+            samples=len(times),
+            flops=flops,
+            tflops=flops / (timing.median_ms * 1e-3) / 1e12,
+        )
+        if settings.matmul_tflops.get(case.dtype):
+            row["pct_peak"] = 100 * row["tflops"] / settings.matmul_tflops[case.dtype]
+        try:
+            with _nvtx(f"{impl.name} {case.label()} memory"):
+                row["peak_mem_mib"] = peak_mem_mib(call.memory_fn(), case.device_type)
+        except MemoryUnavailable as exc:
+            notes.append(f"peak_mem_mib not measured: {exc}")
+        kernels = _profile(impl, case, call, settings, row, notes)
+        row.update(status="ok", reason="; ".join(notes) or None)
+        return Measured(row, times, kernels)
+    except Unsupported as exc:
+        return failed(impl, case, "unsupported", str(exc))
+    except BadOutput as exc:
+        return failed(impl, case, "error", f"bad output: {exc}")
+    except (torch.OutOfMemoryError, MemoryError) as exc:
+        return failed(impl, case, "oom", _oom_reason(case, exc))
+    except Exception as exc:  # noqa: BLE001 - an impl's failure is a row, never a crash
+        if _is_cpu_oom(exc):
+            return failed(impl, case, "oom", _oom_reason(case, exc))
+        return failed(impl, case, "error", f"{type(exc).__name__}: {one_line(exc)}")
+    finally:
+        call = None
+        release(case)
+
+
+def _once(fn, device_type: str) -> tuple[object, float]:
+    """One call's result and wall time in ms, the device's queue drained before and after."""
+    if device_type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    result = fn()
+    if device_type == "cuda":
+        torch.cuda.synchronize()
+    return result, (time.perf_counter() - start) * 1e3
+
+
+def _backend(impl: Impl, call: Call, case: Case) -> str | None:
+    if not callable(impl.backend):
+        return impl.backend
+
+    def forward():
+        with torch.no_grad():
+            call.forward()
+
+    return impl.backend(forward, case.device_type)
+
+
+def _profile(
+    impl: Impl, case: Case, call: Call, settings: Settings, row: dict, notes: list[str]
+) -> list[dict]:
+    """Every CUDA row: the profiler's kernel time per call (``profiler_ms``), cross-checked
+    against the median. With --profile also a Chrome trace and the kernel table."""
+    wanted = settings.profiles(impl, case)
+    if case.device_type != "cuda" and not wanted:
+        return []
+    trace = None
+    if wanted and settings.traces_dir is not None:
+        trace = settings.traces_dir / f"{impl.name}__{_slug(case.label())}.json"
+    with _nvtx(f"{impl.name} {case.label()} profile"):
+        prof = profile_fn(call.timed_fn(), case.device_type, trace_path=trace)
+    row["profiler_ms"] = prof.device_ms_per_call
+    note = mismatch_note(row["time_ms"], prof.device_ms_per_call)
+    if note:
+        notes.append(note)
+    return prof.kernels if wanted else []
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
+
+
+def _nvtx(name: str):
+    """An NVTX range (seen by nsys / ncu) when CUDA is up; nothing otherwise."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.nvtx.range(name)
+    return contextlib.nullcontext()
+
+
+def failed(impl: Impl, case: Case, status: str, reason: str) -> Measured:
+    return Measured({**base_row(impl, case), "status": status, "reason": reason}, [], [])
+
+
+def _is_cpu_oom(exc: Exception) -> bool:
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+
+
+def _oom_reason(case: Case, exc: BaseException) -> str:
+    return (
+        f"out of memory at B={case.batch} Hq={case.heads} seq_q={case.seq_q} "
+        f"seq_kv={case.seq_kv} D={case.head_dim} {case.dtype}: {one_line(exc)}"
+    )
+
+
+def _accuracy(case: Case, got: list[torch.Tensor], truth: Truth, notes: list[str]) -> dict:
+    if truth.failure:
+        notes.append(truth.failure)
+        return {}
+    names = checked_names(case)
+    errs = [accuracy.error(x, r) for x, r in zip(got, truth.ref)]
+    bad = [n for n, e in zip(names, errs) if not e.finite]
+    if bad:
+        notes.append(f"non-finite values (NaN/Inf) in {', '.join(bad)}")
+        return {"agrees": False}
+    wrong = [
+        n
+        for n, e, b in zip(names, errs, truth.baseline)
+        if not accuracy.agrees(e, b, case.torch_dtype)
+    ]
+    if wrong:
+        notes.append(f"disagrees with the float64 reference in {', '.join(wrong)}")
+    # the tensor nearest to (or furthest past) its rel bound speaks for the row
+    bounds = [accuracy.bound(b, case.torch_dtype)[0] for b in truth.baseline]
+    worst = max(range(len(errs)), key=lambda i: errs[i].rel / bounds[i])
+    return {
+        "max_abs_err": max(e.max_abs for e in errs),
+        "rel_err": errs[worst].rel,
+        "err_bound": bounds[worst],
+        "agrees": not wrong,
+    }
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:500] + ("..." if len(text) > 500 else "")
+
+
+def release(case: Case) -> None:
+    gc.collect()
+    if case.device_type == "cuda":
+        torch.cuda.empty_cache()

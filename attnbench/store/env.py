@@ -1,0 +1,78 @@
+"""env.json: where and with what a run ran (device, driver, library versions, git state)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+from attnbench.measure.clocks import driver_version
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def collect_env(argv: list[str], seed: int, device: str) -> dict:
+    import torch
+
+    cuda = torch.cuda.is_available() and device.startswith("cuda")
+    props = torch.cuda.get_device_properties(device) if cuda else None
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join([Path(sys.executable).name, *argv]),
+        "seed": seed,
+        "device": device,
+        "gpu_name": props.name if props else None,
+        "gpu_sm_count": props.multi_processor_count if props else None,
+        "gpu_mem_gib": round(props.total_memory / 2**30, 2) if props else None,
+        "gpu_l2_mib": round(props.L2_cache_size / 2**20, 1) if props else None,
+        "gpu_capability": f"{props.major}.{props.minor}" if props else None,
+        "driver": driver_version() if cuda else None,
+        "cpu_name": _cpu_name(),
+        "cpu_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "triton": _version("triton"),
+        "xformers": _version("xformers"),
+        "git_sha": _git("rev-parse", "HEAD"),
+        "git_dirty": None if status is None else bool(status),
+    }

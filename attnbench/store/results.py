@@ -1,0 +1,129 @@
+"""Durable CSV append (each row flushed and fsynced), tail repair for resume, and typed reads
+of results.csv; the columns are in store/schema.py."""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from attnbench.store.schema import CASE_KEY, COLUMNS, KERNEL_COLUMNS, SAMPLE_COLUMNS
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "" if value != value else repr(value)  # NaN never becomes a number
+    return str(value)
+
+
+class CsvAppender:
+    """Appends rows to a CSV, each one flushed and fsynced before ``write`` returns. The file
+    (with its header, if new) is opened at the first row, so no row means no file."""
+
+    def __init__(self, path: Path, columns: tuple[str, ...]):
+        self.path, self.columns = Path(path), tuple(columns)
+        self._file = self._writer = None
+
+    def write(self, rows: list[dict] | dict) -> None:
+        rows = [rows] if isinstance(rows, dict) else rows
+        if not rows:
+            return
+        if self._file is None:
+            new = not self.path.exists() or self.path.stat().st_size == 0
+            self._file = open(self.path, "a", newline="", encoding="utf-8")
+            self._writer = csv.DictWriter(self._file, fieldnames=self.columns)
+            if new:
+                self._writer.writeheader()
+        for row in rows:
+            self._writer.writerow({c: _fmt(row.get(c)) for c in self.columns})
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def row_key(row: dict) -> tuple[str, ...]:
+    """The (case, impl) identity of a row, as text, the same from a dict or a CSV line."""
+    return tuple(_fmt(row[c]) for c in CASE_KEY)
+
+
+def repair_tail(path: Path) -> bool:
+    """Cut a torn last line (a write cut off by a kill) so it is never parsed as data."""
+    path = Path(path)
+    if not path.exists() or path.stat().st_size == 0:
+        return False
+    data = path.read_bytes()
+    if data.endswith(b"\n"):
+        return False
+    with open(path, "r+b") as f:
+        f.truncate(data.rfind(b"\n") + 1)
+        f.flush()
+        os.fsync(f.fileno())
+    return True
+
+
+def done_keys(run_dir: Path) -> set[tuple[str, ...]]:
+    """Keys of the rows already in run_dir/results.csv, after repairing its tail; samples and
+    kernels of rows that never reached results.csv are dropped."""
+    results = Path(run_dir) / "results.csv"
+    repair_tail(results)
+    with open(results, newline="", encoding="utf-8") as f:
+        keys = {row_key(r) for r in csv.DictReader(f)}
+    for name, columns in (("samples.csv", SAMPLE_COLUMNS), ("kernels.csv", KERNEL_COLUMNS)):
+        path = Path(run_dir) / name
+        if not path.exists():
+            continue
+        repair_tail(path)
+        with open(path, newline="", encoding="utf-8") as f:
+            kept = [r for r in csv.DictReader(f) if row_key(r) in keys]
+        tmp = path.with_suffix(".csv.tmp")
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    return keys
+
+
+def row_writer(run_dir: Path) -> CsvAppender:
+    return CsvAppender(Path(run_dir) / "results.csv", tuple(COLUMNS))
+
+
+def samples_writer(run_dir: Path) -> CsvAppender:
+    return CsvAppender(Path(run_dir) / "samples.csv", SAMPLE_COLUMNS)
+
+
+def kernels_writer(run_dir: Path) -> CsvAppender:
+    return CsvAppender(Path(run_dir) / "kernels.csv", KERNEL_COLUMNS)
+
+
+def read_results(path: Path) -> pd.DataFrame:
+    """results.csv (or its run folder) as a typed frame; blank cells stay missing."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.csv"
+    df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
+    for name, (dtype, _) in COLUMNS.items():
+        if name not in df:
+            continue
+        if dtype == "boolean":
+            df[name] = df[name].map({"True": True, "False": False}).astype("boolean")
+        elif dtype in ("Int64", "Float64"):
+            df[name] = pd.to_numeric(df[name]).astype(dtype)
+        else:
+            df[name] = df[name].astype(dtype)
+    return df

@@ -1,0 +1,116 @@
+"""The row schema, defined here once: every column of results.csv with its pandas dtype and
+meaning (docs/columns.md is generated from it), the statuses, and the row's identity."""
+
+from __future__ import annotations
+
+STATUSES = ("ok", "unsupported", "oom", "error", "timeout", "crash")
+
+# name -> (pandas dtype, meaning). The order here is the CSV's column order.
+COLUMNS: dict[str, tuple[str, str]] = {
+    "run_id": ("string", "the sweep this row belongs to"),
+    "impl": ("string", "registered impl name"),
+    "mode": ("string", "fwd, bwd (backward alone) or fwd_bwd"),
+    "batch": ("Int64", "B"),
+    "heads": ("Int64", "Hq, query heads"),
+    "kv_heads": ("Int64", "Hkv, key/value heads (< heads: GQA/MQA)"),
+    "seq_q": ("Int64", "Sq, query length"),
+    "seq_kv": ("Int64", "Skv, key/value length"),
+    "head_dim": ("Int64", "D"),
+    "dtype": ("string", "float32, bfloat16 or float16"),
+    "causal": ("boolean", "top-left aligned causal mask (SDPA's is_causal)"),
+    "device": ("string", "cpu or cuda"),
+    "status": ("string", "one of " + ", ".join(STATUSES)),
+    "reason": ("string", "why the status is not ok, or why agrees is false"),
+    "time_ms": ("Float64", "median time of one call, milliseconds"),
+    "time_ms_p20": ("Float64", "20th percentile of the samples"),
+    "time_ms_p80": ("Float64", "80th percentile of the samples"),
+    "samples": ("Int64", "number of timing samples behind the median"),
+    "tflops": ("Float64", "case FLOPs (unmasked pairs only) / time_ms, 1e12 FLOP/s"),
+    "peak_mem_mib": ("Float64", "peak memory above what was allocated before the call, MiB"),
+    "max_abs_err": ("Float64", "worst max |x - ref| over out (and dq, dk, dv with backward)"),
+    "rel_err": ("Float64", "||x - ref||_2 / ||ref||_2 of the tensor nearest its bound"),
+    "agrees": ("boolean", "error within the agreement bound (README: accuracy rule)"),
+    "err_bound": ("Float64", "the bound that rel_err was held to"),
+    "flops": ("Float64", "FLOPs of the timed work"),
+    "seed": ("Int64", "seed of the inputs"),
+    "mask": (
+        "string",
+        "none, padding (per-batch valid key lengths) or window; combines with causal",
+    ),
+    "window": ("Int64", "window width W with mask=window, else blank"),
+    "level": (
+        "string",
+        "op (attention alone) or layer (projections + attention + output projection)",
+    ),
+    "backend": (
+        "string",
+        "SDPA backend that ran (flash, efficient, cudnn, math); blank for impls that are not SDPA",
+    ),
+    "compile_ms": (
+        "Float64",
+        "torch.compile impls: first call's wall time minus a steady "
+        "call's, ms; never part of time_ms",
+    ),
+    "recompiled": (
+        "boolean",
+        "torch.compile recompiled during the timing pass (time_ms then includes compilation)",
+    ),
+    "pct_peak": (
+        "Float64",
+        "tflops as a percentage of the matmul rate measured for this "
+        "dtype at the start of the run (env.json ceilings)",
+    ),
+    "profiler_ms": (
+        "Float64",
+        "CUDA: the profiler's summed kernel time per call, to "
+        "cross-check time_ms (reason notes a >5% difference)",
+    ),
+    "sm_clock_mhz": ("Float64", "CUDA: median SM clock while timing (NVML)"),
+    "power_w": ("Float64", "CUDA: median board power while timing, W (NVML)"),
+    "temp_c": ("Float64", "CUDA: median GPU temperature while timing, C (NVML)"),
+    "throttle": (
+        "string",
+        "CUDA: clock-slowdown reasons NVML reported while timing "
+        "(none, or e.g. sw_power_cap,hw_thermal)",
+    ),
+}
+METRICS = (
+    "time_ms",
+    "time_ms_p20",
+    "time_ms_p80",
+    "samples",
+    "tflops",
+    "peak_mem_mib",
+    "max_abs_err",
+    "rel_err",
+    "agrees",
+    "err_bound",
+    "backend",
+    "compile_ms",
+    "recompiled",
+    "pct_peak",
+    "profiler_ms",
+    "sm_clock_mhz",
+    "power_w",
+    "temp_c",
+    "throttle",
+)
+CASE_KEY = (
+    "impl",
+    "mode",
+    "batch",
+    "heads",
+    "kv_heads",
+    "seq_q",
+    "seq_kv",
+    "head_dim",
+    "dtype",
+    "causal",
+    "device",
+    "mask",
+    "window",
+    "level",
+)
+SAMPLE_COLUMNS = ("run_id", *CASE_KEY, "sample", "time_ms")
+# --profile: one line per (row, kernel or op), the device's time summed over PROFILED_CALLS
+KERNEL_COLUMNS = ("run_id", *CASE_KEY, "kernel", "calls", "total_us", "share")
