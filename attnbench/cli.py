@@ -12,6 +12,7 @@ import difflib
 import math
 import os
 import sys
+import tempfile
 from datetime import datetime
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from attnbench.store.results import done_keys
 from attnbench.store.rundir import GRID_FILE, load_run, run_folder
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
-COMMANDS = ("sweep", "race", "list", "report", "compare")
+COMMANDS = ("sweep", "race", "list", "report", "compare", "fidelity")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -109,6 +110,12 @@ def build_parser(command: str = "sweep") -> argparse.ArgumentParser:
     p.add_argument("--reports-dir", default="reports", type=Path)
     p.add_argument("--list", action="store_true", help="list every impl and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--row-lines",
+        action="store_true",
+        help="print one line per finished row "
+        "(for logs: a run killed midway still shows how far it got)",
+    )
     return p
 
 
@@ -236,6 +243,10 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
     )
 
     isolate = opts.get("isolate", True) or "timeout" in opts
+    compile_cache = tempfile.TemporaryDirectory(prefix="attnbench-inductor-")
+    # torch.compile's cache private to this sweep (its workers inherit it): no kernel compiled
+    # by another process, for other settings, can be picked up; an explicit setting wins
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", compile_cache.name)
     if "threads" in opts:
         torch.set_num_threads(opts["threads"])
     done = done_keys(run_dir) if args.resume else set()
@@ -246,7 +257,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         + (f" ({len(done)} rows already done)" if done else "")
     )
     _warn_if_busy(device)
-    env = collect_env([f"attnbench {command}", *argv], seed, device)
+    env = collect_env(["attnbench", command, *argv], seed, device)
     env["impls"] = {
         i.name: {"source": i.source, "baseline": i.baseline, "color": i.color} for i in selected
     }
@@ -276,7 +287,8 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
             run_id=run_id,
             seed=seed,
             done=done,
-            progress=not args.no_progress,
+            progress=not (args.no_progress or args.row_lines),
+            row_lines=args.row_lines,
         )
     except KeyboardInterrupt:
         print(
@@ -289,6 +301,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
     finally:
         for executor in executors:
             executor.close()
+        compile_cache.cleanup()
     print(summary_table(rows))
     from attnbench.report.report import write_report  # matplotlib: only once there are rows
 
@@ -354,6 +367,40 @@ def report(argv: list[str]) -> int:
     from attnbench.report.report import write_report  # matplotlib: only once input is valid
 
     print(write_report(args.run_dir, args.reports_dir, baseline=args.baseline, svg=args.svg))
+    return EXIT_OK
+
+
+def fidelity(argv: list[str]) -> int:
+    p = _Parser(
+        prog="attnbench fidelity",
+        description="Can the numbers be trusted? Timer vs "
+        "profiler, repeatability and backend labels, from two back-to-back runs of the "
+        "same grid made with --profile (docs/method.md).",
+    )
+    p.add_argument("run_a", type=Path, help="the first run folder")
+    p.add_argument("run_b", type=Path, help="the same grid, run again right after")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for fidelity.csv and fidelity.txt (default: reports/fidelity/<A>_vs_<B>)",
+    )
+    args = p.parse_args(argv)
+    for label, path in (("A", args.run_a), ("B", args.run_b)):
+        try:
+            load_run(path)
+        except UsageError as exc:
+            raise UsageError(f"run {label}: {exc}") from None
+    out = args.out or (
+        Path("reports") / "fidelity" / f"{args.run_a.resolve().name}_vs_{args.run_b.resolve().name}"
+    )
+    _check_folders(("--out", out))
+    from attnbench.report.fidelity import write_fidelity
+
+    _, lines = write_fidelity(args.run_a, args.run_b, out)
+    for line in lines:
+        print(f"fidelity: {line}")
+    print(out / "fidelity.csv")
     return EXIT_OK
 
 

@@ -39,6 +39,10 @@ class RegistryError(UsageError):
     """A plugin that breaks the registry contract (bad capability, duplicate name)."""
 
 
+class NameClash(RegistryError):
+    """Two sources register the same impl name: refused, never settled silently."""
+
+
 @dataclass(frozen=True)
 class Impl:
     name: str
@@ -181,7 +185,10 @@ def add(impl: Impl) -> None:
         raise RegistryError(f"impl name {impl.name!r} must be short lowercase letters, digits, _")
     old = _IMPLS.get(impl.name)
     if old is not None and old.source != impl.source:
-        raise RegistryError(f"impl name {impl.name!r} is already registered by {old.source}")
+        raise NameClash(
+            f"impl name {impl.name!r} is registered twice: by {old.source} and by "
+            f"{impl.source or 'this process'}; rename one of them"
+        )
     _IMPLS[impl.name] = impl
 
 
@@ -209,7 +216,9 @@ def _load(source: str, loader: Callable[[], object], fallback_name: str) -> None
     _current_source = source
     try:
         loader()
-    except Exception as exc:  # noqa: BLE001 - any plugin failure is reported, never raised
+    except NameClash:
+        raise  # bad input: the user must rename one of the two
+    except Exception as exc:  # noqa: BLE001 - any other plugin failure is reported, not raised
         name = "".join(c if c.isalnum() else "_" for c in fallback_name.lower()) or "plugin"
         if name in _IMPLS:
             name = f"{name}_plugin"

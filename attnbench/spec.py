@@ -36,6 +36,8 @@ PRESETS: dict[str, dict] = {
         mode=["fwd", "bwd"],
         compiled=False,
     ),
+    # the full GPU picture: every impl but the torch.compile ones (a new graph per shape) and
+    # tiled (a Python loop over tiles: minutes per row at 16k); name them in --impls to add them
     "gpu": dict(
         batch=[2],
         heads=[16],
@@ -44,6 +46,36 @@ PRESETS: dict[str, dict] = {
         dtype=["bfloat16"],
         causal=[False, True],
         mode=["fwd", "bwd"],
+        impls=[
+            "naive",
+            "sdpa",
+            "sdpa_flash",
+            "sdpa_efficient",
+            "sdpa_cudnn",
+            "sdpa_math",
+            "xformers",
+            "triton_flash",
+        ],
+    ),
+    # a first look at a new GPU in a few minutes: SDPA and each backend, xformers, our kernel
+    "first-light": dict(
+        batch=[2],
+        heads=[16],
+        seq_len=[1024, 4096, 16384],
+        head_dim=[128],
+        dtype=["bfloat16"],
+        causal=[False, True],
+        mode=["fwd", "bwd"],
+        rep_ms=[50.0],
+        impls=[
+            "sdpa",
+            "sdpa_flash",
+            "sdpa_efficient",
+            "sdpa_cudnn",
+            "sdpa_math",
+            "xformers",
+            "triton_flash",
+        ],
     ),
     # the kernel race: fixed tokens (B x N = 16384) and hidden size (heads x D = 2048), as
     # FlashAttention's published benchmarks use, so batch and heads follow from N and D

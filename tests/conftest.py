@@ -1,4 +1,6 @@
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -7,6 +9,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # synth.py: synthetic sweep output for report tests
+
+# torch.compile's caches private to this test run, so that other processes compiling on the
+# same machine can never hand it a kernel built for other settings
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="attnbench-inductor-"))
 
 from attnbench import registry  # noqa: E402
 

@@ -59,6 +59,8 @@ def env(device="cpu", load_avg_1m=0.1):
         "gpu_sm_count": None,
         "gpu_mem_gib": None,
         "cpu_name": "Synthetic CPU @ 3.0GHz",
+        "baseline": "sdpa",
+        "impls": {"sdpa": {"source": "attnbench.impls.sdpa", "baseline": True, "color": None}},
         "cpu_threads": 2,
         "python": "3.11.7",
         "platform": "Linux",

@@ -1,8 +1,8 @@
 import pytest
 from synth import smoke_rows, write_run
 
+from attnbench.cli import main
 from attnbench.report.compare import compare_runs, regressions
-from attnbench.report_cli import compare_main
 from attnbench.store.results import read_results
 
 SEQS = (64, 128, 256)
@@ -43,7 +43,7 @@ def test_compare_table_categories(runs):
 
 def test_gate_fails_and_names_the_slow_cases(runs, capsys):
     root, a, b = runs
-    code = compare_main([str(a), str(b), "--fail-above", "20", "--out", str(root / "cmp")])
+    code = main(["compare", str(a), str(b), "--fail-above", "20", "--out", str(root / "cmp")])
     out = capsys.readouterr().out
     assert code == 1
     assert out.count("REGRESSION +") == 4 and "tiled: B1 H4 S256" in out
@@ -58,14 +58,14 @@ def test_gate_fails_and_names_the_slow_cases(runs, capsys):
 def test_gate_passes_within_threshold(tmp_path, capsys):
     a = write_run(tmp_path, "a", smoke_rows("a", seqs=SEQS, seed=0))
     b = write_run(tmp_path, "b", smoke_rows("b", seqs=SEQS, seed=1))  # noise only (~2%)
-    code = compare_main([str(a), str(b), "--fail-above", "15", "--out", str(tmp_path / "o")])
+    code = main(["compare", str(a), str(b), "--fail-above", "15", "--out", str(tmp_path / "o")])
     assert code == 0
     assert "gate: PASS" in capsys.readouterr().out
 
 
 def test_no_gate_without_fail_above(runs):
     root, a, b = runs
-    assert compare_main([str(a), str(b), "--out", str(root / "o")]) == 0
+    assert main(["compare", str(a), str(b), "--out", str(root / "o")]) == 0
 
 
 def test_threshold_is_strict(runs):
@@ -84,17 +84,16 @@ def test_threshold_is_strict(runs):
 )
 def test_malformed_fail_above(runs, capsys, args, needle):
     root, a, b = runs
-    with pytest.raises(SystemExit) as exc:
-        compare_main([str(a), str(b), *args, "--out", str(root / "x")])
+    code = main(["compare", str(a), str(b), *args, "--out", str(root / "x")])
     err = capsys.readouterr().err
-    assert exc.value.code == 2 and err.startswith("error: ") and needle in err
+    assert code == 2 and err.startswith("attnbench compare: error: ") and needle in err
     assert err.count("\n") == 1
     assert not (root / "x").exists()
 
 
 def test_missing_run_b(runs, capsys):
     root, a, _ = runs
-    assert compare_main([str(a), str(root / "nope"), "--out", str(root / "x")]) == 2
+    assert main(["compare", str(a), str(root / "nope"), "--out", str(root / "x")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: run B: ") and "does not exist" in err
+    assert err.startswith("attnbench compare: error: run B: ") and "does not exist" in err
     assert not (root / "x").exists()

@@ -1,6 +1,10 @@
 """torch.compile impls (flex, naive_compiled): agreement under every mask, compile_ms outside
 time_ms, and recompiles inside the timed region caught. Compiling on the CPU takes seconds
-per graph: the cases share shapes so that few graphs are compiled."""
+per graph: the cases share shapes so that few graphs are compiled.
+
+The key length is a multiple of FlexAttention's 128-wide blocks: with torch 2.13 on the CPU,
+flex without a mask returned wrong values (rel err 0.03-0.1, sometimes NaN, varying from run to
+run) at key lengths 72 and 136, which the harness reports as agrees=False (docs/plugins.md)."""
 
 import textwrap
 
@@ -8,12 +12,13 @@ import pytest
 
 from attnbench import registry
 from attnbench.case import Case
+from attnbench.measure.compiling import compile_events
 from attnbench.measure.timing import TimerConfig
 from attnbench.run.inputs import make_inputs
-from attnbench.run.sweep import Settings, ground_truth, measure
+from attnbench.run.row import Settings, ground_truth, measure
 
 FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
-SHAPE = dict(batch=2, heads=4, kv_heads=2, seq_q=80, seq_kv=72, head_dim=16)
+SHAPE = dict(batch=2, heads=4, kv_heads=2, seq_q=80, seq_kv=128, head_dim=16)
 MASKS = [
     dict(causal=False),
     dict(causal=True),
@@ -64,9 +69,11 @@ def test_naive_compiled_agrees_with_grads(impls, kw):
 @pytest.mark.slow
 def test_compile_ms_is_the_first_calls_extra_time_and_not_in_time_ms(impls):
     case = Case(batch=1, heads=2, kv_heads=2, seq_q=24, seq_kv=24, head_dim=8)  # a new graph
+    events = compile_events()
     first = run(impls["naive_compiled"], case)
+    assert compile_events() > events  # it compiled: compile_ms is that call's extra time
     assert first["status"] == "ok" and first["recompiled"] is False
-    assert first["compile_ms"] > 50 * first["time_ms"]  # compiling takes far longer than a call
+    assert first["compile_ms"] > 0
     again = run(impls["naive_compiled"], case)  # the compiled graph is reused
     assert again["compile_ms"] == 0.0
     assert "the first call compiled nothing" in again["reason"]

@@ -35,8 +35,16 @@ GRID = [
 
 
 def sweep(*args, timeout=600):
+    """scripts/sweep.py on the CPU (also on a machine with a GPU: these test fault handling)."""
     return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "sweep.py"), "--no-progress", *args],
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "sweep.py"),
+            "--no-progress",
+            "--device",
+            "cpu",
+            *args,
+        ],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -239,5 +247,5 @@ def test_resume_with_a_different_grid_is_refused(tmp_path):
         "--resume",
     )
     assert again.returncode == 2
-    assert "--resume: the run used cases=" in again.stderr
+    assert "--resume: cases item 2 was" in again.stderr and again.stderr.count("\n") == 1
     assert (tmp_path / "r" / "results.csv").read_bytes() == before

@@ -7,10 +7,10 @@ from attnbench.case import Case
 from attnbench.measure import ceilings
 from attnbench.measure.memory import peak_mem_mib
 from attnbench.measure.profiling import profile_fn
-from attnbench.measure.timing import TimerConfig, _time_cuda_events, time_fn
+from attnbench.measure.timing import TimerConfig, time_fn
 from attnbench.run.call import Call
 from attnbench.run.inputs import make_inputs
-from attnbench.run.sweep import Settings, ground_truth, measure
+from attnbench.run.row import Settings, ground_truth, measure
 
 pytestmark = pytest.mark.gpu
 GPU_IMPLS = ["naive", "sdpa", "tiled", "triton_flash", "xformers"]
@@ -54,12 +54,17 @@ def test_every_gpu_impl_agrees_or_says_why_not(impls, name, case):
         assert 5 <= row["samples"] <= TimerConfig().max_samples
 
 
-def test_do_bench_and_the_event_timer_agree():
+def test_our_timer_agrees_with_do_bench_and_keeps_its_sample_bounds():
+    do_bench = pytest.importorskip("triton.testing").do_bench
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     cfg = TimerConfig(rep_ms=50)
-    bench = time_fn(lambda: a @ a, "cuda", cfg).median_ms
-    events = _time_cuda_events(lambda: a @ a, cfg).median_ms
-    assert abs(bench - events) / events < 0.2, (bench, events)
+    ours = time_fn(lambda: a @ a, "cuda", cfg)
+    theirs = float(do_bench(lambda: a @ a, warmup=25, rep=50, return_mode="median"))
+    assert abs(ours.median_ms - theirs) / theirs < 0.2, (ours.median_ms, theirs)
+    assert cfg.min_samples <= len(ours.samples_ms) <= cfg.max_samples
+    tiny = torch.ones(8, device="cuda")
+    fast = time_fn(lambda: tiny + 1, "cuda", TimerConfig(rep_ms=1000))
+    assert len(fast.samples_ms) == cfg.max_samples  # fast calls are capped, never 201
 
 
 def test_memory_growth_on_the_gpu(impls):

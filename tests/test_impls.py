@@ -15,7 +15,7 @@ from attnbench.measure.timing import TimerConfig
 from attnbench.run.call import Call
 from attnbench.run.inputs import make_inputs
 from attnbench.run.layer import layer_reference
-from attnbench.run.sweep import Settings, ground_truth, measure
+from attnbench.run.row import Settings, ground_truth, measure
 
 FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 SHAPES = [  # (heads, kv_heads, seq_q, seq_kv, head_dim)
@@ -122,6 +122,15 @@ def test_impl_agrees_in_bfloat16(impls, name, case):
     row = run(impls[name], case)
     assert row["status"] == "ok", row["reason"]
     assert row["agrees"] is True, row["reason"]
+
+
+def test_xformers_says_gqa_backward_is_unsupported_before_running(impls):
+    case = Case(
+        batch=1, heads=8, kv_heads=2, seq_q=8, seq_kv=8, head_dim=16, mode="fwd_bwd", device="cuda"
+    )
+    reasons = impls["xformers"].check(case)
+    assert reasons and "no backward operator" in reasons[0]
+    assert impls["xformers"].check(Case(**{**case.as_dict(), "mode": "fwd"})) == []
 
 
 CAUSAL_CROSS = Case(batch=1, heads=2, kv_heads=2, seq_q=64, seq_kv=96, head_dim=32, causal=True)
@@ -311,6 +320,11 @@ def test_layer_level_on_cuda(impls, name):
         level="layer",
         device="cuda",
     )
+    if not impls[name].available:
+        pytest.skip(impls[name].unavailable)
     row = run(impls[name], case)
+    if name == "xformers":  # GQA + backward: said up front, never an error row
+        assert row["status"] == "unsupported" and "no backward" in row["reason"]
+        return
     assert row["status"] == "ok", row["reason"]
     assert row["agrees"] is True, row["reason"]

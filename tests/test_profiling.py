@@ -43,6 +43,9 @@ def profiled_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("prof")
     code = main(
         [
+            "sweep",
+            "--device",
+            "cpu",
             "--preset",
             "smoke",
             "--impls",

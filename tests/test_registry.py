@@ -21,7 +21,7 @@ def write(path, text):
 
 def test_builtin_impls_are_discovered_from_the_impls_folder(impls):
     assert MISSION <= set(impls)
-    assert impls["naive"].source == "impls/naive.py"
+    assert impls["naive"].source == "attnbench.impls.naive"
 
 
 def test_xformers_is_listed_on_cpu_as_unsupported_with_a_reason(impls):
@@ -146,9 +146,13 @@ def test_a_plugin_cannot_take_a_builtin_name(tmp_path, impls):
             return q
     """,
     )
-    impls = registry.discover([str(path)], builtin=False, entry_points=False)
-    assert impls["naive"].source == "impls/naive.py"
-    assert "already registered by impls/naive.py" in impls["imposter"].unavailable
+    with pytest.raises(registry.NameClash) as exc:
+        registry.discover([str(path)], builtin=False, entry_points=False)
+    message = str(exc.value)
+    assert "attnbench.impls.naive" in message and str(path) in message and "\n" not in message
+    assert registry.discover(builtin=False, entry_points=False)["naive"].source == (
+        "attnbench.impls.naive"
+    )
 
 
 def test_missing_plugin_path_is_bad_input(tmp_path):
@@ -181,7 +185,8 @@ def test_masks_are_opt_in_with_readable_reasons(impls):
 def test_register_adds_none_to_the_masks_and_refuses_unknown_ones(monkeypatch):
     monkeypatch.setattr(registry, "_IMPLS", dict(registry._IMPLS))  # leave no impl behind
     registry.register("masked_attn", masks=("window",))(lambda q, k, v, **kw: q)
-    assert registry.get("masked_attn").masks == ("none", "window")
+    impls = registry.discover(builtin=False, entry_points=False)
+    assert impls["masked_attn"].masks == ("none", "window")
     with pytest.raises(registry.RegistryError, match="masks"):
         registry.register("bad_mask", masks=("diagonal",))(lambda q, k, v, **kw: q)
 

@@ -3,9 +3,8 @@ import os
 import pytest
 from synth import env, smoke_rows, write_run
 
-from attnbench.cli import main as sweep_main
+from attnbench.cli import main
 from attnbench.report import plots, report
-from attnbench.report_cli import report_main
 
 
 @pytest.fixture
@@ -103,8 +102,11 @@ def test_report_warns_about_a_busy_machine(tmp_path, stub_figures):
 @pytest.mark.slow
 def test_report_from_a_real_smoke_sweep(tmp_path, capsys):
     assert (
-        sweep_main(
+        main(
             [
+                "sweep",
+                "--device",
+                "cpu",
                 "--preset",
                 "smoke",
                 "--run-id",
@@ -122,13 +124,18 @@ def test_report_from_a_real_smoke_sweep(tmp_path, capsys):
     )
     capsys.readouterr()
     assert (
-        report_main(
-            [str(tmp_path / "results" / "smoke"), "--reports-dir", str(tmp_path / "reports")]
+        main(
+            [
+                "report",
+                str(tmp_path / "results" / "smoke"),
+                "--reports-dir",
+                str(tmp_path / "reports"),
+            ]
         )
         == 0
     )
     text = (tmp_path / "reports" / "smoke" / "report.md").read_text()
-    assert "### Who wins where" in text and "scripts/sweep.py --preset smoke" in text
+    assert "### Who wins where" in text and "attnbench sweep --device cpu --preset smoke" in text
     # smoke sweeps 2 lengths: every series says why it has no fit instead of inventing one
     assert "2 lengths with a value, a fit needs 3" in text
     assert "| xformers |" in text  # CPU has no xformers: listed as unsupported
@@ -147,17 +154,18 @@ def test_report_from_a_real_smoke_sweep(tmp_path, capsys):
 def test_report_cli_bad_input(tmp_path, capsys, make, needle):
     run = tmp_path / "run"
     make(run)
-    code = report_main([str(run), "--reports-dir", str(tmp_path / "reports")])
+    code = main(["report", str(run), "--reports-dir", str(tmp_path / "reports")])
     err = capsys.readouterr().err
     assert code == 2
-    assert err.startswith("error: ") and needle in err and err.count("\n") == 1
+    assert err.startswith("attnbench report: error: ") and needle in err and err.count("\n") == 1
     assert not (tmp_path / "reports").exists()
 
 
 def test_report_cli_unknown_baseline(tmp_path, capsys):
     run = write_run(tmp_path, "r", smoke_rows("r", seqs=(64, 128, 256)))
     assert (
-        report_main([str(run), "--reports-dir", str(tmp_path / "rep"), "--baseline", "nosuch"]) == 2
+        main(["report", str(run), "--reports-dir", str(tmp_path / "rep"), "--baseline", "nosuch"])
+        == 2
     )
     assert "pick one of: naive, sdpa" in capsys.readouterr().err
     assert not (tmp_path / "rep").exists()
@@ -166,16 +174,19 @@ def test_report_cli_unknown_baseline(tmp_path, capsys):
 def test_report_cli_writes_report(tmp_path, capsys, stub_figures):
     run = write_run(tmp_path, "r", smoke_rows("r", seqs=(64, 128, 256)))
     assert (
-        report_main([str(run), "--reports-dir", str(tmp_path / "rep"), "--baseline", "naive"]) == 0
+        main(["report", str(run), "--reports-dir", str(tmp_path / "rep"), "--baseline", "naive"])
+        == 0
     )
     out = capsys.readouterr().out.strip()
     assert out.endswith("report.md")
     assert "### Speedup vs naive" in (tmp_path / "rep" / "r" / "report.md").read_text()
 
 
-def test_impl_colours_are_stable_across_runs():
-    a = plots.impl_style(["sdpa", "naive"])
-    b = plots.impl_style(["naive", "sdpa", "tiled", "zz_plugin", "aa_plugin"])
+def test_impl_colours_are_stable_across_runs(impls):
+    colors = {name: impl.color for name, impl in impls.items() if impl.color}
+    assert {"naive", "sdpa", "tiled", "triton_flash"} <= set(colors)  # built-ins declare one
+    a = plots.impl_style(["sdpa", "naive"], colors)
+    b = plots.impl_style(["naive", "sdpa", "tiled", "zz_plugin", "aa_plugin"], colors)
     assert a["sdpa"] == b["sdpa"] and a["naive"] == b["naive"]
     assert b["aa_plugin"] != b["zz_plugin"]
     assert len({c for c, _ in b.values()}) == len(b)

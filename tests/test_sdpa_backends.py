@@ -13,7 +13,7 @@ from attnbench.masks import Mask
 from attnbench.measure.timing import TimerConfig
 from attnbench.registry import Unsupported
 from attnbench.run.inputs import make_inputs
-from attnbench.run.sweep import Settings, ground_truth, measure
+from attnbench.run.row import Settings, ground_truth, measure
 
 FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 CASE = Case(batch=1, heads=2, kv_heads=2, seq_q=32, seq_kv=32, head_dim=16, causal=True)

@@ -122,9 +122,15 @@ def detect_backend(run: Callable[[], object], device_type: str) -> str | None:
         run()
         if device_type == "cuda":
             torch.cuda.synchronize()
-    names = {event.key for event in prof.key_averages()}
+    return backends_in({event.key for event in prof.key_averages()})
+
+
+def backends_in(names) -> str | None:
+    """The SDPA backends that profiler event names show: the aten ops' names where there are
+    any, else CUDA kernel names; several are joined with '+', none is None."""
+    names = set(names)
     found = _match([n for n in names if n.startswith(OP_PREFIX)], OP_BACKENDS)
-    if not found and device_type == "cuda":
+    if not found:
         found = _match([n.lower() for n in names if not n.startswith("aten::")], KERNEL_BACKENDS)
     return "+".join(sorted(found)) or None
 

@@ -1,6 +1,17 @@
 """xformers.ops.memory_efficient_attention, in its own (B, S, H, D) layout."""
 
+from attnbench.case import Case
 from attnbench.registry import Unsupported, register
+
+
+def _gqa_backward(case: Case) -> list[str]:
+    """xformers' 5-D (B, S, G, H, D) form, which GQA needs, has forward operators only."""
+    if case.gqa and case.backward:
+        return [
+            f"kv_heads={case.kv_heads} < heads={case.heads} with mode={case.mode} (supported: "
+            f"GQA forward only; xformers' 5-D GQA form has no backward operator)"
+        ]
+    return []
 
 
 @register(
@@ -9,6 +20,7 @@ from attnbench.registry import Unsupported, register
     devices=("cuda",),
     layout="bshd",
     requires={"xformers": "pip install 'attnbench[xformers]'"},
+    check=_gqa_backward,
     description="xformers.ops.memory_efficient_attention (CUDA only: xformers has no CPU operator)",
 )
 def xformers(q, k, v, *, causal, scale):

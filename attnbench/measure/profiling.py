@@ -77,10 +77,10 @@ def profile_fn(
         trace_path.parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(trace_path))
     totals, counts = defaultdict(float), defaultdict(int)
-    for event in prof.events():
-        if cuda and event.device_type == DeviceType.CUDA:
+    for event in device_events(prof.events()) if cuda else prof.events():
+        if cuda:
             totals[event.name] += event.time_range.elapsed_us()  # a kernel's own span
-        elif not cuda and event.device_type == DeviceType.CPU:
+        elif event.device_type == DeviceType.CPU:
             totals[event.name] += event.self_cpu_time_total  # us, self time: no double count
         else:
             continue
@@ -95,6 +95,17 @@ def profile_fn(
     )
     per_call = sum(totals.values()) / calls / 1e3 if cuda and totals else None
     return Profile(kernels, per_call)
+
+
+def device_events(events) -> list:
+    """The device's own work among profiler events: kernels, copies and fills. Not the GPU
+    twins of ``record_function`` ranges (user annotations, such as inductor's ``## Call
+    CompiledFxGraph ##``), which span the kernels they contain and would count them twice."""
+    return [
+        e
+        for e in events
+        if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+    ]
 
 
 def mismatch_note(time_ms: float, profiler_ms: float | None) -> str | None:

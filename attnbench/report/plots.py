@@ -12,6 +12,7 @@ Conventions shared by every figure:
 from __future__ import annotations
 
 import math
+import zlib
 from pathlib import Path
 
 import matplotlib
@@ -64,8 +65,8 @@ def impl_style(impls, colors: dict[str, str] | None = None) -> dict[str, tuple]:
     colors = colors or {}
     names = sorted(set(impls))
     palette = sns.color_palette("tab10", 10) + sns.color_palette("husl", max(len(names), 1))
-    return {
-        name: (colors.get(name) or palette[i], MARKERS[i % len(MARKERS)])
+    return {  # markers follow the name alone, so they too stay put from run to run
+        name: (colors.get(name) or palette[i], MARKERS[zlib.crc32(name.encode()) % len(MARKERS)])
         for i, name in enumerate(names)
     }
 

@@ -174,6 +174,12 @@ def measure(
         )
         if settings.matmul_tflops.get(case.dtype):
             row["pct_peak"] = 100 * row["tflops"] / settings.matmul_tflops[case.dtype]
+            if row["pct_peak"] > 100:
+                notes.append(
+                    f"pct_peak {row['pct_peak']:.0f}% is above the measured matmul ceiling: "
+                    f"the ceiling was measured low (a busy machine?), so pct_peak is not "
+                    f"trustworthy for this run"
+                )
         try:
             with _nvtx(f"{impl.name} {case.label()} memory"):
                 row["peak_mem_mib"] = peak_mem_mib(call.memory_fn(), case.device_type)
@@ -209,14 +215,11 @@ def _once(fn, device_type: str) -> tuple[object, float]:
 
 
 def _backend(impl: Impl, call: Call, case: Case) -> str | None:
+    """The SDPA backend the timed work runs: detected on that work itself, in its grad mode
+    (PyTorch picks backends differently for training), backward kernels included."""
     if not callable(impl.backend):
         return impl.backend
-
-    def forward():
-        with torch.no_grad():
-            call.forward()
-
-    return impl.backend(forward, case.device_type)
+    return impl.backend(call.memory_fn(), case.device_type)
 
 
 def _profile(

@@ -31,6 +31,7 @@ def run_sweep(
     run_id: str,
     seed: int,
     progress: bool = True,
+    row_lines: bool = False,
     done: set[tuple] = frozenset(),
 ) -> list[dict]:
     """Run every (case, impl) whose key is not in ``done`` and append its row to
@@ -43,7 +44,7 @@ def run_sweep(
     for family in families:
         work.put(family)
     total = sum(len(ims) for f in families for _, ims in f)
-    with _Writer(run_dir, run_id, seed, total, progress) as writer:
+    with _Writer(run_dir, run_id, seed, total, progress, row_lines) as writer:
         stop = threading.Event()
         lanes = [
             threading.Thread(target=_lane, args=(ex, work, writer, stop), daemon=True)
@@ -95,8 +96,17 @@ def _lane(
 class _Writer:
     """The one writer: samples, then kernels, then the row (the row is the commit point)."""
 
-    def __init__(self, run_dir: Path, run_id: str, seed: int, total: int, progress: bool):
+    def __init__(
+        self,
+        run_dir: Path,
+        run_id: str,
+        seed: int,
+        total: int,
+        progress: bool,
+        row_lines: bool = False,
+    ):
         self.run_dir, self.run_id, self.seed = run_dir, run_id, seed
+        self.total, self.row_lines = total, row_lines
         self.rows: list[dict] = []
         self.error: BaseException | None = None
         self._lock = threading.Lock()
@@ -118,11 +128,20 @@ class _Writer:
             self.rows.append(row)
             self._bar.set_postfix_str(label, refresh=False)
             self._bar.update()
+            if self.row_lines:
+                print(f"[{len(self.rows)}/{self.total}] {label}: {_outcome(row)}", flush=True)
 
     def __exit__(self, *exc) -> None:
         self._bar.close()
         for appender in (self._out, self._samples, self._kernels):
             appender.close()
+
+
+def _outcome(row: dict) -> str:
+    if row["status"] != "ok":
+        return f"{row['status']} ({(row['reason'] or '')[:120]})"
+    agrees = {True: "agrees", False: "DISAGREES", None: "not checked"}[row["agrees"]]
+    return f"ok {row['time_ms']:.4g} ms, {agrees}"
 
 
 def _families(cases: list[Case], impls: list[Impl], done: set[tuple]) -> list[Family]:

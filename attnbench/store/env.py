@@ -6,7 +6,6 @@ import os
 import platform
 import shlex
 import subprocess
-import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -53,7 +52,7 @@ def collect_env(argv: list[str], seed: int, device: str) -> dict:
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([Path(sys.executable).name, *argv]),
+        "command": shlex.join(argv),
         "seed": seed,
         "device": device,
         "gpu_name": props.name if props else None,

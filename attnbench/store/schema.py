@@ -114,3 +114,10 @@ CASE_KEY = (
 SAMPLE_COLUMNS = ("run_id", *CASE_KEY, "sample", "time_ms")
 # --profile: one line per (row, kernel or op), the device's time summed over PROFILED_CALLS
 KERNEL_COLUMNS = ("run_id", *CASE_KEY, "kernel", "calls", "total_us", "share")
+
+
+def columns_markdown() -> str:
+    """The table of docs/columns.md, made from COLUMNS (a test keeps the two the same)."""
+    lines = ["| column | meaning |", "| --- | --- |"]
+    lines += [f"| `{name}` | {meaning} |" for name, (_, meaning) in COLUMNS.items()]
+    return "\n".join(lines)

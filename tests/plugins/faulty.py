@@ -20,7 +20,9 @@ def f_raise(q, k, v, *, causal, scale):
 @register("f_nan")
 def f_nan(q, k, v, *, causal, scale):
     out = _ok(q, k, v, causal, scale)
-    return out + torch.where(torch.arange(out.numel()).view(out.shape) == 5, float("nan"), 0.0)
+    return out + torch.where(
+        torch.arange(out.numel(), device=out.device).view(out.shape) == 5, float("nan"), 0.0
+    )
 
 
 @register("f_shape")

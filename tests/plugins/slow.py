@@ -1,5 +1,7 @@
-"""A correct impl that takes a while per call, so a sweep can be killed part way through."""
+"""A correct impl that takes a while per call (ATTNBENCH_SLOW_S seconds, default 0.02), so a
+sweep can be killed part way through."""
 
+import os
 import time
 
 import torch
@@ -9,5 +11,5 @@ from attnbench.registry import register
 
 @register("slow")
 def slow(q, k, v, *, causal, scale):
-    time.sleep(0.02)
+    time.sleep(float(os.environ.get("ATTNBENCH_SLOW_S", "0.02")))
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)

@@ -32,6 +32,7 @@ Importing this module imports triton; ``impls/triton_flash.py`` imports it lazil
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 
 import torch
@@ -653,6 +654,27 @@ _HOPPER = {
 }
 
 
+# Configs that spilled registers when compiled for sm90 (bf16) by triton 3.6 or 3.9 although
+# the estimates above let them through (compile_check.py, both versions): (kind, head dim) ->
+# (BLOCK_M, BLOCK_N, warps, stages). Register allocation differs between Triton versions, so
+# no single threshold in _registers_ok covers them.
+_SPILLS = {
+    ("fwd", 128): {(128, 128, 8, 2), (128, 128, 8, 3)},
+    ("fwd", 256): {(128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 8, 2)},
+    ("dq", 128): {(128, 64, 8, 4)},
+    ("dq", 256): {(128, 64, 8, 4), (64, 64, 8, 2)},
+    ("dkdv", 16): {(64, 128, 8, 2), (16, 32, 8, 2)},
+    ("dkdv", 32): {(64, 64, 4, 3), (64, 128, 8, 2), (32, 32, 8, 2)},
+    ("dkdv", 64): {(64, 64, 4, 3), (64, 128, 8, 2)},
+    ("dkdv", 128): {(32, 64, 8, 3)},
+}
+
+
+def _spills(kind: str, c, d: int) -> bool:
+    tile = (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+    return tile in _SPILLS.get((kind, d), ())
+
+
 def _configs(kind: str) -> list:
     tiles = _BASE[kind] + (_HOPPER[kind] if _is_hopper() else [])
     return [
@@ -691,6 +713,7 @@ def _prune(kind: str):
             if _smem_bytes(kind, c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, d, elt)
             <= limit
             and _registers_ok(kind, c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, d)
+            and not _spills(kind, c, d)
         ]
         if keep:
             return keep
@@ -712,12 +735,22 @@ def _prune(kind: str):
 _KERNELS = {"fwd": _fwd_kernel, "dq": _bwd_dq_kernel, "dkdv": _bwd_dkdv_kernel}
 
 
+# tuning results kept on disk (Triton's cache), so that a new worker process or a later run on
+# the same machine does not benchmark every config again (triton >= 3.2 has cache_results)
+_AUTOTUNE_CACHE = (
+    {"cache_results": True}
+    if "cache_results" in inspect.signature(triton.autotune).parameters
+    else {}
+)
+
+
 @functools.cache
 def _tuned(kind: str):
     return triton.autotune(
         configs=_configs(kind),
         key=["SQ_KEY", "SKV_KEY", "HEAD_DIM", "CAUSAL"],  # + arg dtypes
         prune_configs_by={"early_config_prune": _prune(kind)},
+        **_AUTOTUNE_CACHE,
     )(_KERNELS[kind])
 
 
