@@ -30,8 +30,9 @@ from attnbench.run.sweep import run_sweep
 from attnbench.spec import Spec
 from attnbench.store.atomic import write_json_atomic
 from attnbench.store.env import collect_env
-from attnbench.store.results import done_keys
+from attnbench.store.results import done_keys, read_results
 from attnbench.store.rundir import GRID_FILE, load_run, run_folder
+from attnbench.store.schema import CASE_KEY
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
 COMMANDS = ("sweep", "race", "list", "report", "compare", "fidelity")
@@ -183,9 +184,41 @@ def _select_impls(names: list[str] | None, impls: dict, spec: Spec) -> list:
 
 
 def _check_folders(*pairs: tuple[str, Path]) -> None:
+    """Each folder can be written: it is a folder, or can be made in the nearest existing one
+    (tried with a temporary file, removed at once), before any work starts."""
     for name, folder in pairs:
         if folder.exists() and not folder.is_dir():
             raise UsageError(f"{name} {folder}: is a file, not a folder")
+        base = folder
+        while not base.exists():
+            base = base.parent
+        if not base.is_dir():
+            raise UsageError(
+                f"{name} {folder}: {base} is a file, so no folder can be made "
+                f"under it; pick another {name}"
+            )
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".attnbench-probe-", dir=base)
+        except OSError as exc:
+            raise UsageError(
+                f"{name} {folder}: cannot write in {base} ({exc.strerror}); "
+                f"pick a folder you can write to"
+            ) from None
+        os.close(fd)
+        os.unlink(probe)
+
+
+def _check_profile_filter(profile: tuple[str, ...] | None, impls: list, cases: list) -> None:
+    """--profile with texts that no (impl, case) pair contains would profile nothing."""
+    if not profile:
+        return
+    pairs = [f"{i.name} {c.label()}" for i in impls for c in cases]
+    if not any(all(part in text for part in profile) for text in pairs):
+        raise UsageError(
+            f"--profile {','.join(profile)}: no (impl, case) pair contains all of "
+            f"{list(profile)}; pairs look like {pairs[0]!r} (give parts of it, "
+            f"comma separated, or 'all')"
+        )
 
 
 def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = None) -> int:
@@ -224,6 +257,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
     )
     cases = spec.cases()
     selected = _select_impls(opts.get("impls"), impls, spec)
+    _check_profile_filter(opts.get("profile"), selected, cases)
     seed = opts.get("seed", 0)
     grid = {
         "preset": preset,
@@ -279,7 +313,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         else InProcess(seed, settings)
     ]
     try:
-        rows = run_sweep(
+        run_sweep(
             cases,
             selected,
             run_dir,
@@ -302,7 +336,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         for executor in executors:
             executor.close()
         compile_cache.cleanup()
-    print(summary_table(rows))
+    print(summary_table(read_results(run_dir), [i.name for i in selected]))
     from attnbench.report.report import write_report  # matplotlib: only once there are rows
 
     report_path = write_report(run_dir, args.reports_dir)
@@ -483,31 +517,44 @@ def list_impls(impls: dict, device: str) -> str:
     return pd.DataFrame(rows).to_string(index=False)
 
 
-def summary_table(rows: list[dict]) -> str:
-    """Median ms per case (rows) and impl (columns); a status word where there is no time,
-    '!' after a time whose output disagrees with the reference."""
-    if not rows:
+def summary_table(df: pd.DataFrame, impls: list[str] | None = None) -> str:
+    """Median ms per case (rows) and impl (columns) over the whole run (a resumed run too);
+    a status word where there is no time, '!' after a time whose output disagrees with the
+    reference. Impls that are unsupported in every case are named below, not tabulated."""
+    if df.empty:
         return "no rows were run"
 
     def cell(r):
         if r["status"] != "ok":
             return r["status"]
-        return f"{r['time_ms']:.3g}" + ("" if r["agrees"] in (True, None) else " !")
+        return f"{r['time_ms']:.3g}" + ("" if r["agrees"] is not False else " !")
 
-    df = pd.DataFrame(rows)
-    df["case"] = [
-        f"{r['mode']} {r['dtype']} {'causal' if r['causal'] else 'full'}"
-        f"{'' if r['mask'] == 'none' else ' ' + r['mask']}"
-        f"{'' if r['window'] is None else r['window']}"
-        f"{' layer' if r['level'] == 'layer' else ''} "
-        f"B{r['batch']} H{r['heads']}/{r['kv_heads']} "
-        f"S{r['seq_q']}x{r['seq_kv']} D{r['head_dim']}"
-        for r in rows
-    ]
-    df["cell"] = [cell(r) for r in rows]
-    table = df.pivot(index="case", columns="impl", values="cell").fillna("")
-    table = table.loc[list(dict.fromkeys(df["case"])), list(dict.fromkeys(df["impl"]))]
-    return "time_ms (median; '!' = disagrees with the reference)\n" + table.to_string()
+    def case(r):
+        masked = "" if r["mask"] == "none" else f" {r['mask']}"
+        window = "" if pd.isna(r["window"]) else f"{r['window']}"
+        return (
+            f"{r['mode']} {r['dtype']} {'causal' if r['causal'] else 'full'}{masked}{window}"
+            f"{' layer' if r['level'] == 'layer' else ''} B{r['batch']} "
+            f"H{r['heads']}/{r['kv_heads']} S{r['seq_q']}x{r['seq_kv']} D{r['head_dim']}"
+        )
+
+    rows = df.drop_duplicates(list(CASE_KEY), keep="last")
+    cells = pd.DataFrame(
+        {
+            "case": [case(r) for _, r in rows.iterrows()],
+            "impl": rows["impl"].to_numpy(),
+            "cell": [cell(r) for _, r in rows.iterrows()],
+        }
+    )
+    table = cells.pivot(index="case", columns="impl", values="cell").fillna("")
+    order = [i for i in (impls or []) if i in table.columns] or list(dict.fromkeys(cells["impl"]))
+    table = table.loc[list(dict.fromkeys(cells["case"])), order]
+    never = [c for c in table.columns if (table[c] == "unsupported").all()]
+    text = "time_ms (median; '!' = disagrees with the reference)\n"
+    text += table.drop(columns=never).to_string() if len(never) < len(order) else ""
+    if never:
+        text += f"\nunsupported in every case (reasons in the report): {', '.join(never)}"
+    return text
 
 
 def _warn_if_busy(device: str) -> None:

@@ -338,3 +338,44 @@ def test_sweep_writes_its_report(smoke_run):
     assert report.exists(), proc.stdout[-500:]
     text = report.read_text()
     assert "smoke1" in text and "time_vs_seq.png" in text
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--results-dir", "plain/x"], "plain is a file, so no folder can be made under it"),
+        (["--reports-dir", "plain/rep"], "plain is a file, so no folder can be made under it"),
+        (["--results-dir", "/proc/attnbench-x"], "cannot write in /proc"),
+        (["--profile", "nomatchxyz"], "no (impl, case) pair contains all of ['nomatchxyz']"),
+    ],
+)
+def test_unusable_output_folders_and_profile_filters_are_refused_up_front(tmp_path, args, needle):
+    (tmp_path / "plain").write_text("a file")
+    proc = sweep("--preset", "smoke", "--impls", "naive", "--seq-len", "32", *args, cwd=tmp_path)
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]  # nothing written
+
+
+def test_a_resumed_run_summarises_every_row(tmp_path):
+    base = [
+        "--preset",
+        "smoke",
+        "--impls",
+        "naive,tiled",
+        "--seq-len",
+        "32",
+        "--mode",
+        "fwd",
+        "--results-dir",
+        str(tmp_path),
+        "--run-id",
+        "r",
+        "--no-progress",
+    ]
+    first = sweep(*base)
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = sweep(*base, "--resume")
+    assert again.returncode == 0 and "(4 rows already done)" in again.stdout, again.stderr
+    summary = again.stdout.split("time_ms (median")[1]
+    assert summary.count("fwd float32") == 2 and "naive" in summary and "tiled" in summary

@@ -249,3 +249,24 @@ def test_resume_with_a_different_grid_is_refused(tmp_path):
     assert again.returncode == 2
     assert "--resume: cases item 2 was" in again.stderr and again.stderr.count("\n") == 1
     assert (tmp_path / "r" / "results.csv").read_bytes() == before
+
+
+def test_an_aborting_plugin_costs_one_row_with_default_flags(tmp_path):
+    """No --isolate, no --timeout: the default still turns an abort into a crash row."""
+    proc = sweep(
+        *GRID,
+        "--impls",
+        "f_abort,naive",
+        "--plugin",
+        str(PLUGINS / "faulty.py"),
+        "--results-dir",
+        str(tmp_path),
+        "--run-id",
+        "abort",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = read_results(tmp_path / "abort")
+    assert len(df) == 6
+    assert (df[df["impl"] == "f_abort"]["status"] == "crash").all()
+    assert (df[df["impl"] == "naive"]["status"] == "ok").all()  # later impls still ran
+    assert "SIGABRT" in df[df["impl"] == "f_abort"]["reason"].iloc[0]

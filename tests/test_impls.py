@@ -3,6 +3,7 @@ measure() so the agreement rule under test is the one the CSV uses."""
 
 import itertools
 import textwrap
+import time
 
 import pytest
 import torch
@@ -328,3 +329,21 @@ def test_layer_level_on_cuda(impls, name):
         return
     assert row["status"] == "ok", row["reason"]
     assert row["agrees"] is True, row["reason"]
+
+
+def test_noisy_samples_and_a_ceiling_below_the_rate_are_said_in_the_reason():
+    calls = []
+
+    def jumpy(q, k, v, *, causal, scale):
+        calls.append(1)
+        time.sleep(0.004 if len(calls) % 2 else 0.0005)  # two speeds: a wide p20-p80
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+
+    impl = registry.Impl(name="jumpy", fn=jumpy)
+    case = Case(batch=1, heads=2, kv_heads=2, seq_q=32, seq_kv=32, head_dim=16)
+    inputs = make_inputs(case, 0)
+    settings = Settings(TimerConfig(rep_ms=40, min_samples=10), matmul_tflops={"float32": 1e-9})
+    row = measure(impl, case, inputs, ground_truth(case, inputs), settings).row
+    assert row["status"] == "ok" and row["agrees"] is True
+    assert "noisy: the p20-p80 spread" in row["reason"]
+    assert row["pct_peak"] > 100 and "above the measured matmul ceiling" in row["reason"]

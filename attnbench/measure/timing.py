@@ -15,6 +15,9 @@ import torch
 import torch.utils.benchmark as tbench
 
 L2_FLUSH_BYTES = 256 * 2**20  # larger than any GPU's L2 today, as do_bench uses
+# a row whose p20-p80 spread is more than this fraction of its median is flagged as noisy: its
+# median can move between identical runs by more than most changes one wants to see
+NOISY_SPREAD = 0.10
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,11 @@ class Timing:
     @property
     def p80_ms(self) -> float:
         return float(np.percentile(self.samples_ms, 80))
+
+    @property
+    def spread(self) -> float:
+        """(p80 - p20) / median: the fraction of the median the middle samples spread over."""
+        return (self.p80_ms - self.p20_ms) / self.median_ms if self.median_ms > 0 else 0.0
 
 
 @dataclass(frozen=True)

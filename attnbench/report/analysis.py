@@ -64,6 +64,14 @@ def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df[is_ok(df)]
 
 
+def noisy(df: pd.DataFrame) -> pd.Series:
+    """Ok rows whose timing samples spread too far to trust the median (measure.timing)."""
+    from attnbench.measure.timing import NOISY_SPREAD
+
+    spread = (df["time_ms_p80"] - df["time_ms_p20"]) / df["time_ms"]
+    return (is_ok(df) & (spread > NOISY_SPREAD).fillna(False)).astype(bool)
+
+
 def agreeing(df: pd.DataFrame) -> pd.Series:
     """Plain bool mask: ok and agrees is True (unknown agreement does not count)."""
     return is_ok(df) & df["agrees"].eq(True).fillna(False).astype(bool)

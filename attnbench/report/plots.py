@@ -25,6 +25,7 @@ import seaborn as sns  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
 
+from attnbench.measure.timing import NOISY_SPREAD  # noqa: E402
 from attnbench.report import analysis  # noqa: E402
 from attnbench.store.schema import STATUSES  # noqa: E402
 
@@ -232,7 +233,8 @@ def _line_figure(
     panels = [(t, g) for t, g in _panels(df) if analysis.ok_rows(g)[y].notna().any()]
     fig, axes = _grid(len(panels), title)
     for ax, (ptitle, g) in zip(axes, panels):
-        flagged = False
+        flagged = noisy_seen = False
+        drawn: dict[str, np.ndarray] = {}  # impl -> its values, to point out identical lines
         for impl, gi in g.groupby("impl", sort=True):
             pts = analysis.ok_rows(gi)
             pts = pts[pts[y].notna()].sort_values("seq_q")
@@ -242,7 +244,28 @@ def _line_figure(
             x = pts["seq_q"].to_numpy(dtype=float)
             v = pts[y].to_numpy(dtype=float)
             label = impl + (label_suffix(impl, gi) if label_suffix else "") + _fail_note(gi)
-            ax.plot(x, v, color=colour, marker=marker, ms=5, lw=1.6, label=label)
+            twin = next(
+                (o for o, w in drawn.items() if len(w) == len(v) and np.allclose(w, v, rtol=1e-3)),
+                None,
+            )
+            if twin:  # an identical line would hide under the other: dashed, and said so
+                label += f" (same as {twin})"
+            drawn[impl] = v
+            ax.plot(
+                x,
+                v,
+                color=colour,
+                marker=marker,
+                ms=5,
+                lw=1.6,
+                label=label,
+                ls="--" if twin else "-",
+                mfc="none" if twin else colour,
+            )
+            noisy = analysis.noisy(pts).to_numpy(dtype=bool) if y == "time_ms" else None
+            if noisy is not None and noisy.any():
+                noisy_seen = True
+                ax.scatter(x[noisy], v[noisy], s=60, color="0.6", zorder=4)
             if band:
                 lo, hi = (pts[c].to_numpy(dtype=float, na_value=np.nan) for c in band)
                 ax.fill_between(x, lo, hi, color=colour, alpha=0.18, lw=0)
@@ -274,7 +297,10 @@ def _line_figure(
         handles, labels = ax.get_legend_handles_labels()
         if flagged:
             handles.append(Line2D([], [], ls="", marker="o", mfc="none", mec="red", ms=9))
-            labels.append(flagged)
+            labels.append(flagged + " (rel or max-abs bound: see reason)")
+        if noisy_seen:
+            handles.append(Line2D([], [], ls="", marker="o", color="0.6", ms=7))
+            labels.append(f"noisy: p20–p80 spread > {100 * NOISY_SPREAD:.0f}% of the median")
         # beside the panel, never over the data, however many impls there are
         ax.legend(
             handles,
@@ -587,15 +613,18 @@ def plot_roofline(
     style = impl_style(df["impl"].dropna().unique(), colors)
     for impl, g in ok.groupby("impl", sort=True):
         colour, marker = style[impl]
-        ax.scatter(
-            g["intensity"].astype(float),
-            g["tflops"].astype(float),
-            color=colour,
-            marker=marker,
-            label=impl,
-            s=28,
-            alpha=0.85,
-        )
+        for mode, gm in g.groupby("mode", sort=False):  # forward filled, backward hollow
+            hollow = mode != "fwd"
+            ax.scatter(
+                gm["intensity"].astype(float),
+                gm["tflops"].astype(float),
+                facecolors="none" if hollow else colour,
+                edgecolors=colour,
+                marker=marker,
+                label=f"{impl} {mode}",
+                s=28,
+                alpha=0.85,
+            )
     x = np.geomspace(float(ok["intensity"].min()) / 2, float(ok["intensity"].max()) * 2, 200)
     bandwidth_tb_s = ceilings.get("copy_gb_s", 0) / 1e3
     copy = f" · copy {ceilings['copy_gb_s']:.3g} GB/s" if bandwidth_tb_s else ""

@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.case import Case, CaseError
+from attnbench.measure.timing import NOISY_SPREAD
 from attnbench.report import analysis, plots
 from attnbench.report.markdown import MISSING, table
 from attnbench.store.atomic import atomic_dir
@@ -392,7 +393,16 @@ def _failures_section(df: pd.DataFrame) -> list[str]:
     lines += [f"### Failures ({int((~gaps).sum())})", ""]
     lines += [table(bad[~gaps], cols) if (~gaps).any() else "None.\n"]
     lines += [f"### Unsupported: capability gaps, not run ({int(gaps.sum())})", ""]
-    lines += [table(bad[gaps], cols) if gaps.any() else "None.\n"]
+    if gaps.any():
+        grouped = (
+            bad[gaps]
+            .groupby(["impl", "reason"], sort=True, dropna=False)
+            .size()
+            .reset_index(name="rows")
+        )
+        lines += [table(grouped, {"impl": "impl", "reason": "reason", "rows": "rows"})]
+    else:
+        lines += ["None.\n"]
     return lines
 
 
@@ -403,6 +413,21 @@ def _checks_section(df: pd.DataFrame) -> list[str]:
     lines = ["## Measurement checks", ""]
     throttled = ok[ok["throttle"].notna() & (ok["throttle"] != "none")]
     mismatch = ok[ok["reason"].fillna("").str.contains("profiler kernel time")]
+    noisy = ok[analysis.noisy(ok)]
+    over_peak = ok[ok["pct_peak"].gt(100).fillna(False).astype(bool)]
+    lines += [
+        f"{len(noisy)} of {len(ok)} ok rows are noisy (p20–p80 spread over "
+        f"{100 * NOISY_SPREAD:.0f}% of the median; grey in the time plot): their medians can "
+        f"move between identical runs.",
+        "",
+    ]
+    if len(over_peak):
+        lines += [
+            f"{len(over_peak)} row(s) exceed the measured matmul ceiling (pct_peak > 100%): "
+            f"the ceiling was measured low, so pct_peak and the roofline are not trustworthy "
+            f"in this run.",
+            "",
+        ]
     if ok["profiler_ms"].notna().any():
         diff = ((ok["time_ms"] - ok["profiler_ms"]).abs() / ok["time_ms"]).max()
         lines += [
@@ -419,7 +444,9 @@ def _checks_section(df: pd.DataFrame) -> list[str]:
             f"{len(throttled)} row(s) saw the GPU slow its clocks.",
             "",
         ]
-    flagged = pd.concat([throttled, mismatch]).drop_duplicates(subset=list(analysis.CASE_KEY))
+    flagged = pd.concat([throttled, mismatch, noisy, over_peak]).drop_duplicates(
+        subset=list(analysis.CASE_KEY)
+    )
     if flagged.empty:
         return lines + ["No row was flagged.", ""]
     flagged = flagged.assign(case=[case_label(r) for _, r in flagged.iterrows()])

@@ -20,7 +20,7 @@ from attnbench.measure.clocks import ClockSampler
 from attnbench.measure.compiling import compile_events
 from attnbench.measure.memory import MemoryUnavailable, peak_mem_mib
 from attnbench.measure.profiling import mismatch_note, profile_fn
-from attnbench.measure.timing import TimerConfig, time_fn
+from attnbench.measure.timing import NOISY_SPREAD, TimerConfig, time_fn
 from attnbench.registry import Impl, Unsupported
 from attnbench.run.call import BadOutput, Call
 from attnbench.run.inputs import Inputs, make_inputs
@@ -163,6 +163,12 @@ def measure(
         if row["recompiled"]:
             notes.append("recompiled during the timing pass: time_ms includes compilation")
         times = list(timing.samples_ms)
+        if timing.spread > NOISY_SPREAD:
+            notes.append(
+                f"noisy: the p20-p80 spread of the samples is {100 * timing.spread:.0f}% of "
+                f"the median (over {100 * NOISY_SPREAD:.0f}%), so time_ms may move between "
+                f"identical runs; another process may be using the device"
+            )
         flops = case.flops(None if inputs.mask.kv_lens is None else inputs.mask.kv_lens.tolist())
         row.update(
             time_ms=timing.median_ms,

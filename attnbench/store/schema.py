@@ -74,7 +74,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
         "(none, or e.g. sw_power_cap,hw_thermal)",
     ),
 }
-METRICS = (
+METRICS = (  # blank in every row that is not ok
+    "flops",
     "time_ms",
     "time_ms_p20",
     "time_ms_p80",
