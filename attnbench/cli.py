@@ -143,30 +143,6 @@ def _device(text: str | None) -> str:
     return text
 
 
-def _select_impls(names: list[str] | None, impls: dict, compiled: bool) -> list:
-    if names is None:
-        return [i for i in impls.values() if compiled or not i.compiled]
-    for name in names:
-        if name not in impls:
-            close = difflib.get_close_matches(name, list(impls), n=1)
-            did = f"; did you mean {close[0]!r}?" if close else ""
-            raise UsageError(
-                f"--impls: unknown impl {name!r}{did} (known: {', '.join(impls)}; see --list)"
-            )
-    return [impls[n] for n in names]
-
-
-def _device(text: str | None) -> str:
-    if text is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if text.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(
-            f"--device {text}: no CUDA device is visible to torch "
-            f"{torch.__version__}; use --device cpu"
-        )
-    return text
-
-
 def _select_impls(names: list[str] | None, impls: dict, spec: Spec) -> list:
     if names is None and spec.impls is not None:  # the preset's own: those registered
         return [impls[n] for n in spec.impls if n in impls]
