@@ -106,7 +106,7 @@ tests)
             | tee "$work/logs/tests.log"
     else
         timeout --signal=INT --kill-after=20 "$(left 30)" \
-            python3 -m pytest -q -m gpu -rs -p no:cacheprovider --timeout 300 \
+            python3 -m pytest -q -m gpu -n 0 -rs -p no:cacheprovider --timeout 300 \
             --junitxml "$work/logs/tests.xml" 2>&1 | tee "$work/logs/tests.log"
         logs+=("logs/tests.xml")
     fi

@@ -12,7 +12,9 @@ sys.path.insert(0, str(ROOT / "tests"))  # synth.py: synthetic sweep output for 
 
 # torch.compile's caches private to this test run, so that other processes compiling on the
 # same machine can never hand it a kernel built for other settings
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="attnbench-inductor-"))
+# (one per test process: parallel workers inherit the first process's environment)
+if "PYTEST_XDIST_WORKER" in os.environ or "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnbench-inductor-")
 
 from attnbench import registry  # noqa: E402
 

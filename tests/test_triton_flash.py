@@ -85,7 +85,18 @@ interpreted = pytest.mark.skipif(not _IN_PROCESS, reason="run by test_interprete
 def test_interpreted_in_subprocess():
     env = {**os.environ, "TRITON_INTERPRET": "1", "ATTNBENCH_INTERPRET_CHILD": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", __file__],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rs",
+            "-n",
+            "0",
+            "-p",
+            "no:cacheprovider",
+            __file__,
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
