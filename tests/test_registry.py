@@ -210,3 +210,21 @@ def test_an_impl_without_masks_is_never_called_with_mask(tmp_path):
     case = cpu_case(causal=True)
     out, _ = Call.prepare(impl, case, make_inputs(case, 0)).check()
     assert out.shape == (1, 2, 8, 16)
+
+
+def test_a_file_dropped_into_the_working_folders_impls_is_loaded(tmp_path):
+    # the tests run in tmp_path (conftest), so impls/ here is a working folder's drop-in folder
+    (tmp_path / "impls").mkdir()
+    dropped = write(
+        tmp_path / "impls" / "dropped.py",
+        """
+        from attnbench import register
+
+        @register("dropped_in")
+        def dropped_in(q, k, v, *, causal, scale):
+            return q
+    """,
+    )
+    impls = registry.discover(entry_points=False)
+    assert impls["dropped_in"].source == str(dropped.resolve())
+    assert impls["naive"].source == "attnbench.impls.naive"  # the built-ins are still there

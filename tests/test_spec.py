@@ -1,0 +1,59 @@
+"""Presets expand into the cases they promise; the console summary covers the whole run."""
+
+import pandas as pd
+
+from attnbench.cli import summary_table
+from attnbench.spec import PRESETS, Spec
+
+
+def test_race_preset_holds_tokens_and_hidden_size_fixed():
+    cases = Spec.from_preset("race", "cuda").cases()
+    assert len(cases) == 6 * 2 * 2 * 2
+    for c in cases:
+        assert c.batch * c.seq_q == 16384 and c.heads * c.head_dim == 2048
+        assert c.dtype == "bfloat16" and c.heads == c.kv_heads
+    assert PRESETS["race"]["impls"][0] == "triton_flash"
+
+
+def test_gpu_presets_name_their_impls_and_leave_out_the_slow_ones():
+    for name in ("gpu", "first-light"):
+        impls = PRESETS[name]["impls"]
+        assert "sdpa" in impls and "triton_flash" in impls
+        assert not {"flex", "naive_compiled", "tiled"} & set(impls)
+    assert len(Spec.from_preset("first-light", "cuda").cases()) == 12
+
+
+def test_summary_leaves_out_impls_that_never_ran_and_names_them():
+    base = dict(
+        mode="fwd",
+        dtype="float32",
+        causal=False,
+        mask="none",
+        window=pd.NA,
+        level="op",
+        batch=1,
+        heads=2,
+        kv_heads=2,
+        seq_q=64,
+        seq_kv=64,
+        head_dim=16,
+        device="cpu",
+    )
+    df = pd.DataFrame(
+        [
+            {**base, "impl": "naive", "status": "ok", "time_ms": 1.5, "agrees": True},
+            {**base, "impl": "sdpa", "status": "ok", "time_ms": 0.5, "agrees": False},
+            {
+                **base,
+                "impl": "xformers",
+                "status": "unsupported",
+                "time_ms": pd.NA,
+                "agrees": pd.NA,
+            },
+        ]
+    )
+    text = summary_table(df, ["naive", "sdpa", "xformers"])
+    assert "1.5" in text and "0.5 !" in text
+    assert "unsupported in every case (reasons in the report): xformers" in text
+    table = text.split("\n")[1]
+    assert "xformers" not in table
