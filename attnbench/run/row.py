@@ -49,7 +49,7 @@ class Measured(NamedTuple):
 
 
 def base_row(impl: Impl, case: Case) -> dict:
-    """The row's identity; ``flops`` is set by run_sweep (key padding needs the seed)."""
+    """The row's identity, every other column blank (``measure`` fills them for ok rows)."""
     row = {name: None for name in COLUMNS}
     row.update(case.as_dict(), impl=impl.name)
     return row
@@ -74,9 +74,6 @@ class Prepared:
         if not impl.reasons(self.case):
             self.build()
         return measure(impl, self.case, self.inputs, self.truth, self.settings)
-
-    def failed(self, impl: Impl, status: str, reason: str) -> Measured:
-        return failed(impl, self.case, status, reason)
 
 
 @dataclass
