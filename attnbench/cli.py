@@ -13,6 +13,8 @@ import math
 import os
 import sys
 import tempfile
+import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -29,13 +31,17 @@ from attnbench.run.row import Settings
 from attnbench.run.sweep import run_sweep
 from attnbench.spec import Spec
 from attnbench.store.atomic import write_json_atomic
-from attnbench.store.env import collect_env
+from attnbench.store.env import collect_env, device_env, device_name
 from attnbench.store.results import done_keys, read_results
 from attnbench.store.rundir import GRID_FILE, load_run, run_folder
 from attnbench.store.schema import CASE_KEY
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
 COMMANDS = ("sweep", "race", "list", "report", "compare", "fidelity")
+TOGGLES = {  # boolean options with a --no- flag: the help of the --no- flag
+    "isolate": "run impls in this process",
+    "group_by_device_name": "let a device of any kind continue a family started on another",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -89,14 +95,14 @@ def build_parser(command: str = "sweep") -> argparse.ArgumentParser:
             p.add_argument("--plugin", action="append", metavar="PATH", help=opt.help)
         elif name == "profile":
             p.add_argument("--profile", nargs="?", const="all", metavar="MATCH", help=opt.help)
-        elif name == "isolate":
-            p.add_argument("--isolate", action="store_const", const="true", help=opt.help)
+        elif name in TOGGLES:
+            p.add_argument(flag(name), dest=name, action="store_const", const="true", help=opt.help)
             p.add_argument(
-                "--no-isolate",
-                dest="isolate",
+                flag(name).replace("--", "--no-", 1),
+                dest=name,
                 action="store_const",
                 const="false",
-                help="run impls in this process",
+                help=TOGGLES[name],
             )
         else:
             p.add_argument(flag(name), dest=name, metavar=name.upper(), help=opt.help)
@@ -132,15 +138,31 @@ def resolve_options(args: argparse.Namespace) -> dict:
     return values
 
 
-def _device(text: str | None) -> str:
+def _device(text: str | None, local: bool = True) -> str:
+    """The sweep's device; with ``local`` False (Ray) the GPUs may be on other machines."""
     if text is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if text.startswith("cuda") and not torch.cuda.is_available():
+    if not local and text.startswith("cuda:"):
+        raise UsageError(
+            f"--device {text}: with --executor ray give --device cuda (each actor owns one GPU)"
+        )
+    if local and text.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(
             f"--device {text}: no CUDA device is visible to torch "
             f"{torch.__version__}; use --device cpu"
         )
     return text
+
+
+def _check_executor(opts: dict) -> str:
+    executor = opts.get("executor", "local")
+    if executor != "ray":
+        for name in ("ray_address", "ray_actors"):
+            if name in opts:
+                raise UsageError(f"{flag(name)} needs --executor ray")
+    elif opts.get("isolate") is False:
+        raise UsageError("--no-isolate needs --executor local (Ray actors are always isolated)")
+    return executor
 
 
 def _select_impls(names: list[str] | None, impls: dict, spec: Spec) -> list:
@@ -200,7 +222,8 @@ def _check_profile_filter(profile: tuple[str, ...] | None, impls: list, cases: l
 def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = None) -> int:
     args = build_parser(command).parse_args(argv)
     opts = resolve_options(args)
-    device = _device(opts.get("device"))
+    executor = _check_executor(opts)
+    device = _device(opts.get("device"), local=executor == "local")
     plugins = opts.get("plugin", [])
     for text in plugins:
         registry.plugin_source(text)  # a missing plugin is bad input, before any work
@@ -253,11 +276,36 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
     )
 
     isolate = opts.get("isolate", True) or "timeout" in opts
+    settings = Settings(
+        timer=TimerConfig(rep_ms=spec.rep_ms[0]),
+        profile=opts.get("profile"),
+        traces_dir=run_dir / "traces",
+    )
+    dtypes, quick = sorted({c.dtype for c in cases}), spec.rep_ms[0] < 50
     compile_cache = tempfile.TemporaryDirectory(prefix="attnbench-inductor-")
     # torch.compile's cache private to this sweep (its workers inherit it): no kernel compiled
     # by another process, for other settings, can be picked up; an explicit setting wins
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", compile_cache.name)
-    if "threads" in opts:
+    if executor == "ray":  # before anything is written: a bad address is a usage error
+        from attnbench.run import ray_executor
+
+        started = time.perf_counter()
+        executors = ray_executor.start(
+            opts.get("ray_address"),
+            plugins=[registry.plugin_source(p) for p in plugins],
+            seed=seed,
+            settings=settings,
+            timeout_s=opts.get("timeout"),
+            device=device,
+            threads=opts.get("threads"),
+            actors=opts.get("ray_actors"),
+            command=command,
+        )
+        print(
+            f"ray: {len(executors)} actors up in {time.perf_counter() - started:.1f} s "
+            f"({', '.join(sorted({f'{e.device_name}@{e.host}' for e in executors}))})"
+        )
+    if "threads" in opts and executor == "local":
         torch.set_num_threads(opts["threads"])
     done = done_keys(run_dir) if args.resume else set()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -272,22 +320,29 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         i.name: {"source": i.source, "baseline": i.baseline, "color": i.color} for i in selected
     }
     env["baseline"] = registry.baseline(selected)
-    env["ceilings"] = ceilings.measure(
-        sorted({c.dtype for c in cases}), device, quick=spec.rep_ms[0] < 50
-    )
+    if executor == "ray":  # each actor measures its own device; the driver's is one of them
+        env["devices"] = ray_executor.measure_devices(executors, dtypes, device, quick)
+        here = env["devices"].get(device_name(device)) or next(iter(env["devices"].values()))
+        env["ceilings"] = here["ceilings"]
+    else:
+        env["ceilings"] = ceilings.measure(dtypes, device, quick=quick)
+        here = device_env(device)
+        env["devices"] = {
+            here.pop("device_name"): {
+                "hosts": [here.pop("host")],
+                "actors": 1,
+                **here,
+                "ceilings": env["ceilings"],
+            }
+        }
+        settings = replace(settings, matmul_tflops=env["ceilings"]["matmul_tflops"])
+        executors = [
+            Subprocess(plugins, seed, settings, opts.get("timeout"))
+            if isolate
+            else InProcess(seed, settings)
+        ]
     env_name = "env.json" if not args.resume else f"env-resume-{datetime.now():%H%M%S}.json"
     write_json_atomic(run_dir / env_name, env)
-    settings = Settings(
-        timer=TimerConfig(rep_ms=spec.rep_ms[0]),
-        matmul_tflops=env["ceilings"]["matmul_tflops"],
-        profile=opts.get("profile"),
-        traces_dir=run_dir / "traces",
-    )
-    executors = [
-        Subprocess(plugins, seed, settings, opts.get("timeout"))
-        if isolate
-        else InProcess(seed, settings)
-    ]
     try:
         run_sweep(
             cases,
@@ -299,6 +354,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
             done=done,
             progress=not (args.no_progress or args.row_lines),
             row_lines=args.row_lines,
+            group_by_device_name=opts.get("group_by_device_name", True),
         )
     except KeyboardInterrupt:
         print(
@@ -309,8 +365,10 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         )
         return 130
     finally:
-        for executor in executors:
-            executor.close()
+        for ex in executors:
+            ex.close()
+        if executor == "ray":
+            ray_executor.shutdown()
         compile_cache.cleanup()
     print(summary_table(read_results(run_dir), [i.name for i in selected]))
     from attnbench.report.report import write_report  # matplotlib: only once there are rows

@@ -90,6 +90,18 @@ def _device(text: str) -> str:
     return text
 
 
+def _ray_address(text: str) -> str:
+    """auto, ray://host:port, or host:port of a running cluster's head."""
+    text = text.strip()
+    if text == "auto":
+        return text
+    rest = text.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit() or " " in rest:
+        raise ValueError("give auto, HOST:PORT or ray://HOST:PORT (e.g. 10.0.0.1:6379)")
+    return text
+
+
 def _dtype(text: str) -> str:
     try:
         return canonical_dtype(text)
@@ -149,7 +161,29 @@ OPTIONS: dict[str, Option] = {
     "isolate": Option(
         _bool, "run impls in a worker process, so crashes and hangs become rows (default: true)"
     ),
-    "threads": Option(_positive_int, "CPU threads torch may use (default: torch's choice)"),
+    "threads": Option(
+        _positive_int,
+        "CPU threads torch may use (default: torch's choice; with --executor ray on the CPU, "
+        "each actor's CPUs, default 1)",
+    ),
+    "executor": Option(
+        _choice("executor", ("local", "ray")),
+        "local (this machine, default) or ray: one Ray actor per GPU (or per --threads CPUs) "
+        "across a Ray cluster (docs/distributed.md)",
+    ),
+    "ray_address": Option(
+        _ray_address,
+        "with --executor ray: the cluster to join: auto (the one running here), HOST:PORT, "
+        "or ray://HOST:PORT (default: start a local Ray instance)",
+    ),
+    "ray_actors": Option(
+        _positive_int, "with --executor ray: at most this many actors (default: one per device)"
+    ),
+    "group_by_device_name": Option(
+        _bool,
+        "keep each case family on one kind of device, also across --resume "
+        "(default: true; --no-group-by-device-name lets any device continue it)",
+    ),
     "profile": Option(
         _profile,
         "profile the (case, impl) pairs: 'all', or comma-separated "

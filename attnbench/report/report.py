@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -505,14 +506,76 @@ def render(
     """Write the figures into out_dir and return the markdown text. ``baseline``: the impl
     speedups are relative to (default: the one the run recorded)."""
     baseline = baseline or env.get("baseline")
+    lines = _header(run_id, df, env)
+    lines += ["## Summary", "", _counts_line(df), ""]
+    names = _device_names(df)
+    if len(names) < 2:
+        lines += _device_part(df, env, out_dir, baseline, svg, device_name(env, df), "", "##")
+    else:  # several kinds of device (a Ray run): every analysis and figure per device
+        lines += _across_devices_section(df, names)
+        for name in names:
+            ceilings = (env.get("devices") or {}).get(name, {}).get("ceilings")
+            lines += [f"## Device: {name}", ""]
+            lines += _device_part(
+                df[df["device_name"] == name],
+                {**env, "ceilings": ceilings or env.get("ceilings")},
+                out_dir,
+                baseline,
+                svg,
+                name,
+                "__" + re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_"),
+                "###",
+            )
+    lines += _checks_section(df)
+    lines += _kernels_section(kernels)
+    lines += _failures_section(df)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _device_names(df: pd.DataFrame) -> list[str]:
+    if "device_name" not in df:
+        return []
+    return sorted(map(str, df["device_name"].dropna().unique()))
+
+
+def _across_devices_section(df: pd.DataFrame, names: list[str]) -> list[str]:
+    """Median time of each (case, impl) on each device, side by side."""
+    ok = df[df["status"] == "ok"].copy()
+    if ok.empty:
+        return []
+    ok["case"] = ok.apply(case_label, axis=1)
+    wide = ok.pivot_table(
+        index=["case", "impl"], columns="device_name", values="time_ms", aggfunc="median"
+    )
+    wide = wide.reindex(columns=names).reset_index()
+    return [
+        "## Across devices",
+        "",
+        "Median time per call (ms) of each case and impl on each kind of device that ran it "
+        "(blank: not run there, or not ok).",
+        "",
+        table(wide, {c: c for c in wide.columns}, formats={n: ".4g" for n in names}),
+        "",
+    ]
+
+
+def _device_part(
+    df: pd.DataFrame,
+    env: dict,
+    out_dir: Path,
+    baseline: str | None,
+    svg: bool,
+    name: str,
+    suffix: str,
+    level: str,
+) -> list[str]:
+    """Winners, speedups, scaling exponents, disagreements and figures of one device's rows
+    (figure files named <figure><suffix>.png)."""
     colors = plots.run_colors(env)
-    name = device_name(env, df)
     if busy_machine(env):
         name += f" · BUSY machine: load {env['load_avg_1m']} on {env['cpu_count']} cores"
     fits = analysis.scaling_exponents(df)
-    lines = _header(run_id, df, env)
-    lines += ["## Summary", "", _counts_line(df), ""]
-    lines += _winners_section(df)
+    lines = _winners_section(df)
     lines += _speedup_section(df, baseline)
     lines += _exponents_section(fits)
     lines += _disagreement_section(df)
@@ -531,16 +594,13 @@ def render(
             df, env.get("ceilings") or {}, device_name=name, colors=colors
         ),
     }
-    lines += ["## Plots", ""]
+    lines += [f"{level} Plots", ""]
     for stem, heading, caption in FIGURES:
         if stem == "speedup_vs_seq" and not baseline:
             continue
-        plots.save_figure(figures[stem](), out_dir / stem, svg=svg)
-        lines += [f"### {heading}", "", caption, "", f"![{heading}]({stem}.png)", ""]
-    lines += _checks_section(df)
-    lines += _kernels_section(kernels)
-    lines += _failures_section(df)
-    return "\n".join(lines).rstrip() + "\n"
+        plots.save_figure(figures[stem](), out_dir / f"{stem}{suffix}", svg=svg)
+        lines += [f"{level}# {heading}", "", caption, "", f"![{heading}]({stem}{suffix}.png)", ""]
+    return lines
 
 
 def write_report(run_dir, reports_dir, baseline: str | None = None, svg: bool = False) -> Path:

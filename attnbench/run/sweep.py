@@ -2,13 +2,16 @@
 
 Cases are run family by family (a family: one case at every sequence length), in increasing
 length, so that an impl that runs out of memory at one length is not tried at larger ones of
-the same family. Families go to the executors (one, or one per device); this process alone
-writes the rows, each flushed and fsynced as soon as it exists."""
+the same family. Families go to the executors (one, or one per device), the costliest first
+when there are several, and a family is never split: one executor runs it whole, so a scaling
+series comes from one device. This process alone writes the rows, each flushed and fsynced as
+soon as it exists, and stamps each with the ``host`` and ``device_name`` that ran it."""
 
 from __future__ import annotations
 
-import queue
+import socket
 import threading
+from collections import Counter
 from pathlib import Path
 
 from tqdm import tqdm
@@ -17,6 +20,7 @@ from attnbench.case import Case
 from attnbench.registry import Impl
 from attnbench.run.executors import Executor
 from attnbench.run.row import Measured, base_row, failed, release
+from attnbench.store.env import device_name
 from attnbench.store.results import kernels_writer, row_key, row_writer, samples_writer
 
 Family = list[tuple[Case, list[Impl]]]  # (case, the impls still to run on it), by length
@@ -32,19 +36,25 @@ def run_sweep(
     seed: int,
     progress: bool = True,
     row_lines: bool = False,
-    done: set[tuple] = frozenset(),
+    done: set[tuple] | dict[tuple, str | None] = frozenset(),
+    group_by_device_name: bool = True,
 ) -> list[dict]:
     """Run every (case, impl) whose key is not in ``done`` and append its row to
     run_dir/results.csv. Returns the rows run here. An impl that fails, runs out of memory,
-    crashes or hangs becomes a row, never an exception."""
+    crashes or hangs becomes a row, never an exception.
+
+    ``done`` may map each key to the device_name that ran it (a resumed run): with
+    ``group_by_device_name``, a family that was started on one kind of device is then handed
+    only to executors of that kind (an executor's optional ``device_name`` attribute), if any
+    is present, so that no scaling series mixes devices."""
     families = _families(cases, impls, done)
     if len(executors) > 1:  # the costliest first, so that the last family to finish is short
         families.sort(key=lambda f: -sum(c.flops() * len(ims) for c, ims in f))
-    work: queue.SimpleQueue[Family] = queue.SimpleQueue()
-    for family in families:
-        work.put(family)
+    names = {getattr(ex, "device_name", None) for ex in executors}
+    pins = [_started_on(f, impls, done) if group_by_device_name else None for f in families]
+    work = _Work(families, [p if p in names else None for p in pins])
     total = sum(len(ims) for f in families for _, ims in f)
-    with _Writer(run_dir, run_id, seed, total, progress, row_lines) as writer:
+    with _Writer(run_dir, run_id, seed, total, progress, row_lines, len(executors)) as writer:
         stop = threading.Event()
         lanes = [
             threading.Thread(target=_lane, args=(ex, work, writer, stop), daemon=True)
@@ -64,14 +74,40 @@ def run_sweep(
     return writer.rows
 
 
-def _lane(
-    executor: Executor, work: queue.SimpleQueue, writer: _Writer, stop: threading.Event
-) -> None:
+class _Work:
+    """The families still to hand out, in order. A family pinned to a device name goes only
+    to an executor of that name."""
+
+    def __init__(self, families: list[Family], pins: list[str | None]):
+        self._todo = list(zip(families, pins))
+        self._lock = threading.Lock()
+
+    def take(self, name: str | None) -> Family | None:
+        with self._lock:
+            for i, (_, pin) in enumerate(self._todo):
+                if pin is None or pin == name:
+                    return self._todo.pop(i)[0]
+        return None
+
+
+def _started_on(family: Family, impls: list[Impl], done) -> str | None:
+    """The device_name of the first finished row of ``family``, when ``done`` records them."""
+    if not isinstance(done, dict):
+        return None
+    for case, _ in family:
+        for impl in impls:
+            name = done.get(row_key(base_row(impl, case)))
+            if name:
+                return name
+    return None
+
+
+def _lane(executor: Executor, work: _Work, writer: _Writer, stop: threading.Event) -> None:
     """One executor's loop: take a family, run its cases in order, hand each row over."""
+    host = getattr(executor, "host", None) or socket.gethostname()
     while not stop.is_set():
-        try:
-            family = work.get_nowait()
-        except queue.Empty:
+        family = work.take(getattr(executor, "device_name", None))
+        if family is None:
             return
         oom_at: dict[str, Case] = {}  # impl -> the smallest case of this family it ran out at
         for case, case_impls in family:
@@ -82,6 +118,13 @@ def _lane(
                 if stop.is_set():
                     return
                 measured = _skip_after_oom(impl, case, oom_at) or executor.measure(impl)
+                row = measured.row  # what ran it: the executor's device, else this machine's
+                row["host"] = row.get("host") or getattr(executor, "host", None) or host
+                row["device_name"] = (
+                    row.get("device_name")
+                    or getattr(executor, "device_name", None)
+                    or device_name(case.device)
+                )
                 if measured.row["status"] == "oom":
                     oom_at.setdefault(impl.name, case)
                 try:
@@ -104,10 +147,12 @@ class _Writer:
         total: int,
         progress: bool,
         row_lines: bool = False,
+        lanes: int = 1,
     ):
         self.run_dir, self.run_id, self.seed = run_dir, run_id, seed
-        self.total, self.row_lines = total, row_lines
+        self.total, self.row_lines, self.lanes = total, row_lines, lanes
         self.rows: list[dict] = []
+        self.per_device: Counter[tuple[str, str]] = Counter()
         self.error: BaseException | None = None
         self._lock = threading.Lock()
         self._bar = tqdm(total=total, disable=not progress, unit="row", dynamic_ncols=True)
@@ -126,15 +171,27 @@ class _Writer:
             self._kernels.write([{**row, **k} for k in kernels])
             self._out.write(row)
             self.rows.append(row)
-            self._bar.set_postfix_str(label, refresh=False)
+            self.per_device[(row["device_name"], row["host"])] += 1
+            self._bar.set_postfix_str(self._postfix(label), refresh=False)
             self._bar.update()
             if self.row_lines:
                 print(f"[{len(self.rows)}/{self.total}] {label}: {_outcome(row)}", flush=True)
+
+    def _postfix(self, label: str) -> str:
+        """The last row; with several executors, also the rows per device and host."""
+        if self.lanes < 2:
+            return label
+        counts = ", ".join(f"{_short(d)}@{h} {n}" for (d, h), n in sorted(self.per_device.items()))
+        return f"{counts} | {label}"
 
     def __exit__(self, *exc) -> None:
         self._bar.close()
         for appender in (self._out, self._samples, self._kernels):
             appender.close()
+
+
+def _short(name: str, chars: int = 20) -> str:
+    return name if len(name) <= chars else name[: chars - 1] + "…"
 
 
 def _outcome(row: dict) -> str:

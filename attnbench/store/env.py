@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import shlex
+import socket
 import subprocess
 from datetime import datetime, timezone
 from importlib import metadata
@@ -20,7 +22,8 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _cpu_name() -> str:
+@functools.cache
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -61,7 +64,7 @@ def collect_env(argv: list[str], seed: int, device: str) -> dict:
         "gpu_l2_mib": round(props.L2_cache_size / 2**20, 1) if props else None,
         "gpu_capability": f"{props.major}.{props.minor}" if props else None,
         "driver": driver_version() if cuda else None,
-        "cpu_name": _cpu_name(),
+        "cpu_name": cpu_name(),
         "cpu_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
@@ -74,4 +77,45 @@ def collect_env(argv: list[str], seed: int, device: str) -> dict:
         "xformers": _version("xformers"),
         "git_sha": _git("rev-parse", "HEAD"),
         "git_dirty": None if status is None else bool(status),
+    }
+
+
+@functools.cache
+def device_name(device: str) -> str:
+    """What ran a row on ``device``: the GPU's name on CUDA, else the CPU model."""
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(device)
+    return cpu_name()
+
+
+# what env.json's ``devices`` records of each device (with the hosts and ceilings)
+DEVICE_FIELDS = (
+    "gpu_name",
+    "gpu_sm_count",
+    "gpu_mem_gib",
+    "gpu_capability",
+    "driver",
+    "cpu_name",
+    "cpu_threads",
+    "python",
+    "platform",
+    "torch",
+    "cuda",
+    "cudnn",
+    "triton",
+    "xformers",
+    "git_sha",
+)
+
+
+def device_env(device: str) -> dict:
+    """This machine's entry for env.json ``devices``: host, device name, GPU, driver and
+    versions."""
+    env = collect_env([], 0, device)
+    return {
+        "host": socket.gethostname(),
+        "device_name": device_name(device),
+        **{k: env[k] for k in DEVICE_FIELDS},
     }

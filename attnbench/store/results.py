@@ -74,13 +74,14 @@ def repair_tail(path: Path) -> bool:
     return True
 
 
-def done_keys(run_dir: Path) -> set[tuple[str, ...]]:
-    """Keys of the rows already in run_dir/results.csv, after repairing its tail; samples and
-    kernels of rows that never reached results.csv are dropped."""
+def done_keys(run_dir: Path) -> dict[tuple[str, ...], str | None]:
+    """Keys of the rows already in run_dir/results.csv, each with the device_name that ran it
+    (None when unknown), after repairing its tail; samples and kernels of rows that never
+    reached results.csv are dropped."""
     results = Path(run_dir) / "results.csv"
     repair_tail(results)
     with open(results, newline="", encoding="utf-8") as f:
-        keys = {row_key(r) for r in csv.DictReader(f)}
+        keys = {row_key(r): r.get("device_name") or None for r in csv.DictReader(f)}
     for name, columns in (("samples.csv", SAMPLE_COLUMNS), ("kernels.csv", KERNEL_COLUMNS)):
         path = Path(run_dir) / name
         if not path.exists():

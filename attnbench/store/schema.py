@@ -58,7 +58,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "pct_peak": (
         "Float64",
         "tflops as a percentage of the matmul rate measured for this "
-        "dtype at the start of the run (env.json ceilings)",
+        "dtype at the start of the run on the device that ran the row (env.json ceilings, "
+        "or devices with several)",
     ),
     "profiler_ms": (
         "Float64",
@@ -72,6 +73,12 @@ COLUMNS: dict[str, tuple[str, str]] = {
         "string",
         "CUDA: clock-slowdown reasons NVML reported while timing "
         "(none, or e.g. sw_power_cap,hw_thermal)",
+    ),
+    "host": ("string", "host name of the machine that ran the row"),
+    "device_name": (
+        "string",
+        "the device that ran the row: the GPU's name on CUDA, else the CPU model "
+        "(env.json devices holds its versions and ceilings)",
     ),
 }
 METRICS = (  # blank in every row that is not ok

@@ -1,0 +1,237 @@
+"""The Ray executor on the CPU, on one local Ray instance shared by the module (start-up costs
+seconds): same rows as the local executor, an actor killed mid-row, a row past --timeout, a
+driver killed and resumed, and an unreachable cluster."""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attnbench.cli import main
+from attnbench.errors import UsageError
+from attnbench.run.row import failed
+from attnbench.run.sweep import run_sweep
+from attnbench.spec import Spec
+from attnbench.store.results import read_results, row_key
+
+ROOT = Path(__file__).resolve().parent.parent
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+SMOKE = ["--device", "cpu", "--preset", "smoke", "--seq-len", "32", "--rep-ms", "2"]
+SAME = ["naive", "sdpa", "f_raise", "f_nan"]
+KEY = ["impl", "mode", "causal", "seq_q"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray instance (2 CPUs); every sweep here joins it with --ray-address."""
+    ray = pytest.importorskip("ray")
+    from attnbench.run import ray_executor
+
+    ray_executor._quiet_raylet_notices()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def _sweep(*args) -> int:
+    return main(["sweep", "--no-progress", *args])
+
+
+@pytest.fixture(scope="module")
+def runs(cluster, tmp_path_factory):
+    """The smoke grid on two actors (with an impl that kills its actor on one case and one
+    that hangs on another), and the same grid on the local executor."""
+    res = tmp_path_factory.mktemp("ray")
+    plugins = ["--plugin", str(PLUGINS / "faulty.py"), "--plugin", str(PLUGINS / "ray_faults.py")]
+    common = [*SMOKE, *plugins, "--results-dir", str(res), "--reports-dir", str(res / "rep")]
+    started = time.perf_counter()
+    assert (
+        _sweep(
+            *common,
+            "--impls",
+            ",".join([*SAME, "r_kill", "r_hang"]),
+            "--executor",
+            "ray",
+            "--ray-address",
+            cluster,
+            "--ray-actors",
+            "2",
+            "--timeout",
+            "3",
+            "--run-id",
+            "ray",
+        )
+        == 0
+    )
+    took = time.perf_counter() - started
+    assert _sweep(*common, "--impls", ",".join(SAME), "--no-isolate", "--run-id", "local") == 0
+    return read_results(res / "ray"), read_results(res / "local"), res, took
+
+
+def _outcomes(df):
+    df = df[df["impl"].isin(SAME)]
+    return sorted(df[[*KEY, "status", "agrees"]].astype(str).apply(tuple, axis=1))
+
+
+def test_two_actors_give_the_rows_of_the_local_executor(runs):
+    ray_rows, local_rows, res, _ = runs
+    assert _outcomes(ray_rows) == _outcomes(local_rows)
+    assert len(ray_rows) == 4 * 6 and not ray_rows.duplicated(KEY).any()
+    assert ray_rows["host"].notna().all() and ray_rows["device_name"].notna().all()
+    assert local_rows["host"].notna().all() and local_rows["device_name"].notna().all()
+    env = json.loads((res / "ray" / "env.json").read_text())
+    (entry,) = env["devices"].values()
+    assert entry["actors"] == 2 and entry["ceilings"]["matmul_tflops"]["float32"] > 0
+    ok = ray_rows[ray_rows["status"] == "ok"]
+    assert ok["pct_peak"].notna().all()
+    failed_rows = ray_rows[ray_rows["status"] != "ok"]
+    assert failed_rows["time_ms"].isna().all() and failed_rows["pct_peak"].isna().all()
+
+
+def test_an_actor_killed_mid_row_is_one_crash_row(runs):
+    rows = runs[0][runs[0]["impl"] == "r_kill"]
+    assert sorted(rows["status"]) == ["crash", "ok", "ok", "ok"]
+    crash = rows[rows["status"] == "crash"].iloc[0]
+    assert crash["causal"] and crash["mode"] == "fwd_bwd"
+    assert crash["reason"].startswith("actor died (")
+
+
+def test_a_row_past_the_timeout_is_a_timeout_and_later_rows_run(runs):
+    rows = runs[0][runs[0]["impl"] == "r_hang"]
+    assert sorted(rows["status"]) == ["ok", "ok", "ok", "timeout"]
+    hung = rows[rows["status"] == "timeout"].iloc[0]
+    assert not hung["causal"] and hung["mode"] == "fwd"
+    assert hung["reason"].startswith("no result after 3 s; the actor was killed")
+    assert runs[3] < 240
+
+
+def test_driver_killed_then_resumed_on_ray_completes_the_grid(cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNBENCH_SLOW_S", "0.1")
+    grid = [
+        "--device",
+        "cpu",
+        "--batch",
+        "1",
+        "--heads",
+        "2",
+        "--head-dim",
+        "16",
+        "--seq-len",
+        "32,48,64",
+        "--causal",
+        "both",
+        "--mode",
+        "fwd",
+        "--rep-ms",
+        "2",
+        "--impls",
+        "naive,slow",
+        "--plugin",
+        str(PLUGINS / "slow.py"),
+        "--executor",
+        "ray",
+        "--ray-address",
+        cluster,
+        "--ray-actors",
+        "1",
+        "--results-dir",
+        str(tmp_path),
+        "--run-id",
+        "killed",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "sweep.py"), "--no-progress", *grid],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    csv_path = tmp_path / "killed" / "results.csv"
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        if csv_path.exists() and len(csv_path.read_text().splitlines()) > 3:
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    partial = len(read_results(tmp_path / "killed"))
+    assert 0 < partial < 12, "the kill must land part way through"
+
+    assert _sweep(*grid, "--resume") == 0
+    got = read_results(tmp_path / "killed")
+    assert len(got) == 12 and not got.duplicated(KEY).any()
+    assert (got["status"] == "ok").all()
+
+
+def test_an_unreachable_cluster_is_one_line_exit_2_nothing_written(cluster, tmp_path, capsys):
+    code = _sweep(
+        *SMOKE,
+        "--executor",
+        "ray",
+        "--ray-address",
+        "127.0.0.1:1",
+        "--results-dir",
+        str(tmp_path / "res"),
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "--ray-address 127.0.0.1:1: cannot connect" in err
+    assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--ray-address", "auto"], "--ray-address needs --executor ray"),
+        (["--executor", "ray", "--ray-address", "nowhere"], "give auto, HOST:PORT"),
+        (["--executor", "ray", "--no-isolate"], "--no-isolate needs --executor local"),
+    ],
+)
+def test_bad_ray_options_are_usage_errors(args, message, tmp_path, capsys):
+    assert _sweep(*SMOKE, *args, "--results-dir", str(tmp_path / "res")) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "res").exists()
+
+
+def test_without_ray_the_error_names_the_extra(monkeypatch):
+    from attnbench.run import ray_executor
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(UsageError, match=r"pip install 'attnbench\[ray\]'"):
+        ray_executor._import_ray()
+
+
+class _Fake:
+    """An executor that only records which families it ran."""
+
+    def __init__(self, device_name):
+        self.device_name, self.host, self.ran = device_name, "h", []
+
+    def prepare(self, case, impls):
+        self.ran.append(case)
+
+    def measure(self, impl):
+        return failed(impl, self.ran[-1], "error", "fake")
+
+    def close(self):
+        pass
+
+
+def test_a_family_started_on_one_device_kind_stays_there(impls, tmp_path):
+    cases = Spec.from_preset("smoke", "cpu", seq_len=[32, 64]).cases()
+    naive = [impls["naive"]]
+    first = next(c for c in cases if c.seq_q == 32)  # its family was started on "B"
+    done = {row_key(failed(naive[0], first, "error", "x").row): "B"}
+    a, b = _Fake("A"), _Fake("B")
+    run_sweep(cases, naive, tmp_path, [a, b], run_id="r", seed=0, progress=False, done=done)
+    family = [c for c in cases if c.mode == first.mode and c.causal == first.causal]
+    assert [c for c in b.ran if c in family] == [c for c in family if c != first]
+    assert not [c for c in a.ran if c in family]
+    rows = read_results(tmp_path)  # every other family went to whichever lane was free
+    assert len(rows) == len(cases) - 1 and set(rows["device_name"]) <= {"A", "B"}
+    started = rows[(rows["mode"] == first.mode) & (rows["causal"] == first.causal)]
+    assert set(started["device_name"]) == {"B"} and set(started["host"]) == {"h"}
