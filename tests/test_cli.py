@@ -31,7 +31,7 @@ def my_sdpa(q, k, v, *, causal, scale):
 """
 
 
-def sweep(*args, cwd=ROOT):
+def sweep(*args, cwd=None):
     """scripts/sweep.py on the CPU (also on a machine with a GPU: these test the command line)."""
     return subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "sweep.py"), "--device", "cpu", *args],
