@@ -369,9 +369,16 @@ def _disagreement_section(df: pd.DataFrame) -> list[str]:
                 "verdict": "verdict",
                 "rel_err": "rel_err",
                 "err_bound": "bound",
+                "max_abs_err": "max_abs_err",
+                "max_abs_bound": "max-abs bound",
                 "reason": "reason",
             },
-            formats={"rel_err": ".2e", "err_bound": ".2e"},
+            formats={
+                "rel_err": ".2e",
+                "err_bound": ".2e",
+                "max_abs_err": ".2e",
+                "max_abs_bound": ".2e",
+            },
         )
     )
     return lines
