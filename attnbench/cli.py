@@ -21,7 +21,7 @@ import torch
 
 from attnbench import registry
 from attnbench.errors import UsageError
-from attnbench.measure import ceilings
+from attnbench.measure import allocator, ceilings
 from attnbench.measure.timing import TimerConfig
 from attnbench.options import OPTIONS, flag, load_config, parse_value
 from attnbench.run.executors import InProcess, Subprocess
@@ -97,6 +97,15 @@ def build_parser(command: str = "sweep") -> argparse.ArgumentParser:
                 action="store_const",
                 const="false",
                 help="run impls in this process",
+            )
+        elif name == "malloc_tunables":
+            p.add_argument("--malloc-tunables", action="store_const", const="true", help=opt.help)
+            p.add_argument(
+                "--no-malloc-tunables",
+                dest="malloc_tunables",
+                action="store_const",
+                const="false",
+                help="leave glibc's allocator at its defaults (to measure their effect)",
             )
         else:
             p.add_argument(flag(name), dest=name, metavar=name.upper(), help=opt.help)
@@ -296,6 +305,8 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         i.name: {"source": i.source, "baseline": i.baseline, "color": i.color} for i in selected
     }
     env["baseline"] = registry.baseline(selected)
+    malloc_tunables = opts.get("malloc_tunables", True)
+    env["malloc"] = allocator.describe(malloc_tunables, isolate)
     env["ceilings"] = ceilings.measure(
         sorted({c.dtype for c in cases}), device, quick=spec.rep_ms[0] < 50
     )
@@ -306,6 +317,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         matmul_tflops=env["ceilings"]["matmul_tflops"],
         profile=opts.get("profile"),
         traces_dir=run_dir / "traces",
+        malloc_tunables=malloc_tunables,
     )
     executors = [
         Subprocess(plugins, seed, settings, opts.get("timeout"))

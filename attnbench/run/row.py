@@ -21,7 +21,7 @@ from attnbench.measure.clocks import ClockSampler
 from attnbench.measure.compiling import compile_events
 from attnbench.measure.memory import MemoryUnavailable, peak_mem_mib
 from attnbench.measure.profiling import mismatch_note, profile_fn
-from attnbench.measure.timing import NOISY_SPREAD, TimerConfig, time_fn
+from attnbench.measure.timing import NOISY_SPREAD, PAGE_FAULTS_FLAG, TimerConfig, time_fn
 from attnbench.registry import Impl, Unsupported
 from attnbench.run.call import BadOutput, Call
 from attnbench.run.inputs import Inputs, make_inputs
@@ -37,6 +37,7 @@ class Settings:
     matmul_tflops: dict = field(default_factory=dict)  # dtype -> measured ceiling (pct_peak)
     profile: tuple[str, ...] | None = None  # None: off; (): every pair; else all must match
     traces_dir: Path | None = None  # where --profile writes one Chrome trace per pair
+    malloc_tunables: bool = True  # CPU: keep the heap between timed calls (measure/allocator.py)
 
     def profiles(self, impl: Impl, case: Case) -> bool:
         text = f"{impl.name} {case.label()}"
@@ -175,6 +176,14 @@ def measure(
                 f"the median (over {100 * NOISY_SPREAD:.0f}%), so time_ms may move between "
                 f"identical runs; another process may be using the device"
             )
+        if timing.page_faults is not None:
+            row["page_faults"] = timing.page_faults
+            if timing.page_faults >= PAGE_FAULTS_FLAG:
+                notes.append(
+                    f"page faults inside the timing: {timing.page_faults:.0f} per call; the "
+                    f"allocator handed memory back to the OS between calls, so time_ms "
+                    f"includes paging it back in and may move between identical runs"
+                )
         flops = case.flops(None if inputs.mask.kv_lens is None else inputs.mask.kv_lens.tolist())
         row.update(
             time_ms=timing.median_ms,

@@ -45,6 +45,11 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "err_bound": ("Float64", "the bound that rel_err was held to"),
     "max_abs_bound": ("Float64", "the bound that max_abs_err was held to"),
     "flops": ("Float64", "FLOPs of the timed work"),
+    "page_faults": (
+        "Float64",
+        "CPU: minor page faults per timed call (getrusage); above zero means the allocator "
+        "handed memory back to the OS between calls, and reason says so; blank on CUDA",
+    ),
     "seed": ("Int64", "seed of the inputs"),
     "mask": (
         "string",
@@ -100,6 +105,7 @@ METRICS = (  # blank in every row that is not ok
     "agrees",
     "err_bound",
     "max_abs_bound",
+    "page_faults",
     "backend",
     "compile_ms",
     "recompiled",
