@@ -23,7 +23,7 @@ import torch
 
 from attnbench import registry
 from attnbench.errors import UsageError
-from attnbench.measure import ceilings
+from attnbench.measure import allocator, ceilings
 from attnbench.measure.timing import TimerConfig
 from attnbench.options import OPTIONS, flag, load_config, parse_value
 from attnbench.run.executors import InProcess, Subprocess
@@ -103,6 +103,15 @@ def build_parser(command: str = "sweep") -> argparse.ArgumentParser:
                 action="store_const",
                 const="false",
                 help=TOGGLES[name],
+            )
+        elif name == "malloc_tunables":
+            p.add_argument("--malloc-tunables", action="store_const", const="true", help=opt.help)
+            p.add_argument(
+                "--no-malloc-tunables",
+                dest="malloc_tunables",
+                action="store_const",
+                const="false",
+                help="leave glibc's allocator at its defaults (to measure their effect)",
             )
         else:
             p.add_argument(flag(name), dest=name, metavar=name.upper(), help=opt.help)
@@ -280,6 +289,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         timer=TimerConfig(rep_ms=spec.rep_ms[0]),
         profile=opts.get("profile"),
         traces_dir=run_dir / "traces",
+        malloc_tunables=opts.get("malloc_tunables", True),
     )
     dtypes, quick = sorted({c.dtype for c in cases}), spec.rep_ms[0] < 50
     compile_cache = tempfile.TemporaryDirectory(prefix="attnbench-inductor-")
@@ -320,6 +330,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         i.name: {"source": i.source, "baseline": i.baseline, "color": i.color} for i in selected
     }
     env["baseline"] = registry.baseline(selected)
+    env["malloc"] = allocator.describe(settings.malloc_tunables, isolate)
     if executor == "ray":  # each actor measures its own device; the driver's is one of them
         env["devices"] = ray_executor.measure_devices(executors, dtypes, device, quick)
         here = env["devices"].get(device_name(device)) or next(iter(env["devices"].values()))

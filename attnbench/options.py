@@ -161,6 +161,11 @@ OPTIONS: dict[str, Option] = {
     "isolate": Option(
         _bool, "run impls in a worker process, so crashes and hangs become rows (default: true)"
     ),
+    "malloc_tunables": Option(
+        _bool,
+        "CPU: keep glibc from handing the heap back to the OS between timed calls "
+        "(GLIBC_TUNABLES in workers, mallopt in process; default: true)",
+    ),
     "threads": Option(
         _positive_int,
         "CPU threads torch may use (default: torch's choice; with --executor ray on the CPU, "

@@ -4,7 +4,17 @@ import pytest
 import torch
 
 from attnbench.measure import accuracy
-from attnbench.measure.accuracy import Error, agrees, bound, error, reference
+from attnbench.measure.accuracy import (
+    LegacyError,
+    agrees,
+    bound,
+    error,
+    failed,
+    legacy_agrees,
+    legacy_bound,
+    magnitude,
+    reference,
+)
 
 
 def dense(q, k, v, causal, scale):
@@ -46,27 +56,108 @@ def test_reference_in_low_precision_keeps_the_dtype():
     assert out.dtype is torch.bfloat16 and all(g.dtype is torch.bfloat16 for g in grads)
 
 
+def _inputs(dtype, hq=2, hkv=2, sq=64, skv=64, d=64, seed=0):
+    """Standard-normal q, k, v, dout rounded to ``dtype`` (as run/inputs.py makes them)."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(1, hq, sq, d), (1, hkv, skv, d), (1, hkv, skv, d), (1, hq, sq, d)]
+    return [torch.randn(s, generator=g).to(dtype) for s in shapes]
+
+
+def _sdpa(q, k, v, scale, causal=False):
+    q, k, v = (t.double() for t in (q, k, v))
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], 1)
+    v = v.repeat_interleave(q.shape[1] // v.shape[1], 1)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
 def test_error_metrics():
-    ref = torch.tensor([3.0, 4.0])
-    e = error(torch.tensor([3.0, 4.5]), ref)
+    ref = torch.tensor([3.0, 4.0], dtype=torch.float64)
+    mag = torch.tensor([3.0, 4.0], dtype=torch.float64)
+    e = error(torch.tensor([3.0, 4.5]), ref, mag)
     assert e.max_abs == pytest.approx(0.5) and e.rel == pytest.approx(0.1)
+    # element-wise: |d| / max(m, TAU rms(m)) at the worst element, with its index
+    assert e.elem_ratio == pytest.approx(0.5 / 4.0) and e.elem_index == (1,)
+    assert e.elem_err == pytest.approx(0.5) and e.elem_mag == pytest.approx(4.0)
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
-def test_nan_and_inf_never_agree(bad):
-    ref = torch.ones(4)
+def test_nan_and_inf_never_agree_with_any_magnitude(bad):
+    ref = torch.ones(4, dtype=torch.float64)
     x = torch.tensor([1.0, 1.0, bad, 1.0])
-    e = error(x, ref)
+    e = error(x, ref, torch.full((4,), 1e30, dtype=torch.float64))  # a huge magnitude
     assert not e.finite
-    assert not agrees(e, Error(10.0, 10.0, 1.0), torch.float32)  # even with a huge bound
+    assert failed(e, torch.float32, "out") == ["non-finite"]
+    assert not agrees(e, torch.float32, "out")
 
 
-def test_bound_is_twice_the_baseline_plus_a_floor():
-    base = Error(max_abs=1e-3, rel=2e-3, ref_max_abs=2.0)
+def test_exactly_zero_reference_is_judged_by_an_absolute_bound_from_the_magnitude():
+    ref = torch.zeros(8, dtype=torch.float64)
+    mag = torch.ones(8, dtype=torch.float64)
+    u = accuracy.unit_roundoff(torch.bfloat16)
+    noise = error(torch.full((8,), 0.1 * u), ref, mag)  # rounding noise of a correct impl
+    assert noise.rel is None and noise.near_zero  # never a division by zero
+    assert bound(noise, torch.bfloat16, "dq")[0] is None
+    assert agrees(noise, torch.bfloat16, "dq")
+    wrong = error(torch.full((8,), 2 * u), ref, mag)  # ||d|| = 2u ||m|| > C_ZERO u ||m||
+    assert "abs (reference near zero)" in failed(wrong, torch.bfloat16, "dq")
+
+
+def test_one_key_makes_dq_and_dk_zero_and_the_magnitude_is_not():
+    q, k, v, dout = _inputs(torch.float32, sq=16, skv=1)
+    args = dict(causal=False, scale=0.125, dout=dout)
+    out, (dq, dk, dv) = reference(q, k, v, **args)
+    mags = magnitude(q, k, v, **args)
+    assert dq.abs().max() < 1e-12 and dk.abs().max() < 1e-12
+    assert all(bool((m >= r.abs() - 1e-12).all()) for m, r in zip(mags, [out, dq, dk, dv]))
+    assert mags[1].norm() > 0 and mags[2].norm() > 0
+    e = error(dq.float() + 1e-9, dq, mags[1])
+    assert e.rel is None and math.isfinite(e.abs_ratio) and agrees(e, torch.float32, "dq")
+
+
+def test_a_one_percent_scale_error_in_bfloat16_is_flagged_and_the_correct_result_is_not():
+    q, k, v, _ = _inputs(torch.bfloat16)
+    ref = _sdpa(q, k, v, 0.125)
+    (mag,) = magnitude(q, k, v, causal=False, scale=0.125)
+    right = error(_sdpa(q, k, v, 0.125).to(torch.bfloat16), ref, mag)
+    wrong = error(_sdpa(q, k, v, 0.125 * 1.01).to(torch.bfloat16), ref, mag)
+    assert agrees(right, torch.bfloat16, "out")
+    assert "rel" in failed(wrong, torch.bfloat16, "out")
+    assert wrong.rel > bound(wrong, torch.bfloat16, "out")[0]
+
+
+def test_one_wrong_element_fails_max_abs_but_not_rel():
+    q, k, v, _ = _inputs(torch.float32, hq=4, hkv=2)
+    ref = _sdpa(q, k, v, 0.125)
+    (mag,) = magnitude(q, k, v, causal=False, scale=0.125)
+    x = ref.float()
+    x[0, 1, 5, 3] += 1e-5  # 170 u, at one element: lost in the norm, not against its magnitude
+    e = error(x, ref, mag)
+    assert failed(e, torch.float32, "out") == ["max-abs"]
+    assert e.elem_index == (0, 1, 5, 3)
+    assert e.elem_err > bound(e, torch.float32, "out")[1]
+
+
+@pytest.mark.parametrize(
+    "causal,window,padded", [(False, None, False), (True, 10, False), (True, None, True)]
+)
+def test_chunked_magnitude_matches_one_chunk(monkeypatch, causal, window, padded):
+    q, k, v, dout = _inputs(torch.float32, hq=4, hkv=2, sq=30, skv=23, d=16)
+    q, k, v, dout = (t.repeat(2, 1, 1, 1) for t in (q, k, v, dout))  # batch 2
+    kv_lens = torch.tensor([23, 11]) if padded else None
+    args = dict(causal=causal, scale=0.25, dout=dout, window=window, kv_lens=kv_lens)
+    whole = magnitude(q, k, v, **args)
+    monkeypatch.setattr(accuracy, "CHUNK_BYTES", 7 * 8 * 2 * 4 * 23)  # 7 query rows a chunk
+    for a, b in zip(whole, magnitude(q, k, v, **args)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_legacy_bound_is_twice_the_baseline_plus_a_floor():
+    """Level layer keeps this rule (docs/method.md)."""
+    base = LegacyError(max_abs=1e-3, rel=2e-3, ref_max_abs=2.0)
     eps = torch.finfo(torch.bfloat16).eps
-    rel_bound, abs_bound = bound(base, torch.bfloat16)
+    rel_bound, abs_bound = legacy_bound(base, torch.bfloat16)
     assert rel_bound == pytest.approx(4e-3 + eps)
     assert abs_bound == pytest.approx(2e-3 + accuracy.ABS_FLOOR_EPS * eps * 2.0)
-    assert agrees(Error(1e-3, rel_bound * 0.99, 2.0), base, torch.bfloat16)
-    assert not agrees(Error(1e-3, rel_bound * 1.01, 2.0), base, torch.bfloat16)
-    assert not agrees(Error(abs_bound * 1.01, 1e-3, 2.0), base, torch.bfloat16)
+    assert legacy_agrees(LegacyError(1e-3, rel_bound * 0.99, 2.0), base, torch.bfloat16)
+    assert not legacy_agrees(LegacyError(1e-3, rel_bound * 1.01, 2.0), base, torch.bfloat16)
+    assert not legacy_agrees(LegacyError(abs_bound * 1.01, 1e-3, 2.0), base, torch.bfloat16)

@@ -114,6 +114,9 @@ def test_ok_rows_have_consistent_metrics(smoke_run):
     df = read_results(run_dir)
     ok = df[df["status"] == "ok"]
     assert ok["agrees"].all(), ok[~ok["agrees"]][["impl", "reason"]]
+    assert (ok["rel_err"] <= ok["err_bound"]).all()  # agrees is readable from the row
+    assert (ok["max_abs_err"] <= ok["max_abs_bound"]).all()
+    assert ok["page_faults"].notna().all() and (ok["page_faults"] >= 0).all()  # CPU rows
     assert (ok["time_ms_p20"] <= ok["time_ms"]).all() and (ok["time_ms"] <= ok["time_ms_p80"]).all()
     tflops = ok["flops"] / (ok["time_ms"] * 1e-3) / 1e12
     assert ((ok["tflops"] - tflops).abs() <= 1e-9 * tflops).all()
@@ -148,6 +151,9 @@ def test_env_json_says_where_it_ran(smoke_run):
         assert key in env
     assert env["device"] == "cpu" and env["gpu_name"] is None
     assert "--preset smoke" in env["command"]
+    assert env["malloc"]["how"]  # the allocator setting the rows were timed under
+    if env["malloc"]["enabled"]:
+        assert "glibc.malloc.trim_threshold" in env["malloc"]["GLIBC_TUNABLES"]
 
 
 def test_summary_table_is_printed(smoke_run):

@@ -63,6 +63,35 @@ def test_gate_passes_within_threshold(tmp_path, capsys):
     assert "gate: PASS" in capsys.readouterr().out
 
 
+def test_a_change_inside_the_noise_is_unchanged_and_does_not_fail_the_gate(tmp_path, capsys):
+    a_rows = smoke_rows("a", seqs=SEQS)
+    b_rows = slow_down(smoke_rows("b", seqs=SEQS), "tiled", 256, 1.3)
+    for rows, low, high in ((a_rows, 0.7, 1.5), (b_rows, 0.9, 1.2)):  # wide, overlapping
+        for r in rows:
+            if r["impl"] == "tiled" and r["seq_q"] == 256 and r["status"] == "ok":
+                r.update(time_ms_p20=r["time_ms"] * low, time_ms_p80=r["time_ms"] * high)
+    a, b = write_run(tmp_path, "a", a_rows), write_run(tmp_path, "b", b_rows)
+    cmp = compare_runs(read_results(a), read_results(b))
+    tiled = cmp[(cmp["impl"] == "tiled") & (cmp["seq_q"] == 256)]
+    assert len(tiled) and (tiled["ratio"] > 1.25).all()
+    assert tiled["verdict"].eq("unchanged (within noise)").all()
+    assert tiled["overlap"].eq(True).all()
+    code = main(["compare", str(a), str(b), "--fail-above", "5", "--out", str(tmp_path / "o")])
+    out = capsys.readouterr().out
+    assert code == 0 and "gate: PASS" in out and "REGRESSION" not in out
+    assert "unchanged (within noise) +30.0%: tiled: B1 H4 S256" in out
+    md = (tmp_path / "o" / "compare.md").read_text()
+    assert "moved by more than 5% but within the noise" in md
+
+
+def test_verdicts_outside_the_noise(runs):
+    _, a, b = runs
+    cmp = compare_runs(read_results(a), read_results(b))
+    tiled = cmp[(cmp["impl"] == "tiled") & (cmp["seq_q"] == 256)]
+    assert tiled["verdict"].eq("slower").all()  # 1.5x with ~7% spreads: ranges apart
+    assert cmp.loc[cmp["outcome"] != "compared", "verdict"].isna().all()
+
+
 def test_no_gate_without_fail_above(runs):
     root, a, b = runs
     assert main(["compare", str(a), str(b), "--out", str(root / "o")]) == 0

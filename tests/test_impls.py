@@ -193,8 +193,59 @@ def test_agreement_rule_catches_a_wrong_impl(tmp_path, bug):
     row = run(impl, case)
     assert row["status"] == "ok", row["reason"]
     assert row["agrees"] is False
-    assert "disagrees with the float64 reference in out" in row["reason"]
-    assert row["rel_err"] > row["err_bound"]
+    assert "disagrees with the float64 reference: out " in row["reason"]
+    assert row["rel_err"] > row["err_bound"] or row["max_abs_err"] > row["max_abs_bound"]
+
+
+def test_a_row_failing_only_max_abs_carries_its_bound_and_names_it(tmp_path):
+    """One element off by 170 u: lost in the norm, caught against its own magnitude."""
+    path = tmp_path / "one_element.py"
+    path.write_text(
+        textwrap.dedent("""
+        import torch.nn.functional as F
+        from attnbench.registry import register
+
+        @register("one_element")
+        def impl(q, k, v, *, causal, scale):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+            out = out.clone()
+            out[0, 1, 5, 3] += 1e-5
+            return out
+    """)
+    )
+    impl = registry.discover([str(path)], builtin=False, entry_points=False)["one_element"]
+    case = Case(batch=1, heads=2, kv_heads=2, seq_q=64, seq_kv=64, head_dim=32)
+    row = run(impl, case)
+    assert row["status"] == "ok" and row["agrees"] is False
+    assert "out max-abs" in row["reason"] and "at (0, 1, 5, 3)" in row["reason"]
+    assert "out rel" not in row["reason"]
+    assert row["max_abs_err"] > row["max_abs_bound"] > 0
+    assert row["rel_err"] <= row["err_bound"]
+
+
+DEGENERATE = [  # (seq_q, seq_kv, causal): the true dq and dk are exactly zero
+    (300, 1, False),
+    (300, 1, True),
+    (1, 300, True),
+    (1, 1, False),
+]
+
+
+@pytest.mark.parametrize("name", ["naive", "sdpa", "sdpa_math", "tiled"])
+@pytest.mark.parametrize("sq,skv,causal", DEGENERATE)
+def test_degenerate_cases_agree_with_finite_errors(impls, name, sq, skv, causal):
+    case = Case(
+        batch=1, heads=2, kv_heads=2, seq_q=sq, seq_kv=skv, head_dim=16, causal=causal, mode="bwd"
+    )
+    row = run(impls[name], case)
+    assert row["status"] == "ok", row["reason"]
+    assert row["agrees"] is True, row["reason"]
+    assert (
+        "dq: the reference is zero" in row["reason"]
+        and "dk: the reference is zero" in (row["reason"])
+    )
+    assert row["rel_err"] is not None and row["rel_err"] <= row["err_bound"] < 1e-5  # out, dv
+    assert 0 <= row["max_abs_err"] <= row["max_abs_bound"] < 0.1  # finite, not astronomical
 
 
 LAYER_IMPLS = ["naive", "sdpa", "sdpa_flash", "sdpa_math", "tiled"]

@@ -1,12 +1,11 @@
-"""Float64 chunked reference, error metrics and the agreement rule.
+"""Float64 chunked reference, the magnitude of each checked tensor, error metrics and the
+agreement rule.
 
-The rule (README, "Accuracy"): an impl agrees when every checked tensor (out; and dq, dk, dv
-with backward) is finite and both its relative error ||x - ref|| / ||ref|| and its max abs error
-are within ``2 x`` the error of the textbook formula run in the same dtype on the same device
-(the *baseline*), plus a small floor: one machine epsilon of the dtype for the relative error,
-``4 eps x max|ref|`` for the max abs error (a maximum over many elements fluctuates more between
-two correct summation orders than a norm does: up to ~4x the baseline's was seen for correct
-fp32 impls). The floor keeps the bound meaningful where the baseline is exact by luck.
+The rule, its constants and the magnitude's formulas are written once, in docs/method.md ("The
+agreement rule"); scripts/calibrate_accuracy.py derives the constants and
+docs/accuracy_calibration.md holds its table. Level ``layer`` keeps the legacy rule
+(``legacy_error``, ``legacy_bound``, ``legacy_agrees``; also in docs/method.md), because the
+magnitude is defined for the attention op only.
 """
 
 from __future__ import annotations
@@ -16,8 +15,6 @@ from dataclasses import dataclass
 
 import torch
 
-AGREE_FACTOR = 2.0
-ABS_FLOOR_EPS = 4.0
 CHUNK_BYTES = 256 * 2**20  # score-matrix bytes per query chunk of the reference
 
 
@@ -88,8 +85,217 @@ def reference(
     return out, (dq, dk, dv)
 
 
+# The rule's constants (docs/method.md), calibrated by scripts/calibrate_accuracy.py
+# (docs/accuracy_calibration.md). u = unit roundoff = eps / 2.
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+_HALF = {"out": 1.75, "grad": 2.25}
+C_NORM = {
+    torch.float32: {"out": 32.0, "grad": 32.0},
+    torch.bfloat16: _HALF,
+    torch.float16: _HALF,
+}  # (norm): ||d|| <= C_NORM u ||r||
+C_ZERO = {torch.float32: 4.0, torch.bfloat16: 0.5, torch.float16: 0.5}  # ||d|| <= C_ZERO u ||m||
+C_ELEM = {
+    torch.float32: {"out": 32.0, "grad": 512.0},
+    torch.bfloat16: {"out": 4.0, "grad": 32.0},
+    torch.float16: {"out": 4.0, "grad": 32.0},
+}  # (elem)
+BETA = 0.02  # ||r|| < BETA ||m||: the reference is (near) zero, (norm) becomes absolute
+TAU = 0.1  # (elem) divides by max(m_e, TAU * rms(m)): no bound below a tenth of the typical
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    return UNIT_ROUNDOFF.get(dtype, torch.finfo(dtype).eps / 2)
+
+
+def magnitude(
+    q,
+    k,
+    v,
+    *,
+    causal: bool,
+    scale: float,
+    dout=None,
+    window: int | None = None,
+    kv_lens: torch.Tensor | None = None,
+) -> list[torch.Tensor]:
+    """float64 magnitudes ``[m_out]`` or ``[m_out, m_dq, m_dk, m_dv]`` (same shapes as the
+    reference's out and grads; docs/method.md has the formulas). Masks as ``reference``.
+    Computed over query chunks, so the score matrix is never whole."""
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    f64 = torch.float64
+    q, k, v = (t.detach().to(f64) for t in (q, k, v))
+    kk, vv = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)  # (B, Hq, Skv, D)
+    kk2, vv2 = kk.square(), vv.square()
+    do = None if dout is None else dout.detach().to(f64)
+    m_out = torch.empty_like(q)
+    if do is not None:
+        m_dq = torch.empty_like(q)
+        dq = torch.empty_like(q)
+        sk2 = torch.zeros(B, Hq, Skv, D, dtype=f64, device=q.device)  # sum over i of A^2 q^2
+        sv2 = torch.zeros_like(sk2)
+        dk = torch.zeros_like(sk2)
+        dv = torch.zeros_like(sk2)
+    per_row = B * Hq * Skv * 8
+    step = max(1, CHUNK_BYTES // max(per_row, 1))
+    j = torch.arange(Skv, device=q.device)[None, :]
+    for start in range(0, Sq, step):
+        rows = slice(start, min(start + step, Sq))
+        qc = q[:, :, rows]
+        s = (qc @ kk.transpose(-1, -2)) * scale  # (B, Hq, c, Skv)
+        i = torch.arange(rows.start, rows.stop, device=q.device)[:, None]
+        if causal:
+            s = s.masked_fill(j > i, -math.inf)
+        if window is not None:
+            s = s.masked_fill((i - j >= window) if causal else ((i - j).abs() >= window), -math.inf)
+        if kv_lens is not None:
+            s = s.masked_fill(j >= kv_lens.to(q.device)[:, None, None, None], -math.inf)
+        p = s.softmax(-1)
+        w = torch.where(p > 0, p * (1 + s.abs()), torch.zeros_like(p))
+        w2 = w.square()
+        out = p @ vv
+        m_out[:, :, rows] = out.abs() + (w2 @ vv2).sqrt()
+        if do is None:
+            continue
+        doc = do[:, :, rows]
+        dp = doc @ vv.transpose(-1, -2)
+        delta = (doc * out).sum(-1, keepdim=True)
+        a = w * (dp.abs() + delta.abs())
+        ds = p * (dp - delta)
+        a2 = a.square()
+        dq[:, :, rows] = scale * ds @ kk
+        m_dq[:, :, rows] = scale * (a2 @ kk2).sqrt()
+        sk2 += scale**2 * (a2.transpose(-1, -2) @ qc.square())
+        sv2 += w2.transpose(-1, -2) @ doc.square()
+        dk += scale * ds.transpose(-1, -2) @ qc
+        dv += p.transpose(-1, -2) @ doc
+    if do is None:
+        return [m_out]
+
+    def per_kv(t):  # (B, Hq, Skv, D) -> (B, Hkv, Skv, D), summed over the group
+        return t.view(B, Hkv, G, Skv, D).sum(2)
+
+    m_dq = m_dq + dq.abs()
+    m_dk = per_kv(dk).abs() + per_kv(sk2).sqrt()
+    m_dv = per_kv(dv).abs() + per_kv(sv2).sqrt()
+    return [m_out, m_dq, m_dk, m_dv]
+
+
+def _kind(tensor: str) -> str:
+    return "out" if tensor == "out" else "grad"
+
+
 @dataclass(frozen=True)
 class Error:
+    """Errors of one tensor against its reference, with what the bound needs.
+
+    rel: ||d|| / ||r||, or None when the reference is (near) zero (||r|| < BETA ||m||); then
+    ``abs_ratio`` = ||d|| / ||m|| is judged instead. elem_ratio: max_e |d_e| / max(m_e, TAU
+    rms(m)); at that element ``elem_err`` = |d_e| and ``elem_mag`` = the denominator.
+    max_abs: max |d| over the tensor (for the CSV)."""
+
+    max_abs: float
+    rel: float | None
+    ref_norm: float
+    mag_norm: float
+    abs_ratio: float  # ||d|| / ||m||
+    elem_ratio: float
+    elem_err: float
+    elem_mag: float
+    elem_index: tuple = ()
+
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.max_abs)
+
+    @property
+    def near_zero(self) -> bool:
+        """The reference is (near) zero: (norm) is the absolute ||d|| <= C_ZERO u ||m||."""
+        return self.ref_norm < BETA * self.mag_norm
+
+
+def elem_ratio(
+    d: torch.Tensor, m: torch.Tensor, tau: float | None = None
+) -> tuple[float, int, float]:
+    """max_e |d_e| / max(m_e, tau rms(m)) (0 where d_e = 0), its flat index and denominator."""
+    tau = TAU if tau is None else tau
+    den = torch.clamp(m, min=tau * m.square().mean().sqrt().item())
+    ratio = torch.where(d == 0, torch.zeros_like(d), d / den)
+    at = int(ratio.flatten().argmax())
+    return ratio.flatten()[at].item(), at, den.flatten()[at].item()
+
+
+def error(x: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor) -> Error:
+    """Errors of ``x`` against ``ref`` (float64) given ``mag`` (``magnitude``'s tensor of the
+    same name), computed in float64. NaN/Inf in x give inf."""
+    x64, r64, m64 = (t.detach().to(torch.float64) for t in (x, ref, mag))
+    ref_norm = torch.linalg.vector_norm(r64).item()
+    mag_norm = torch.linalg.vector_norm(m64).item()
+    if not torch.isfinite(x64).all():
+        return Error(math.inf, math.inf, ref_norm, mag_norm, math.inf, math.inf, math.inf, math.nan)
+    d = (x64 - r64).abs()
+    dnorm = torch.linalg.vector_norm(d).item()
+    near_zero = ref_norm < BETA * mag_norm
+    rel = None if near_zero else (dnorm / ref_norm if dnorm else 0.0)
+    ratio, at, den = elem_ratio(d, m64)
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(at), d.shape))
+    return Error(
+        d.max().item(),
+        rel,
+        ref_norm,
+        mag_norm,
+        dnorm / mag_norm if mag_norm else (0.0 if dnorm == 0 else math.inf),
+        ratio,
+        d.flatten()[at].item(),
+        den,
+        index,
+    )
+
+
+def bound(err: Error, dtype: torch.dtype, tensor: str = "out") -> tuple[float | None, float]:
+    """(rel bound, max-abs bound) of tensor ``tensor`` ("out", "dq", "dk", "dv"): ``err.rel``
+    must stay within the first (None when the reference is near zero: then ||d|| must stay
+    within ``C_ZERO u ||m||``) and ``err.elem_err`` (|d| at the element nearest its own bound)
+    within the second."""
+    u = unit_roundoff(dtype)
+    k = _kind(tensor)
+    return (None if err.near_zero else C_NORM[dtype][k] * u), C_ELEM[dtype][k] * u * err.elem_mag
+
+
+def failed(err: Error, dtype: torch.dtype, tensor: str = "out") -> list[str]:
+    """The criteria ``err`` fails ([] when it agrees): 'non-finite', 'rel', 'abs (reference
+    near zero)', 'max-abs' (the element-wise criterion)."""
+    if not err.finite:
+        return ["non-finite"]
+    u = unit_roundoff(dtype)
+    k = _kind(tensor)
+    out = []
+    if err.near_zero:
+        if err.abs_ratio > C_ZERO[dtype] * u:
+            out.append("abs (reference near zero)")
+    elif err.rel > C_NORM[dtype][k] * u:
+        out.append("rel")
+    if err.elem_ratio > C_ELEM[dtype][k] * u:
+        out.append("max-abs")
+    return out
+
+
+def agrees(err: Error, dtype: torch.dtype, tensor: str = "out") -> bool:
+    """The rule (docs/method.md), for tensor ``tensor`` of the case's ``dtype``."""
+    return not failed(err, dtype, tensor)
+
+
+# --- level layer: the legacy rule (docs/method.md) -----------------------------------------
+AGREE_FACTOR = 2.0  # within 2x the same-dtype textbook baseline's error
+ABS_FLOOR_EPS = 4.0  # plus 4 eps max|ref| on the max abs error (one eps on the relative one)
+
+
+@dataclass(frozen=True)
+class LegacyError:
+    """Level layer only: errors for the legacy rule (docs/method.md)."""
+
     max_abs: float
     rel: float
     ref_max_abs: float
@@ -99,21 +305,21 @@ class Error:
         return math.isfinite(self.max_abs) and math.isfinite(self.rel)
 
 
-def error(x: torch.Tensor, ref: torch.Tensor) -> Error:
+def legacy_error(x: torch.Tensor, ref: torch.Tensor) -> LegacyError:
     """Errors of ``x`` against ``ref``, computed in float64; NaN/Inf in x give inf."""
     x64, r64 = x.detach().to(torch.float64), ref.detach().to(torch.float64)
     if not torch.isfinite(x64).all():
-        return Error(math.inf, math.inf, r64.abs().max().item())
+        return LegacyError(math.inf, math.inf, r64.abs().max().item())
     diff = x64 - r64
     ref_norm = torch.linalg.vector_norm(r64).item()
-    return Error(
+    return LegacyError(
         diff.abs().max().item(),
         torch.linalg.vector_norm(diff).item() / max(ref_norm, 1e-300),
         r64.abs().max().item(),
     )
 
 
-def bound(baseline: Error, dtype: torch.dtype) -> tuple[float, float]:
+def legacy_bound(baseline: LegacyError, dtype: torch.dtype) -> tuple[float, float]:
     """(rel bound, max-abs bound) for a tensor whose baseline error is ``baseline``."""
     eps = torch.finfo(dtype).eps
     return (
@@ -122,6 +328,6 @@ def bound(baseline: Error, dtype: torch.dtype) -> tuple[float, float]:
     )
 
 
-def agrees(err: Error, baseline: Error, dtype: torch.dtype) -> bool:
-    rel_bound, abs_bound = bound(baseline, dtype)
+def legacy_agrees(err: LegacyError, baseline: LegacyError, dtype: torch.dtype) -> bool:
+    rel_bound, abs_bound = legacy_bound(baseline, dtype)
     return err.finite and err.rel <= rel_bound and err.max_abs <= abs_bound

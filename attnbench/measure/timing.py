@@ -14,15 +14,24 @@ import numpy as np
 import torch
 import torch.utils.benchmark as tbench
 
+from attnbench.measure.allocator import minor_faults
+
 L2_FLUSH_BYTES = 256 * 2**20  # larger than any GPU's L2 today, as do_bench uses
 # a row whose p20-p80 spread is more than this fraction of its median is flagged as noisy: its
 # median can move between identical runs by more than most changes one wants to see
 NOISY_SPREAD = 0.10
+CPU_WARMUP_CALLS = 2  # at least; more while calls still page-fault (the heap growing)
+CPU_WARMUP_MAX_CALLS = 8
+# a CPU row with at least this many minor page faults (4 KiB pages) per timed call is flagged:
+# its calls page memory back in (the allocator handed it to the OS), which makes time_ms
+# unstable; a few faults per call are the timer's own bookkeeping
+PAGE_FAULTS_FLAG = 10.0
 
 
 @dataclass(frozen=True)
 class Timing:
     samples_ms: tuple[float, ...]
+    page_faults: float | None = None  # CPU: minor page faults per timed call (getrusage)
 
     @property
     def median_ms(self) -> float:
@@ -57,15 +66,40 @@ def time_fn(fn: Callable[[], object], device_type: str, cfg: TimerConfig = Timer
 
 
 def _time_cpu(fn: Callable[[], object], cfg: TimerConfig) -> Timing:
-    fn()  # warm-up (first-call allocations, lazy init)
-    timer = tbench.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    _warm_up_cpu(fn, cfg)
+    calls = 0
+
+    def counted():
+        nonlocal calls
+        calls += 1
+        return fn()
+
+    faults = minor_faults()
+    timer = tbench.Timer(stmt="fn()", globals={"fn": counted}, num_threads=torch.get_num_threads())
     m = timer.blocked_autorange(min_run_time=cfg.rep_ms / 1e3)
     times = list(m.times)[: cfg.max_samples]  # seconds per call, one per block of calls
     while len(times) < cfg.min_samples:  # slow calls: top up with single-call samples
         start = time.perf_counter()
-        fn()
+        counted()
         times.append(time.perf_counter() - start)
-    return Timing(tuple(t * 1e3 for t in times))
+    faults = (minor_faults() - faults) / max(calls, 1)
+    return Timing(tuple(t * 1e3 for t in times), page_faults=faults)
+
+
+def _warm_up_cpu(fn: Callable[[], object], cfg: TimerConfig) -> None:
+    """First-call allocations and lazy init, then the heap's growth: calls go on (up to
+    CPU_WARMUP_MAX_CALLS, and about max(rep_ms, 1 s)) until two calls in a row page-fault less
+    than PAGE_FAULTS_FLAG times (with the allocator's thresholds raised, the heap stops growing
+    after a few calls; without them every call faults and the cap ends the warm-up)."""
+    start, quiet = time.perf_counter(), 0
+    for i in range(CPU_WARMUP_MAX_CALLS):
+        before = minor_faults()
+        fn()
+        quiet = quiet + 1 if minor_faults() - before < PAGE_FAULTS_FLAG else 0
+        if i + 1 >= CPU_WARMUP_CALLS and (
+            quiet >= 2 or time.perf_counter() - start > max(cfg.rep_ms / 1e3, 1.0)
+        ):
+            return
 
 
 def sample_count(rep_ms: float, call_ms: float, cfg: TimerConfig) -> int:

@@ -1,10 +1,12 @@
 """Run A vs run B: per-case time ratios, one-sided and not-ok cases, and a regression gate.
 
 A case here is a full CASE_KEY (impl included). ``ratio = time_ms_B / time_ms_A`` only where
-the case is ok in both runs; above 1 means B is slower. The gate fails when a compared case
-got slower by more than the threshold, and also when a case that was ok in A is not ok in B
-(a kernel that starts crashing or running out of memory is a regression too). Cases present
-in one run only, or not ok in A, are listed and do not fail the gate.
+the case is ok in both runs; above 1 means B is slower. ``verdict`` says whether the change is
+outside the noise of the two runs (docs/reports.md, "Noise": their p20-p80 ranges do not
+overlap): "slower", "faster", or "unchanged (within noise)". The gate fails when a compared
+case got slower, outside the noise, by more than the threshold, and also when a case that was
+ok in A is not ok in B (a kernel that starts crashing or running out of memory is a regression
+too). Cases present in one run only, or not ok in A, are listed and do not fail the gate.
 
 If a run folder holds several rows for one case (a resumed sweep), the last one wins.
 """
@@ -17,12 +19,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from attnbench.report import analysis, plots
+from attnbench.report import plots
 from attnbench.report.markdown import MISSING, table
 from attnbench.report.report import busy_machine, case_label, device_name
 from attnbench.store.atomic import atomic_dir
 from attnbench.store.schema import CASE_KEY
 
+WITHIN_NOISE = "unchanged (within noise)"
 SIDE_COLUMNS = ("status", "reason", "time_ms", "time_ms_p20", "time_ms_p80")
 OUTCOMES = ("compared", "not ok in B", "not ok in A", "not ok in both", "only in A", "only in B")
 ENV_FIELDS = (
@@ -76,6 +79,15 @@ def compare_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
         out["time_ms_p20_a"] <= out["time_ms_p80_b"]
     )
     out["overlap"] = overlap.where(usable).astype("boolean")
+    # no p20/p80 (an older CSV): no noise to judge by, the ratio alone decides
+    noisy = out["overlap"].fillna(False).astype(bool)
+    ratio = out["ratio"].astype(float)
+    verdict = np.select(
+        [~usable, noisy, ratio > 1, ratio < 1],
+        ["", WITHIN_NOISE, "slower", "faster"],
+        default=WITHIN_NOISE,
+    )
+    out["verdict"] = pd.Series(verdict, index=out.index, dtype="string").replace("", pd.NA)
     out = out.drop(columns="_merge")
     order = {o: i for i, o in enumerate(OUTCOMES)}
     out = out.assign(_o=out["outcome"].map(order)).sort_values(["_o", *key], kind="stable")
@@ -83,11 +95,21 @@ def compare_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
 
 
 def regressions(cmp: pd.DataFrame, fail_above_pct: float) -> pd.DataFrame:
-    """Rows that fail the gate: compared and slower by more than the threshold, or ok in A
-    and not ok in B."""
-    slower = (cmp["ratio"] > 1 + fail_above_pct / 100).fillna(False).astype(bool)
+    """Rows that fail the gate: compared and slower, outside the noise, by more than the
+    threshold, or ok in A and not ok in B."""
+    slower = (
+        ((cmp["ratio"] > 1 + fail_above_pct / 100) & cmp["verdict"].eq("slower"))
+        .fillna(False)
+        .astype(bool)
+    )
     broke = cmp["outcome"].eq("not ok in B").fillna(False).astype(bool)
     return cmp[slower | broke]
+
+
+def within_noise(cmp: pd.DataFrame, fail_above_pct: float) -> pd.DataFrame:
+    """Compared rows past the threshold whose change is inside the noise (not counted)."""
+    past = (cmp["ratio"] - 1).abs() > fail_above_pct / 100
+    return cmp[(past & cmp["verdict"].eq(WITHIN_NOISE)).fillna(False).astype(bool)]
 
 
 def geomean_by_impl(cmp: pd.DataFrame) -> pd.DataFrame:
@@ -132,7 +154,8 @@ def render(
         "",
         "ratio = time_ms(B) / time_ms(A) for cases ok in both runs; above 1: B is "
         "slower. overlap: the p20–p80 ranges of the two runs overlap, so the change is "
-        "within the spread of the samples.",
+        "within the spread of the samples and the verdict is 'unchanged (within noise)' "
+        "whatever the ratio; 'slower' and 'faster' are changes outside the noise.",
         "",
     ]
     heads = pd.DataFrame(
@@ -178,13 +201,23 @@ def render(
     if fail_above_pct is not None:
         reg = regressions(cmp, fail_above_pct)
         verdict = (
-            f"**FAIL**: {len(reg)} case(s) slower by more than {fail_above_pct:g}% or newly failing"
+            f"**FAIL**: {len(reg)} case(s) slower, outside the noise, by more than "
+            f"{fail_above_pct:g}% or newly failing"
             if len(reg)
-            else f"PASS: no case slower by more than {fail_above_pct:g}%, none newly failing"
+            else f"PASS: no case slower, outside the noise, by more than {fail_above_pct:g}%, "
+            f"none newly failing"
         )
         lines += [f"Gate: {verdict}.", ""]
         if len(reg):
             lines.append(_case_table(reg))
+        quiet = within_noise(cmp, fail_above_pct)
+        if len(quiet):
+            lines += [
+                f"{len(quiet)} case(s) moved by more than {fail_above_pct:g}% but within the "
+                f"noise of the two runs (their p20–p80 ranges overlap): not counted.",
+                "",
+                _case_table(quiet),
+            ]
     gm = geomean_by_impl(cmp)
     if len(gm):
         lines += ["### Per impl", ""]
@@ -229,6 +262,7 @@ def _case_table(rows: pd.DataFrame) -> str:
             "time_ms_a": "A time_ms",
             "time_ms_b": "B time_ms",
             "ratio": "ratio",
+            "verdict": "verdict",
             "overlap": "overlap",
             "status_a": "A status",
             "status_b": "B status",
@@ -258,15 +292,18 @@ def summary_lines(cmp: pd.DataFrame, fail_above_pct: float | None) -> list[str]:
         reg = regressions(cmp, fail_above_pct)
         for _, r in reg.iterrows():
             if r["outcome"] == "compared":
-                noise = " (p20-p80 ranges overlap)" if analysis.flag(r["overlap"]) else ""
-                lines.append(
-                    f"REGRESSION +{(r['ratio'] - 1) * 100:.1f}%: {describe_case(r)}{noise}"
-                )
+                lines.append(f"REGRESSION +{(r['ratio'] - 1) * 100:.1f}%: {describe_case(r)}")
             else:
                 lines.append(f"REGRESSION now {r['status_b']}: {describe_case(r)}")
+        for _, r in within_noise(cmp, fail_above_pct).iterrows():
+            lines.append(
+                f"unchanged (within noise) {(r['ratio'] - 1) * 100:+.1f}%: {describe_case(r)} "
+                f"(p20-p80 ranges overlap; not counted)"
+            )
         lines.append(
             f"gate: {'FAIL' if len(reg) else 'PASS'} (--fail-above "
-            f"{fail_above_pct:g}%: {len(reg)} case(s) slower by more or newly failing)"
+            f"{fail_above_pct:g}%: {len(reg)} case(s) slower, outside the noise, by more, "
+            f"or newly failing)"
         )
     return lines
 

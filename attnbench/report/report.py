@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.case import Case, CaseError
-from attnbench.measure.timing import NOISY_SPREAD
+from attnbench.measure.timing import NOISY_SPREAD, PAGE_FAULTS_FLAG
 from attnbench.report import analysis, plots
 from attnbench.report.markdown import MISSING, table
 from attnbench.store.atomic import atomic_dir
@@ -370,9 +370,16 @@ def _disagreement_section(df: pd.DataFrame) -> list[str]:
                 "verdict": "verdict",
                 "rel_err": "rel_err",
                 "err_bound": "bound",
+                "max_abs_err": "max_abs_err",
+                "max_abs_bound": "max-abs bound",
                 "reason": "reason",
             },
-            formats={"rel_err": ".2e", "err_bound": ".2e"},
+            formats={
+                "rel_err": ".2e",
+                "err_bound": ".2e",
+                "max_abs_err": ".2e",
+                "max_abs_bound": ".2e",
+            },
         )
     )
     return lines
@@ -408,14 +415,16 @@ def _failures_section(df: pd.DataFrame) -> list[str]:
 
 
 def _checks_section(df: pd.DataFrame) -> list[str]:
-    """Ok rows whose measurement is in doubt: a throttling GPU, or a median that the
-    profiler's kernel time does not explain."""
+    """Ok rows whose measurement is in doubt: a throttling GPU, a median that the profiler's
+    kernel time does not explain, a noisy row, a pct_peak over the ceiling, or CPU page faults
+    inside the timing."""
     ok = analysis.ok_rows(df)
     lines = ["## Measurement checks", ""]
     throttled = ok[ok["throttle"].notna() & (ok["throttle"] != "none")]
     mismatch = ok[ok["reason"].fillna("").str.contains("profiler kernel time")]
     noisy = ok[analysis.noisy(ok)]
     over_peak = ok[ok["pct_peak"].gt(100).fillna(False).astype(bool)]
+    faulting = ok[ok["page_faults"].ge(PAGE_FAULTS_FLAG).fillna(False).astype(bool)]
     lines += [
         f"{len(noisy)} of {len(ok)} ok rows are noisy (p20–p80 spread over "
         f"{100 * NOISY_SPREAD:.0f}% of the median; grey in the time plot): their medians can "
@@ -427,6 +436,14 @@ def _checks_section(df: pd.DataFrame) -> list[str]:
             f"{len(over_peak)} row(s) exceed the measured matmul ceiling (pct_peak > 100%): "
             f"the ceiling was measured low, so pct_peak and the roofline are not trustworthy "
             f"in this run.",
+            "",
+        ]
+    if ok["page_faults"].notna().any():
+        lines += [
+            f"{len(faulting)} CPU row(s) page-faulted inside the timing ({PAGE_FAULTS_FLAG:g} "
+            f"or more minor faults per timed call; most {ok['page_faults'].max():.0f}): their "
+            f"times include paging memory back in and may move between identical runs "
+            f"(docs/method.md, CPU timing and the allocator).",
             "",
         ]
     if ok["profiler_ms"].notna().any():
@@ -445,7 +462,7 @@ def _checks_section(df: pd.DataFrame) -> list[str]:
             f"{len(throttled)} row(s) saw the GPU slow its clocks.",
             "",
         ]
-    flagged = pd.concat([throttled, mismatch, noisy, over_peak]).drop_duplicates(
+    flagged = pd.concat([throttled, mismatch, noisy, over_peak, faulting]).drop_duplicates(
         subset=list(analysis.CASE_KEY)
     )
     if flagged.empty:
@@ -460,9 +477,10 @@ def _checks_section(df: pd.DataFrame) -> list[str]:
                 "throttle": "throttle",
                 "time_ms": "time_ms",
                 "profiler_ms": "profiler_ms",
+                "page_faults": "faults/call",
                 "reason": "reason",
             },
-            formats={"time_ms": ".4g", "profiler_ms": ".4g"},
+            formats={"time_ms": ".4g", "profiler_ms": ".4g", "page_faults": ".0f"},
         )
     ]
 

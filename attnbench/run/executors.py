@@ -22,6 +22,7 @@ from typing import Protocol
 
 from attnbench.case import Case
 from attnbench.errors import AttnbenchError
+from attnbench.measure import allocator
 from attnbench.registry import Impl
 from attnbench.run.row import Measured, Prepared, Settings, failed
 
@@ -38,6 +39,8 @@ class InProcess:
     def __init__(self, seed: int, settings: Settings):
         self.seed, self.settings = seed, settings
         self.prepared: Prepared | None = None
+        if settings.malloc_tunables:
+            allocator.pin_in_process()
 
     def prepare(self, case: Case, impls: list[Impl]) -> None:
         self.prepared = Prepared(case, self.seed, self.settings)
@@ -122,7 +125,8 @@ class Subprocess:
             daemon=True,
             args=(child, self.plugins, self.seed, self.settings, str(self.stderr_path)),
         )
-        self.proc.start()
+        with allocator.worker_environment(self.settings.malloc_tunables):
+            self.proc.start()  # the worker reads GLIBC_TUNABLES at its start
         child.close()
 
     def _call(self, msg: tuple, timeout_s: float | None):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from attnbench.measure.clocks import ClockSampler
 from attnbench.measure.compiling import compile_events
 from attnbench.measure.memory import MemoryUnavailable, peak_mem_mib
 from attnbench.measure.profiling import mismatch_note, profile_fn
-from attnbench.measure.timing import NOISY_SPREAD, TimerConfig, time_fn
+from attnbench.measure.timing import NOISY_SPREAD, PAGE_FAULTS_FLAG, TimerConfig, time_fn
 from attnbench.registry import Impl, Unsupported
 from attnbench.run.call import BadOutput, Call
 from attnbench.run.inputs import Inputs, make_inputs
@@ -36,6 +37,7 @@ class Settings:
     matmul_tflops: dict = field(default_factory=dict)  # dtype -> measured ceiling (pct_peak)
     profile: tuple[str, ...] | None = None  # None: off; (): every pair; else all must match
     traces_dir: Path | None = None  # where --profile writes one Chrome trace per pair
+    malloc_tunables: bool = True  # CPU: keep the heap between timed calls (measure/allocator.py)
 
     def profiles(self, impl: Impl, case: Case) -> bool:
         text = f"{impl.name} {case.label()}"
@@ -78,10 +80,13 @@ class Prepared:
 
 @dataclass
 class Truth:
-    """Per case: the float64 reference and the textbook formula's error in the case dtype."""
+    """Per case: the float64 reference and what its agreement rule needs (docs/method.md):
+    at level op the float64 magnitudes, at level layer the legacy rule's baseline (the
+    textbook formula's error in the case dtype)."""
 
     ref: list[torch.Tensor] | None  # out (+ its grads), canonical layout, float64
-    baseline: list[accuracy.Error] | None
+    mag: list[torch.Tensor] | None = None  # level op: accuracy.magnitude, same order as ref
+    baseline: list[accuracy.LegacyError] | None = None  # level layer only
     failure: str | None = None
 
 
@@ -115,14 +120,16 @@ def ground_truth(case: Case, inputs: Inputs) -> Truth:
     try:
         out, grads = truth(torch.float64)
         ref = [out, *(grads or ())]
-        b_out, b_grads = truth(case.torch_dtype)
-        baseline = [accuracy.error(x, r) for x, r in zip([b_out, *(b_grads or ())], ref)]
+        if case.level == "layer":  # the legacy rule: the magnitude is defined for the op only
+            b_out, b_grads = truth(case.torch_dtype)
+            got = [b_out, *(b_grads or ())]
+            return Truth(ref, baseline=[accuracy.legacy_error(x, r) for x, r in zip(got, ref)])
+        return Truth(ref, mag=accuracy.magnitude(inputs.q, inputs.k, inputs.v, **args))
     except (torch.OutOfMemoryError, MemoryError) as exc:
         release(case)
         return Truth(
-            None, None, f"not checked: the float64 reference ran out of memory ({one_line(exc)})"
+            None, failure=f"not checked: the float64 reference ran out of memory ({one_line(exc)})"
         )
-    return Truth(ref, baseline)
 
 
 def measure(
@@ -166,6 +173,14 @@ def measure(
                 f"the median (over {100 * NOISY_SPREAD:.0f}%), so time_ms may move between "
                 f"identical runs; another process may be using the device"
             )
+        if timing.page_faults is not None:
+            row["page_faults"] = timing.page_faults
+            if timing.page_faults >= PAGE_FAULTS_FLAG:
+                notes.append(
+                    f"page faults inside the timing: {timing.page_faults:.0f} per call; the "
+                    f"allocator handed memory back to the OS between calls, so time_ms "
+                    f"includes paging it back in and may move between identical runs"
+                )
         flops = case.flops(None if inputs.mask.kv_lens is None else inputs.mask.kv_lens.tolist())
         row.update(
             time_ms=timing.median_ms,
@@ -272,29 +287,93 @@ def _oom_reason(case: Case, exc: BaseException) -> str:
 
 
 def _accuracy(case: Case, got: list[torch.Tensor], truth: Truth, notes: list[str]) -> dict:
+    """The row's accuracy columns by the rule of docs/method.md; ``notes`` gets the reason of a
+    disagreement (tensor, criterion, numbers) and of a blank rel_err."""
     if truth.failure:
         notes.append(truth.failure)
         return {}
-    names = checked_names(case)
-    errs = [accuracy.error(x, r) for x, r in zip(got, truth.ref)]
+    if truth.baseline is not None:
+        return _legacy_accuracy(case, got, truth, notes)
+    names, dt = checked_names(case), case.torch_dtype
+    errs = [accuracy.error(x, r, m) for x, r, m in zip(got, truth.ref, truth.mag)]
+    bounds = [accuracy.bound(e, dt, n) for n, e in zip(names, errs)]
+    zero_bound = accuracy.C_ZERO[dt] * accuracy.unit_roundoff(dt)
+    bad = []
+    for n, e, (rel_b, abs_b) in zip(names, errs, bounds):
+        if e.finite and e.near_zero:
+            notes.append(
+                f"{n}: the reference is zero (||ref|| < {accuracy.BETA:g} ||magnitude||), so "
+                f"rel_err is not defined; judged by ||err|| = {e.abs_ratio:.3g} ||magnitude|| "
+                f"<= {zero_bound:.3g} ||magnitude||"
+            )
+        for criterion in accuracy.failed(e, dt, n):
+            if criterion == "non-finite":
+                bad.append(f"{n} non-finite (NaN/Inf)")
+            elif criterion == "rel":
+                bad.append(f"{n} rel {e.rel:.3g} > {rel_b:.3g}")
+            elif criterion == "max-abs":
+                bad.append(f"{n} max-abs {e.elem_err:.3g} > {abs_b:.3g} at {e.elem_index}")
+            else:
+                bad.append(
+                    f"{n} abs (reference zero): ||err|| = {e.abs_ratio:.3g} ||magnitude|| > "
+                    f"{zero_bound:.3g} ||magnitude||"
+                )
+    if bad:
+        notes.append("disagrees with the float64 reference: " + "; ".join(bad))
+    if not all(e.finite for e in errs):
+        return {"agrees": False}
+    # the tensor nearest to (or furthest past) each bound speaks for that bound's columns
+    with_rel = [k for k in range(len(errs)) if errs[k].rel is not None]
+    i = max(with_rel, key=lambda k: errs[k].rel / bounds[k][0], default=None)
+    j = max(range(len(errs)), key=lambda k: _share(errs[k].elem_err, bounds[k][1]))
+    return {
+        "max_abs_err": errs[j].elem_err,
+        "max_abs_bound": bounds[j][1],
+        "rel_err": None if i is None else errs[i].rel,
+        "err_bound": None if i is None else bounds[i][0],
+        "agrees": not bad,
+    }
+
+
+def _share(err: float, bound: float) -> float:
+    """err / bound, where a zero bound holds only a zero error."""
+    if bound > 0:
+        return err / bound
+    return 0.0 if err == 0 else math.inf
+
+
+def _legacy_accuracy(case: Case, got: list[torch.Tensor], truth: Truth, notes: list[str]) -> dict:
+    """Level layer: the legacy rule (docs/method.md), within 2x the error of the textbook
+    formula in the case dtype plus a floor."""
+    names, dt = checked_names(case), case.torch_dtype
+    errs = [accuracy.legacy_error(x, r) for x, r in zip(got, truth.ref)]
     bad = [n for n, e in zip(names, errs) if not e.finite]
     if bad:
-        notes.append(f"non-finite values (NaN/Inf) in {', '.join(bad)}")
+        notes.append(
+            "disagrees with the float64 reference: "
+            + "; ".join(f"{n} non-finite (NaN/Inf)" for n in bad)
+        )
         return {"agrees": False}
-    wrong = [
-        n
-        for n, e, b in zip(names, errs, truth.baseline)
-        if not accuracy.agrees(e, b, case.torch_dtype)
-    ]
+    bounds = [accuracy.legacy_bound(b, dt) for b in truth.baseline]
+    zero = [not bool(r.any()) for r in truth.ref]  # rel_err is not defined for these
+    wrong = []
+    for n, e, (rel_b, abs_b), z in zip(names, errs, bounds, zero):
+        if z:
+            notes.append(f"{n}: the reference is exactly zero, so rel_err is not defined")
+        elif e.rel > rel_b:
+            wrong.append(f"{n} rel {e.rel:.3g} > {rel_b:.3g}")
+        if e.max_abs > abs_b:
+            wrong.append(f"{n} max-abs {e.max_abs:.3g} > {abs_b:.3g}")
     if wrong:
-        notes.append(f"disagrees with the float64 reference in {', '.join(wrong)}")
-    # the tensor nearest to (or furthest past) its rel bound speaks for the row
-    bounds = [accuracy.bound(b, case.torch_dtype)[0] for b in truth.baseline]
-    worst = max(range(len(errs)), key=lambda i: errs[i].rel / bounds[i])
+        notes.append("disagrees with the float64 reference (legacy rule): " + "; ".join(wrong))
+    with_rel = [k for k in range(len(errs)) if not zero[k]]
+    i = max(with_rel, key=lambda k: errs[k].rel / bounds[k][0], default=None)
+    j = max(range(len(errs)), key=lambda k: _share(errs[k].max_abs, bounds[k][1]))
     return {
-        "max_abs_err": max(e.max_abs for e in errs),
-        "rel_err": errs[worst].rel,
-        "err_bound": bounds[worst],
+        "max_abs_err": errs[j].max_abs,
+        "max_abs_bound": bounds[j][1],
+        "rel_err": None if i is None else errs[i].rel,
+        "err_bound": None if i is None else bounds[i][0],
         "agrees": not wrong,
     }
 

@@ -27,11 +27,29 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "samples": ("Int64", "number of timing samples behind the median"),
     "tflops": ("Float64", "case FLOPs (unmasked pairs only) / time_ms, 1e12 FLOP/s"),
     "peak_mem_mib": ("Float64", "peak memory above what was allocated before the call, MiB"),
-    "max_abs_err": ("Float64", "worst max |x - ref| over out (and dq, dk, dv with backward)"),
-    "rel_err": ("Float64", "||x - ref||_2 / ||ref||_2 of the tensor nearest its bound"),
-    "agrees": ("boolean", "error within the agreement bound (README: accuracy rule)"),
+    "max_abs_err": (
+        "Float64",
+        "|x - ref| at the element nearest its own bound, of the checked tensor (out; dq, dk, "
+        "dv with backward) nearest its bound (docs/method.md: the agreement rule)",
+    ),
+    "rel_err": (
+        "Float64",
+        "||x - ref||_2 / ||ref||_2 of the tensor nearest its bound; blank when every "
+        "reference is zero (reason says which and how it was judged)",
+    ),
+    "agrees": (
+        "boolean",
+        "every checked tensor is finite and within both bounds (docs/method.md: the "
+        "agreement rule)",
+    ),
     "err_bound": ("Float64", "the bound that rel_err was held to"),
+    "max_abs_bound": ("Float64", "the bound that max_abs_err was held to"),
     "flops": ("Float64", "FLOPs of the timed work"),
+    "page_faults": (
+        "Float64",
+        "CPU: minor page faults per timed call (getrusage); above zero means the allocator "
+        "handed memory back to the OS between calls, and reason says so; blank on CUDA",
+    ),
     "seed": ("Int64", "seed of the inputs"),
     "mask": (
         "string",
@@ -93,6 +111,8 @@ METRICS = (  # blank in every row that is not ok
     "rel_err",
     "agrees",
     "err_bound",
+    "max_abs_bound",
+    "page_faults",
     "backend",
     "compile_ms",
     "recompiled",

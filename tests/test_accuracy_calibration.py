@@ -1,0 +1,39 @@
+"""The agreement rule on the CI-sized calibration population (scripts/calibrate_accuracy.py
+--small; docs/accuracy_calibration.md has the full one): the correct impls never disagree, and
+the planted bugs are caught at the targets (float32 >= 95% down to a 0.1% error, bfloat16 and
+float16 >= 90% down to 1%). About a minute on 2 CPU cores; one population shared by the tests."""
+
+import functools
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+calibrate = pytest.importorskip("calibrate_accuracy")
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@functools.cache
+def small_population():
+    return calibrate.population(
+        calibrate.SMALL_SHAPES, 2, calibrate.DTYPES, "cpu", progress=False, legacy=False
+    )
+
+
+def test_correct_population_has_no_false_alarm():
+    df = small_population()
+    correct = df[~df.bug]
+    assert len(correct.groupby(calibrate.CASE_COLS, dropna=False)) >= 200  # a real population
+    _, ok = calibrate.report(df)
+    assert ok["false_alarms_fwd"] == 0 and ok["false_alarms_bwd"] == 0
+
+
+def test_planted_bugs_are_caught_at_the_target_rates():
+    _, ok = calibrate.report(small_population())
+    demanded = {k: v for k, v in ok.items() if isinstance(v, tuple) and v[1] is not None}
+    assert len(demanded) >= 40  # every bug x dtype x fwd/bwd cell with a target was counted
+    below = {k: v for k, v in demanded.items() if v[0] < v[1]}
+    assert not below, below
