@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             "list": list_command,
             "report": report,
             "compare": compare,
+            "fidelity": fidelity,
         }[command](rest)
     except UsageError as exc:
         print(f"attnbench {command}: error: {exc}", file=sys.stderr)

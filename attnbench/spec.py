@@ -128,7 +128,10 @@ class Spec:
         unknown = set(given) - set(cls.__dataclass_fields__)
         if unknown:
             raise CaseError(f"unknown spec fields {sorted(unknown)}")
-        return replace(cls(**PRESETS[name], device=device), **given)
+        # a batch or head count given explicitly wins over the preset's fixed tokens / hidden
+        derived = {"tokens": None} if "batch" in given else {}
+        derived |= {"hidden": None} if "heads" in given else {}
+        return replace(cls(**PRESETS[name], device=device), **derived, **given)
 
     def cases(self) -> list[Case]:
         """All cases, sequence length varying fastest so one impl's growth is contiguous."""

@@ -57,3 +57,8 @@ def test_summary_leaves_out_impls_that_never_ran_and_names_them():
     assert "unsupported in every case (reasons in the report): xformers" in text
     table = text.split("\n")[1]
     assert "xformers" not in table
+
+
+def test_explicit_batch_and_heads_win_over_the_race_presets_fixed_sizes():
+    cases = Spec.from_preset("race", "cpu", batch=[1], heads=[2], seq_len=[32]).cases()
+    assert {(c.batch, c.heads) for c in cases} == {(1, 2)}
