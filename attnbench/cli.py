@@ -128,6 +128,11 @@ def build_parser(command: str = "sweep") -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list every impl and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
+        "--no-report",
+        action="store_true",
+        help="write no report at the end (attnbench report RUN_DIR makes it later)",
+    )
+    p.add_argument(
         "--row-lines",
         action="store_true",
         help="print one line per finished row "
@@ -383,6 +388,9 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
             ray_executor.shutdown()
         compile_cache.cleanup()
     print(summary_table(read_results(run_dir), [i.name for i in selected]))
+    if args.no_report:
+        print(f"\nresults: {run_dir / 'results.csv'}")
+        return EXIT_OK
     from attnbench.report.report import write_report  # matplotlib: only once there are rows
 
     report_path = write_report(run_dir, args.reports_dir)

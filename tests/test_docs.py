@@ -27,6 +27,7 @@ def test_the_plugin_guide_examples_register_and_agree(tmp_path):
             "--device",
             "cpu",
             "--no-progress",
+            "--no-report",
             "--plugin",
             str(plugin),
             "--plugin",

@@ -98,6 +98,7 @@ def test_a_slow_reference_does_not_count_against_the_row_timeout(tmp_path):
             "--device",
             "cpu",
             "--no-progress",
+            "--no-report",
             "--plugin",
             str(ROOT / "tests" / "plugins" / "slow_reference.py"),
             "--impls",
