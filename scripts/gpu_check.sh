@@ -72,8 +72,9 @@ sweep() {
         2>&1 | tee -a "$work/logs/$stage-$id.log"
     local rc=${PIPESTATUS[0]}
     logs+=("logs/$stage-$id.log")
-    if [[ $rc != 0 && -s $work/results/$id/results.csv ]]; then  # stopped: report what is there
-        ab report "$work/results/$id" --reports-dir "$work/reports" >/dev/null 2>&1 || true
+    if [[ $rc != 0 ]]; then  # stopped: report what is there, and say so
+        [[ -s $work/results/$id/results.csv ]] &&
+            { ab report "$work/results/$id" --reports-dir "$work/reports" >/dev/null 2>&1 || true; }
         echo "stage $stage: run $id stopped early (exit $rc); call the stage again to resume"
     fi
     ids+=("$id")

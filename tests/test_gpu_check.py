@@ -73,7 +73,7 @@ def test_fidelity_stage_gives_a_verdict_per_check(tmp_path):
 def test_a_stage_stopped_by_its_budget_packs_and_resumes(tmp_path):
     plugin = ["--plugin", str(ROOT / "tests" / "plugins" / "slow.py"), "--impls", "slow,sdpa"]
     first = gpu_check(
-        "first-light", tmp_path, *plugin, budget=25, ATTNBENCH_RESERVE_S="0", ATTNBENCH_SLOW_S="1.0"
+        "first-light", tmp_path, *plugin, budget=40, ATTNBENCH_RESERVE_S="0", ATTNBENCH_SLOW_S="1.0"
     )
     assert first.returncode == 0, first.stderr[-2000:]
     assert "stopped early" in first.stdout

@@ -51,7 +51,8 @@ def run_sweep(
     if len(executors) > 1:  # the costliest first, so that the last family to finish is short
         families.sort(key=lambda f: -sum(c.flops() * len(ims) for c, ims in f))
     names = {getattr(ex, "device_name", None) for ex in executors}
-    pins = [_started_on(f, impls, done) if group_by_device_name else None for f in families]
+    started = _started_on(cases, impls, done) if group_by_device_name else {}
+    pins = [started.get(family_key(f[0][0])) for f in families]
     work = _Work(families, [p if p in names else None for p in pins])
     total = sum(len(ims) for f in families for _, ims in f)
     with _Writer(run_dir, run_id, seed, total, progress, row_lines, len(executors)) as writer:
@@ -90,16 +91,17 @@ class _Work:
         return None
 
 
-def _started_on(family: Family, impls: list[Impl], done) -> str | None:
-    """The device_name of the first finished row of ``family``, when ``done`` records them."""
-    if not isinstance(done, dict):
-        return None
-    for case, _ in family:
-        for impl in impls:
-            name = done.get(row_key(base_row(impl, case)))
-            if name:
-                return name
-    return None
+def _started_on(cases: list[Case], impls: list[Impl], done) -> dict[tuple, str]:
+    """Family key -> the device_name of its first finished row, over every case of the grid
+    (finished cases included), when ``done`` records device names."""
+    started: dict[tuple, str] = {}
+    if isinstance(done, dict):
+        for case in cases:
+            for impl in impls:
+                name = done.get(row_key(base_row(impl, case)))
+                if name:
+                    started.setdefault(family_key(case), name)
+    return started
 
 
 def _lane(executor: Executor, work: _Work, writer: _Writer, stop: threading.Event) -> None:
