@@ -41,13 +41,13 @@ def test_unknown_stage_is_one_line_and_exit_2(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["env", "tests", "race"])  # full: the same path as race
+@pytest.mark.parametrize("stage", ["env", "tests", "race", "full"])
 def test_each_stage_runs_dry_and_packs_its_results(tmp_path, stage):
     proc = gpu_check(stage, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     names = packed(tmp_path, stage)
     assert f"stage {stage}: packed" in proc.stdout
-    if stage == "race":
+    if stage in ("race", "full"):
         run = next(n for n in names if n.endswith("results.csv"))
         rows = [line for line in proc.stdout.splitlines() if line.startswith("[")]
         assert rows and rows[-1].startswith(f"[{len(rows)}/{len(rows)}]")  # one line per row
