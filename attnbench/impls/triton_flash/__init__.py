@@ -1,4 +1,4 @@
-"""attnbench's own FlashAttention-2 style Triton kernel (attnbench/kernels/triton_flash.py).
+"""attnbench's own FlashAttention-2 style Triton kernel (kernel.py beside this file).
 
 The first call for a new (seq lengths rounded to a power of two, head dim, causal, dtype) key
 autotunes the tile sizes, which takes seconds; the harness makes that call in its untimed

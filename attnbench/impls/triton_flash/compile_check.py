@@ -2,7 +2,7 @@
 config's shared memory, registers and spill bytes (from the cubin via cuobjdump).
 
 This checks that the kernels compile for sm80/sm90 (which the CPU interpreter never does) and
-grounds the autotune pruning in attnbench/kernels/triton_flash.py. Arguments are assumed
+grounds the autotune pruning in attnbench/impls/triton_flash/kernel.py. Arguments are assumed
 16-byte aligned (as Triton specializes them at launch), so the loops get pipelined as on a GPU.
 Needs TRITON_INTERPRET unset.
 
