@@ -458,6 +458,18 @@ def report(argv: list[str]) -> int:
     return EXIT_OK
 
 
+def _load_runs(run_a: Path, run_b: Path) -> list[tuple[str, pd.DataFrame, dict]]:
+    """(name, results, env) of runs A and B; a bad folder is a usage error naming which."""
+    runs = []
+    for label, path in (("A", run_a), ("B", run_b)):
+        try:
+            df, env = load_run(path)
+        except UsageError as exc:
+            raise UsageError(f"run {label}: {exc}") from None
+        runs.append((path.resolve().name, df, env))
+    return runs
+
+
 def fidelity(argv: list[str]) -> int:
     p = _Parser(
         prog="attnbench fidelity",
@@ -474,11 +486,7 @@ def fidelity(argv: list[str]) -> int:
         help="folder for fidelity.csv and fidelity.txt (default: reports/fidelity/<A>_vs_<B>)",
     )
     args = p.parse_args(argv)
-    for label, path in (("A", args.run_a), ("B", args.run_b)):
-        try:
-            load_run(path)
-        except UsageError as exc:
-            raise UsageError(f"run {label}: {exc}") from None
+    _load_runs(args.run_a, args.run_b)
     out = args.out or (
         Path("reports") / "fidelity" / f"{args.run_a.resolve().name}_vs_{args.run_b.resolve().name}"
     )
@@ -530,13 +538,7 @@ def compare(argv: list[str]) -> int:
         "compare.csv and ratio_vs_seq.png (default: reports/compare/<A>_vs_<B>)",
     )
     args = p.parse_args(argv)
-    runs = []
-    for label, path in (("A", args.run_a), ("B", args.run_b)):
-        try:
-            df, env = load_run(path)
-        except UsageError as exc:
-            raise UsageError(f"run {label}: {exc}") from None
-        runs.append((path.resolve().name, df, env))
+    runs = _load_runs(args.run_a, args.run_b)
     out = args.out or Path("reports") / "compare" / f"{runs[0][0]}_vs_{runs[1][0]}"
     _check_folders(("--out", out))
     from attnbench.report.compare import regressions, summary_lines, write_compare
