@@ -6,10 +6,13 @@ Shape letters used throughout attnbench:
 
 Canonical layout: q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D); out (B, Hq, Sq, D).
 
-Causal convention (SDPA's ``is_causal``): the mask is aligned top-left, query i sees keys
-j <= i. With Sq > Skv the last rows see every key; with Sq < Skv the keys j >= Sq are never
-seen. Every row sees at least key 0, so no row is empty. ``mask`` (none, padding, window)
+Causal convention: ``causal_align`` top_left (SDPA's ``is_causal``, the default) lets query i
+see keys j <= i; bottom_right (FlashAttention >= 2.1, decoding with a KV cache) lets it see
+j <= i + Skv - Sq, so the last query sees every key. ``mask`` (none, padding, window)
 combines with it; attnbench/masks.py has the rules.
+
+``model`` and ``phase`` label cases that come from a model preset or a phase (spec.py,
+models.py); they change nothing in the computation.
 
 Level ``op`` times the attention alone; ``layer`` times a multi-head self-attention block
 around it (attnbench/layer.py): x (B, S, d_model) -> q/k/v projections -> attention -> output
@@ -23,7 +26,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from attnbench.errors import UsageError
-from attnbench.masks import MASKS, key_bounds
+from attnbench.masks import ALIGNS, MASKS, key_bounds, offset
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_ALIASES = {
@@ -40,6 +43,7 @@ MODE_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
 # A linear layer's backward is two matmuls of the forward's size (grad of input and weight).
 PROJ_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.0, "fwd_bwd": 3.0}
 LEVELS = ("op", "layer")
+PHASES = ("prefill", "decode", "train")
 
 
 class CaseError(UsageError):
@@ -55,11 +59,20 @@ def canonical_dtype(name: str) -> str:
     return name
 
 
-def causal_pairs(seq_q: int, seq_kv: int) -> int:
-    """Number of (query, key) pairs a top-left causal mask leaves unmasked."""
-    # rows i < seq_kv see i + 1 keys; rows i >= seq_kv see all seq_kv keys
-    full = min(seq_q, seq_kv)
-    return full * (full + 1) // 2 + (seq_q - full) * seq_kv
+def causal_pairs(seq_q: int, seq_kv: int, shift: int = 0) -> int:
+    """Number of (query, key) pairs a causal mask leaves unmasked when query i sees keys
+    j <= i + shift (shift 0: top-left; Skv - Sq: bottom-right)."""
+    # row i sees clamp(i + shift + 1, 0, seq_kv) keys: rows below -shift see none, rows from
+    # seq_kv - shift - 1 on see all of them, the rows between a run 1, 2, ...
+    first = min(max(-shift, 0), seq_q)  # rows that see no key
+    last = min(max(seq_kv - shift - 1, first), seq_q)  # rows [first, last) see i + shift + 1
+    ramp = sum_range(first + shift + 1, last + shift + 1)
+    return ramp + (seq_q - last) * seq_kv
+
+
+def sum_range(a: int, b: int) -> int:
+    """a + (a + 1) + ... + (b - 1), 0 when b <= a."""
+    return (b - a) * (a + b - 1) // 2 if b > a else 0
 
 
 @dataclass(frozen=True)
@@ -77,6 +90,9 @@ class Case:
     mask: str = "none"  # none, padding, window (masks.py); combines with causal
     window: int | None = None  # window width W, with mask=window only
     level: str = "op"  # op: attention alone; layer: the multi-head block around it
+    causal_align: str = "top_left"  # top_left or bottom_right (masks.py): causal and window
+    model: str = ""  # the model preset the case comes from (models.py), or blank
+    phase: str = ""  # prefill, decode or train when the case comes from a phase, or blank
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
@@ -100,6 +116,17 @@ class Case:
             raise CaseError(f"unknown mask {self.mask!r} (allowed: {', '.join(MASKS)})")
         if self.level not in LEVELS:
             raise CaseError(f"unknown level {self.level!r} (allowed: {', '.join(LEVELS)})")
+        if self.causal_align not in ALIGNS:
+            raise CaseError(
+                f"unknown causal_align {self.causal_align!r} (allowed: {', '.join(ALIGNS)})"
+            )
+        if self.causal_align != "top_left" and not (self.causal or self.mask == "window"):
+            raise CaseError(
+                f"causal_align={self.causal_align} moves the diagonal of a causal or window "
+                f"mask; this case has neither (set causal true or mask window)"
+            )
+        if self.phase and self.phase not in PHASES:
+            raise CaseError(f"unknown phase {self.phase!r} (allowed: {', '.join(PHASES)})")
         if self.level == "layer" and self.cross:
             raise CaseError(
                 f"level=layer is self-attention: seq_q={self.seq_q} and "
@@ -113,7 +140,7 @@ class Case:
             raise CaseError(
                 f"mask=window needs a positive integer window (got {self.window!r}; set --window)"
             )
-        if self.seq_q > self.seq_kv + self.window - 1:
+        if self.seq_q + self.shift > self.seq_kv + self.window - 1:
             raise CaseError(
                 f"mask=window with window={self.window}: queries i >= seq_kv + "
                 f"window - 1 = {self.seq_kv + self.window - 1} would see no key "
@@ -140,6 +167,11 @@ class Case:
     def backward(self) -> bool:
         return self.mode != "fwd"
 
+    @property
+    def shift(self) -> int:
+        """Position of query 0 among the keys: 0 top-left, Skv - Sq bottom-right."""
+        return offset(self.causal_align, self.seq_q, self.seq_kv)
+
     def pairs(self, kv_lens: list[int] | None = None) -> int:
         """Unmasked (query, key) pairs per head, summed over the batch, exactly. Key padding
         needs the per-batch valid key lengths ``kv_lens`` (inputs.key_lengths)."""
@@ -147,7 +179,9 @@ class Case:
             raise ValueError("mask=padding: the pair count needs kv_lens")
         if self.mask == "none":
             per_batch = (
-                causal_pairs(self.seq_q, self.seq_kv) if self.causal else self.seq_q * self.seq_kv
+                causal_pairs(self.seq_q, self.seq_kv, self.shift)
+                if self.causal
+                else self.seq_q * self.seq_kv
             )
             return self.batch * per_batch
         lo, hi = key_bounds(
@@ -156,6 +190,7 @@ class Case:
             causal=self.causal,
             window=self.window,
             kv_lens=None if kv_lens is None else torch.tensor(kv_lens),
+            shift=self.shift,
         )
         counts = (hi - lo).clamp(min=0).sum()  # over (Bm, Sq)
         return int(counts) * (1 if kv_lens is not None else self.batch)
@@ -181,6 +216,28 @@ class Case:
             total += self.projection_flops() * PROJ_FLOP_FACTOR[self.mode]
         return total
 
+    def bytes_moved(self) -> float:
+        """The fewest bytes the timed work can move, each tensor read or written once:
+        level op fwd reads q, k, v and writes out; bwd reads q, k, v, out, dout and writes
+        dq, dk, dv; fwd_bwd reads q, k, v, dout and writes out, dq, dk, dv. Level layer: the
+        same with x, the four weights and the output (B, S, d_model) in their place."""
+        elt = torch.finfo(self.torch_dtype).bits // 8
+        if self.level == "layer":
+            d_kv = self.kv_heads * self.head_dim
+            inputs = self.batch * self.seq_q * self.d_model  # x
+            inputs += 2 * self.d_model * (self.d_model + d_kv)  # wq, wo; wk, wv
+            output = self.batch * self.seq_q * self.d_model
+        else:
+            q = self.batch * self.heads * self.seq_q * self.head_dim  # also out, dout, dq
+            inputs = q + 2 * self.batch * self.kv_heads * self.seq_kv * self.head_dim
+            output = q
+        elements = {
+            "fwd": inputs + output,  # read the inputs, write the output
+            "bwd": 2 * inputs + 2 * output,  # read inputs, output, its grad; write grads
+            "fwd_bwd": 2 * inputs + 2 * output,  # read inputs, grad; write output, grads
+        }[self.mode]
+        return float(elements * elt)
+
     @classmethod
     def from_row(cls, row) -> Case:
         """The case of a results row (a dict or a pandas row; blank cells are missing)."""
@@ -190,12 +247,13 @@ class Case:
             return None if v is None or str(v) in ("", "<NA>", "nan", "None") else kind(v)
 
         ints = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "window")
-        return cls(
-            **{
-                f: value(f, int if f in ints else bool if f == "causal" else str)
-                for f in cls.__dataclass_fields__
-            }
-        )
+        labels = ("causal_align", "model", "phase")  # blank in rows written before them
+        fields = {
+            f: value(f, int if f in ints else bool if f == "causal" else str)
+            for f in cls.__dataclass_fields__
+            if f not in labels or f in row
+        }
+        return cls(**{k: v for k, v in fields.items() if v is not None or k not in labels})
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -205,7 +263,10 @@ class Case:
         sk = f"x{self.seq_kv}" if self.cross else ""
         mask = {"none": "", "padding": " padding", "window": f" window{self.window}"}[self.mask]
         level = " layer" if self.level == "layer" else ""
+        align = " bottom-right" if self.causal_align == "bottom_right" else ""
+        who = f"{self.model} {self.phase} ".lstrip() if self.model or self.phase else ""
         return (
-            f"B{self.batch} H{self.heads}{kv} S{self.seq_q}{sk} D{self.head_dim} "
-            f"{self.dtype} {'causal' if self.causal else 'full'}{mask} {self.mode}{level}"
+            f"{who}B{self.batch} H{self.heads}{kv} S{self.seq_q}{sk} D{self.head_dim} "
+            f"{self.dtype} {'causal' if self.causal else 'full'}{align}{mask} "
+            f"{self.mode}{level}"
         )

@@ -352,7 +352,11 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
                 "ceilings": env["ceilings"],
             }
         }
-        settings = replace(settings, matmul_tflops=env["ceilings"]["matmul_tflops"])
+        settings = replace(
+            settings,
+            matmul_tflops=env["ceilings"]["matmul_tflops"],
+            copy_gb_s=env["ceilings"]["copy_gb_s"],
+        )
         executors = [
             Subprocess(plugins, seed, settings, opts.get("timeout"))
             if isolate

@@ -2,13 +2,19 @@
 
 A mask is a case dimension next to ``causal``: ``none``, ``padding`` (key padding: batch b has
 ``kv_lens[b]`` valid keys, keys j >= kv_lens[b] are masked) or ``window`` (local attention,
-width W). ``causal`` is its own boolean and combines with every mask, top-left aligned:
+width W). ``causal`` is its own boolean and combines with every mask. In the rules below p is
+the query's position among the keys: p = i with ``causal_align`` top_left (SDPA's
+``is_causal``), p = i + Skv - Sq with bottom_right (FlashAttention >= 2.1, a decoder whose
+Sq new tokens follow Skv - Sq cached ones):
 
-    none    + causal   : j <= i
+    none    + causal   : j <= p
     padding            : j < kv_lens[b]
-    padding + causal   : j <= i and j < kv_lens[b]
-    window             : |i - j| < W            (symmetric: 2W - 1 keys around i)
-    window  + causal   : i - W < j <= i         (sliding window: W keys ending at i)
+    padding + causal   : j <= p and j < kv_lens[b]
+    window             : |p - j| < W            (symmetric: 2W - 1 keys around p)
+    window  + causal   : p - W < j <= p         (sliding window: W keys ending at p)
+
+Bottom-right with Sq > Skv leaves the first Sq - Skv queries without a key: their output is
+zero (FlashAttention's convention), and so are their gradients.
 
 Every rule keeps, for query i, one interval of keys ``lo <= j < hi``; ``key_bounds`` computes
 it. Impls use these helpers; the float64 reference (accuracy.reference) writes the rules out
@@ -22,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 MASKS = ("none", "padding", "window")
+ALIGNS = ("top_left", "bottom_right")  # where the causal diagonal (and a window) sits
 FAR = 1 << 30  # "unbounded" for a window side, small enough for int32 index arithmetic
 
 
@@ -41,6 +48,11 @@ def interval(i, *, back, ahead, kv_len):
     return lo, hi
 
 
+def offset(align: str, seq_q: int, seq_kv: int) -> int:
+    """Position of query 0 among the keys: 0 top-left, Skv - Sq bottom-right."""
+    return seq_kv - seq_q if align == "bottom_right" else 0
+
+
 def key_bounds(
     rows: torch.Tensor,
     seq_kv: int,
@@ -48,15 +60,17 @@ def key_bounds(
     causal: bool,
     window: int | None = None,
     kv_lens: torch.Tensor | None = None,
+    shift: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """For query rows ``rows`` (n,): lo (1, n), hi (Bm, n), Bm = B with key padding else 1."""
+    """For query rows ``rows`` (n,): lo (1, n), hi (Bm, n), Bm = B with key padding else 1.
+    ``shift``: the position of query 0 among the keys (``offset``)."""
     back, ahead = reach(causal, window)
     kv_len = (
         torch.tensor(seq_kv, device=rows.device)
         if kv_lens is None
         else kv_lens.to(rows.device)[:, None]
     )  # () or (B, 1)
-    return interval(rows[None, :], back=back, ahead=ahead, kv_len=kv_len)
+    return interval(rows[None, :] + shift, back=back, ahead=ahead, kv_len=kv_len)
 
 
 def block_keep(
@@ -70,10 +84,16 @@ def block_keep(
     window: int | None = None,
     kv_lens: torch.Tensor | None = None,
     device=None,
+    shift: int = 0,
 ) -> torch.Tensor:
     """Boolean mask of the block rows q0..q1-1, keys k0..k1-1, True = attend: (Bm, bq, bk)."""
     lo, hi = key_bounds(
-        torch.arange(q0, q1, device=device), seq_kv, causal=causal, window=window, kv_lens=kv_lens
+        torch.arange(q0, q1, device=device),
+        seq_kv,
+        causal=causal,
+        window=window,
+        kv_lens=kv_lens,
+        shift=shift,
     )
     j = torch.arange(k0, k1, device=device)
     return (j >= lo[..., None]) & (j < hi[..., None])
@@ -83,21 +103,27 @@ def block_keep(
 class Mask:
     """What an impl that declares mask support gets as ``mask=``: the kind, the window width
     (kind window), the valid key lengths kv_lens (B,) int64 on the case's device (kind
-    padding). Dense and block masks are built once per row and cached here, outside the timed
-    calls, as a model builds them once for all its layers."""
+    padding), the causal alignment ``align`` (ALIGNS). Dense and block masks are built once per
+    row and cached here, outside the timed calls, as a model builds them once for all its
+    layers."""
 
     kind: str = "none"
     window: int | None = None
     kv_lens: torch.Tensor | None = None  # (B,)
+    align: str = "top_left"
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def fresh(self) -> Mask:
         """The same mask with an empty cache (one per row: caches die with the row)."""
-        return Mask(self.kind, self.window, self.kv_lens)
+        return Mask(self.kind, self.window, self.kv_lens, self.align)
 
     def masked(self, causal: bool) -> bool:
         """Whether any key is masked beyond nothing at all."""
         return causal or self.kind != "none"
+
+    def shift(self, seq_q: int, seq_kv: int) -> int:
+        """Position of query 0 among the keys (``offset``)."""
+        return offset(self.align, seq_q, seq_kv)
 
     def keep(self, seq_q: int, seq_kv: int, causal: bool, device) -> torch.Tensor:
         """Dense boolean mask, True = attend: (Bm, 1, Sq, Skv), cached."""
@@ -114,6 +140,7 @@ class Mask:
                 window=self.window,
                 kv_lens=self.kv_lens,
                 device=device,
+                shift=self.shift(seq_q, seq_kv),
             )[:, None],
         )
 

@@ -3,8 +3,12 @@
 An impl is a function ``(q, k, v, *, causal, scale) -> out`` in the canonical layout
 (q (B, Hq, Sq, D), k/v (B, Hkv, Skv, D), out (B, Hq, Sq, D)) or in the layout it declares
 (``layout="bshd"``: q (B, Sq, Hq, D), ...); the harness converts outside the timed region.
-An impl that declares masks beyond ``none`` is also called with ``mask=`` (a masks.Mask);
-the others never see it.
+An impl that declares masks beyond ``none``, or the bottom-right causal alignment, is also
+called with ``mask=`` (a masks.Mask, whose ``align`` says where the diagonal sits); the others
+never see it. An impl that declares ``paged=True`` gets its k and v as a paged KV cache:
+pools (pages, page_tokens, Hkv, D), ``block_table=`` (B, pages per sequence) int32 and
+``seq_kv=`` (the keys per sequence; the last page's tail beyond it is padding), as
+paged-attention servers keep them (run/inputs.py ``paged``).
 
 Impls come from four places: the built-ins (the package ``attnbench.impls``, shipped in the
 wheel), every module in a drop-in ``impls/`` folder (the checkout's, and the working folder's),
@@ -26,7 +30,7 @@ from pathlib import Path
 
 from attnbench.case import DEVICES, DTYPES, Case, CaseError
 from attnbench.errors import AttnbenchError, UsageError
-from attnbench.masks import MASKS
+from attnbench.masks import ALIGNS, MASKS
 
 BUILTIN_PACKAGE = "attnbench.impls"
 # drop-in folders of one-file plugins: the checkout's impls/ and the working folder's
@@ -56,6 +60,8 @@ class Impl:
     backward: bool = True
     layout: str = "bhsd"
     masks: tuple[str, ...] = ("none",)  # masks.MASKS it supports (combined with causal)
+    causal_align: tuple[str, ...] = ("top_left",)  # masks.ALIGNS it supports
+    paged: bool = False  # takes k, v as a paged KV cache (pools + block_table)
     # the SDPA backend it runs: a fixed name, or a function (call, device_type) -> name|None
     # that finds out (one extra untimed call); None: not an SDPA impl
     backend: str | Callable | None = field(default=None, repr=False)
@@ -73,8 +79,8 @@ class Impl:
 
     @property
     def takes_mask(self) -> bool:
-        """Called with ``mask=``: it declared a mask beyond none."""
-        return self.masks != ("none",)
+        """Called with ``mask=``: it declared a mask beyond none or bottom-right alignment."""
+        return self.masks != ("none",) or self.causal_align != ("top_left",)
 
     def reasons(self, case: Case) -> list[str]:
         """Why this impl cannot run ``case``; empty when it can."""
@@ -101,6 +107,14 @@ class Impl:
             out.append(f"mode={case.mode} (supported: fwd; no backward)")
         if case.mask not in self.masks:
             out.append(f"mask={case.mask} (supported: {', '.join(self.masks)})")
+        if case.causal_align not in self.causal_align:
+            out.append(
+                f"causal_align={case.causal_align} (supported: {', '.join(self.causal_align)})"
+            )
+        if self.paged and case.level != "op":
+            out.append(f"level={case.level} (supported: op; a paged KV cache is an op input)")
+        if self.paged and case.backward and self.backward:
+            out.append(f"mode={case.mode} (supported: fwd; a paged KV cache is read-only)")
         if not out and self.check is not None:
             out.extend(self.check(case))
         return out
@@ -123,6 +137,8 @@ def register(
     backward: bool = True,
     layout: str = "bhsd",
     masks: Iterable[str] = ("none",),
+    causal_align: Iterable[str] = ("top_left",),
+    paged: bool = False,
     backend: str | Callable | None = None,
     compiled: bool = False,
     baseline: bool = False,
@@ -134,10 +150,12 @@ def register(
     """Decorator registering an attention function with what it supports.
 
     ``masks``: the masks.MASKS it supports; "none" (no mask beyond causal) is implied. An impl
-    declaring more is called with ``mask=`` (a masks.Mask). ``backend``: the SDPA backend it
-    forces, or a function ``(call, device_type) -> name`` that detects it. ``compiled``: it
-    uses torch.compile (its first call's compile time goes to compile_ms). ``baseline``: the
-    impl that speedups are relative to (the run records it). ``color``: its colour in plots.
+    declaring more, or ``causal_align`` with "bottom_right", is called with ``mask=`` (a
+    masks.Mask). ``paged``: it takes k and v as a paged KV cache (see the module's doc).
+    ``backend``: the SDPA backend it forces, or a function ``(call, device_type) -> name``
+    that detects it. ``compiled``: it uses torch.compile (its first call's compile time goes
+    to compile_ms). ``baseline``: the impl that speedups are relative to (the run records
+    it). ``color``: its colour in plots.
 
     ``requires`` maps importable module names to the command that installs them; if one is
     missing the impl is registered as unavailable with that command in its reason.
@@ -165,6 +183,10 @@ def register(
                 backward=backward,
                 layout=_valid(name, "layout", [layout], LAYOUTS)[0],
                 masks=tuple(dict.fromkeys(("none", *_valid(name, "masks", masks, MASKS)))),
+                causal_align=tuple(
+                    dict.fromkeys(("top_left", *_valid(name, "causal_align", causal_align, ALIGNS)))
+                ),
+                paged=paged,
                 backend=backend,
                 compiled=compiled,
                 baseline=baseline,

@@ -1,15 +1,16 @@
 """FlexAttention (torch.nn.attention.flex_attention) through torch.compile, masks as block masks.
 
-One mask_mod serves every mask: query i keeps keys i - back < j < i + ahead and j < kv_len[b]
-(masks.interval), with back, ahead and kv_len held in tensors, so causal, padding and window
-cases of one shape share one compiled graph; the block mask (made once per row, outside the
+One mask_mod serves every mask: query i at position p = i + shift keeps keys
+p - back < j < p + ahead and j < kv_len[b] (masks.interval), with shift, back, ahead and
+kv_len held in tensors, so causal (either alignment), padding and window cases of one shape
+share one compiled graph; the block mask (made once per row, outside the
 timing) lets the kernel skip fully masked tiles. Without any mask the block mask is None.
 FlexAttention has no backward on the CPU."""
 
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from attnbench.masks import MASKS, interval, reach
+from attnbench.masks import ALIGNS, MASKS, interval, reach
 from attnbench.measure.compiling import compile_static
 from attnbench.registry import Unsupported, register
 
@@ -30,12 +31,13 @@ def block_mask(q, k, causal, mask):
 
     def make():
         back, ahead = (torch.tensor(n, device=q.device) for n in reach(causal, mask.window))
+        shift = torch.tensor(mask.shift(Sq, Skv), device=q.device)
         kv_len = (
             mask.kv_lens if mask.kv_lens is not None else torch.full((B,), Skv, device=q.device)
         )  # (B,)
 
         def mask_mod(b, h, q_idx, kv_idx):
-            lo, hi = interval(q_idx, back=back, ahead=ahead, kv_len=kv_len[b])
+            lo, hi = interval(q_idx + shift, back=back, ahead=ahead, kv_len=kv_len[b])
             return (kv_idx >= lo) & (kv_idx < hi)
 
         return create_block_mask(mask_mod, B, None, Sq, Skv, device=q.device)
@@ -47,6 +49,7 @@ def block_mask(q, k, causal, mask):
     "flex",
     color="#8c564b",
     masks=MASKS,
+    causal_align=ALIGNS,
     compiled=True,
     check=_no_cpu_backward,
     description="torch.nn.attention.flex_attention, torch.compile'd, block masks",

@@ -1,7 +1,7 @@
 """The textbook formula: softmax(Q K^T · scale) V, materialising the full score matrix; eager,
 and compiled with torch.compile (static shapes)."""
 
-from attnbench.masks import MASKS
+from attnbench.masks import ALIGNS, MASKS
 from attnbench.measure.compiling import compile_static
 from attnbench.registry import register
 
@@ -27,6 +27,7 @@ def _keep(q, k, causal, mask):
     "naive",
     color="#1f77b4",
     masks=MASKS,
+    causal_align=ALIGNS,
     description="softmax(QK^T*scale)V in eager PyTorch; materialises the (Sq, Skv) score matrix",
 )
 def naive(q, k, v, *, causal, scale, mask):
@@ -40,6 +41,7 @@ _compiled = compile_static(formula)
     "naive_compiled",
     color="#aec7e8",
     masks=MASKS,
+    causal_align=ALIGNS,
     compiled=True,
     description="the naive formula through torch.compile (dynamic=False)",
 )

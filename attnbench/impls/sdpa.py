@@ -9,6 +9,12 @@ Masks: causal alone goes through ``is_causal`` (every backend takes it); any oth
 boolean ``attn_mask`` (Bm, 1, Sq, Skv) with causal folded in, built once per row (masks.Mask).
 PyTorch's flash backend on CUDA takes no attn_mask, so masked rows there run another backend
 (auto) or are refused (sdpa_flash), in PyTorch's words.
+
+Bottom-right causal (``causal_align``): ``sdpa`` passes PyTorch's own
+``torch.nn.attention.bias.causal_lower_right``, which picks a kernel by itself (the backend
+column says which ran). That bias may call a kernel directly, past ``sdpa_kernel``, so the
+forced backends get the same mask as a dense ``attn_mask`` instead: a forced row then runs
+the backend it names, or is refused in PyTorch's words.
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
-from attnbench.masks import MASKS, Mask
+from attnbench.masks import ALIGNS, MASKS, Mask
 from attnbench.measure.profiling import profiled
 from attnbench.registry import Unsupported, register
 
@@ -49,12 +56,17 @@ KERNEL_BACKENDS = (
 )
 
 
-def attention(q, k, v, *, causal: bool, scale: float, mask: Mask | None = None):
-    # q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D); is_causal is top-left aligned
+def attention(q, k, v, *, causal: bool, scale: float, mask: Mask | None = None, bias: bool = True):
+    # q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D); is_causal is top-left aligned. bias: bottom-right
+    # causal through PyTorch's causal_lower_right, else as a dense mask
+    Sq, Skv = q.shape[-2], k.shape[-2]
+    shifted = causal and mask is not None and mask.shift(Sq, Skv) != 0
     attn_mask = None
-    if mask is not None and mask.kind != "none":
-        attn_mask = mask.keep(q.shape[-2], k.shape[-2], causal, q.device)  # (Bm, 1, Sq, Skv)
+    if mask is not None and (mask.kind != "none" or (shifted and not bias)):
+        attn_mask = mask.keep(Sq, Skv, causal, q.device)  # (Bm, 1, Sq, Skv)
         causal = False
+    elif shifted:
+        attn_mask, causal = causal_lower_right(Sq, Skv), False
     return F.scaled_dot_product_attention(
         q,
         k,
@@ -76,12 +88,13 @@ def forced(name: str) -> Callable:
         # q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D) -> (B, Hq, Sq, D)
         try:
             with sdpa_kernel(backend):
-                return attention(q, k, v, causal=causal, scale=scale, mask=mask)
+                return attention(q, k, v, causal=causal, scale=scale, mask=mask, bias=False)
         except RuntimeError as exc:
             if not any(text in str(exc) for text in REFUSALS):
                 raise
             why = refusal(
-                lambda: attention(q, k, v, causal=causal, scale=scale, mask=mask), backend
+                lambda: attention(q, k, v, causal=causal, scale=scale, mask=mask, bias=False),
+                backend,
             )
         raise Unsupported(f"PyTorch's {name} backend refused: {why}")
 
@@ -166,6 +179,7 @@ DEVICES = {
     "sdpa",
     color="#ff7f0e",
     masks=MASKS,
+    causal_align=ALIGNS,
     backend=detect_backend,
     baseline=True,
     description="F.scaled_dot_product_attention, default backend choice",
@@ -180,6 +194,7 @@ for _name, _devices in DEVICES.items():
         f"sdpa_{_name}",
         devices=_devices,
         masks=MASKS,
+        causal_align=ALIGNS,
         backend=_name,
         color=COLORS[_name],
         description=f"F.scaled_dot_product_attention with only the {_name} backend",

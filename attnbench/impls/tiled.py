@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench.masks import MASKS, block_keep, key_bounds
+from attnbench.masks import ALIGNS, MASKS, block_keep, key_bounds
 from attnbench.registry import register
 
 BLOCK_Q = 128
@@ -34,6 +34,7 @@ class _Masking:
     causal: bool
     window: int | None
     kv_lens: torch.Tensor | None  # (B,) on the device
+    shift: int = 0  # position of query 0 among the keys (masks.offset)
 
     def __post_init__(self):
         self.kv_lens_cpu = None if self.kv_lens is None else self.kv_lens.cpu()  # one sync
@@ -47,6 +48,7 @@ class _Masking:
             causal=self.causal,
             window=self.window,
             kv_lens=self.kv_lens_cpu,
+            shift=self.shift,
         )  # (1, 2), (Bm, 2)
         return int(lo[0, 0]), int(hi[:, 1].max()), int(lo[0, 1]), int(hi[:, 0].min())
 
@@ -65,6 +67,7 @@ class _Masking:
                 window=self.window,
                 kv_lens=self.kv_lens,
                 device=s.device,
+                shift=self.shift,
             )
             s = s.masked_fill(~keep[:, None, None], float("-inf"))  # keep (Bm, 1, 1, bq, bk)
         return s
@@ -95,8 +98,10 @@ class TiledAttention(torch.autograd.Function):
                 l = l * correction + p.sum(dim=-1)
                 acc = acc * correction[..., None] + (p.to(v.dtype) @ v5[..., k0:k1, :]).float()
                 m = m_new
-            out[..., q0:q1, :] = (acc / l[..., None]).to(q.dtype)
-            lse[..., q0:q1] = m + torch.log(l)
+            # a row with no key at all (bottom-right, Sq > Skv) has l = 0: output zero, and
+            # lse = +inf makes its recomputed probabilities zero in the backward
+            out[..., q0:q1, :] = (acc / l.masked_fill(l == 0, 1.0)[..., None]).to(q.dtype)
+            lse[..., q0:q1] = torch.where(l > 0, m + torch.log(l), float("inf"))
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.masking, ctx.scale = masking, scale
         return out.reshape(B, Hq, Sq, D)
@@ -132,10 +137,12 @@ class TiledAttention(torch.autograd.Function):
     "tiled",
     color="#d62728",
     masks=MASKS,
+    causal_align=ALIGNS,
     description="our blocked online-softmax attention in plain PyTorch, hand-written "
     "backward; memory linear in sequence length",
 )
 def tiled(q, k, v, *, causal, scale, mask):
     # q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D) -> (B, Hq, Sq, D)
-    masking = _Masking(k.shape[2], causal, mask.window, mask.kv_lens)
+    shift = mask.shift(q.shape[2], k.shape[2])
+    masking = _Masking(k.shape[2], causal, mask.window, mask.kv_lens, shift)
     return TiledAttention.apply(q, k, v, masking, scale)

@@ -1,6 +1,7 @@
 """xformers.ops.memory_efficient_attention, in its own (B, S, H, D) layout."""
 
 from attnbench.case import Case
+from attnbench.masks import ALIGNS
 from attnbench.registry import Unsupported, register
 
 
@@ -20,12 +21,16 @@ def _gqa_backward(case: Case) -> list[str]:
     devices=("cuda",),
     layout="bshd",
     requires={"xformers": "pip install 'attnbench[xformers]'"},
+    causal_align=ALIGNS,
     check=_gqa_backward,
     description="xformers.ops.memory_efficient_attention (CUDA only: xformers has no CPU operator)",
 )
-def xformers(q, k, v, *, causal, scale):
+def xformers(q, k, v, *, causal, scale, mask):
     import xformers.ops as xops
-    from xformers.ops.fmha.attn_bias import LowerTriangularMask
+    from xformers.ops.fmha.attn_bias import (
+        LowerTriangularFromBottomRightMask,
+        LowerTriangularMask,
+    )
 
     # q (B, Sq, Hq, D); k, v (B, Skv, Hkv, D)
     B, Sq, Hq, D = q.shape
@@ -35,7 +40,10 @@ def xformers(q, k, v, *, causal, scale):
         q = q.view(B, Sq, Hkv, group, D)
         k = k.unsqueeze(3).expand(B, Skv, Hkv, group, D)
         v = v.unsqueeze(3).expand(B, Skv, Hkv, group, D)
-    bias = LowerTriangularMask() if causal else None  # top-left aligned, like SDPA's is_causal
+    bias = None
+    if causal:  # xformers' two alignments: top-left (SDPA's is_causal) and bottom-right
+        bottom_right = mask.shift(Sq, Skv) != 0
+        bias = LowerTriangularFromBottomRightMask() if bottom_right else LowerTriangularMask()
     try:
         out = xops.memory_efficient_attention(q, k, v, attn_bias=bias, scale=scale)
     except NotImplementedError as exc:  # no xformers operator takes this case

@@ -18,8 +18,9 @@ import torch
 CHUNK_BYTES = 256 * 2**20  # score-matrix bytes per query chunk of the reference
 
 
-def _chunk_rows(batch: int, heads: int, seq_kv: int, dtype: torch.dtype) -> int:
-    per_row = batch * heads * seq_kv * torch.finfo(dtype).bits // 8
+def _chunk_rows(heads: int, seq_kv: int, dtype: torch.dtype) -> int:
+    """Query rows per chunk of one batch element, so its scores stay near CHUNK_BYTES."""
+    per_row = heads * seq_kv * torch.finfo(dtype).bits // 8
     return max(1, CHUNK_BYTES // max(per_row, 1))
 
 
@@ -34,55 +35,64 @@ def reference(
     dtype=torch.float64,
     window: int | None = None,
     kv_lens: torch.Tensor | None = None,
+    shift: int = 0,
 ):
-    """Attention by the textbook formula in ``dtype``, over query chunks so the score matrix
-    is never whole. Returns ``(out, grads)``; grads is ``(dq, dk, dv)`` when ``dout`` is given.
+    """Attention by the textbook formula in ``dtype``, one batch element and one query chunk
+    at a time, so neither the score matrix nor a widened copy of k and v is ever whole (a
+    decode case's KV cache can be most of the device). Returns ``(out, grads)``; grads is
+    ``(dq, dk, dv)`` when ``dout`` is given.
 
     q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D); dout (B, Hq, Sq, D). Results are in ``dtype``
     (dk/dv accumulated over chunks in at least float32). Masks, written out element by
-    element (query i, key j, batch b): causal masks j > i; ``window`` W masks |i - j| >= W, or
-    with causal i - j >= W; ``kv_lens`` (B,) masks j >= kv_lens[b] (key padding)."""
+    element (query i at position p = i + shift among the keys, key j, batch b): causal masks
+    j > p; ``window`` W masks |p - j| >= W, or with causal p - j >= W; ``kv_lens`` (B,) masks
+    j >= kv_lens[b] (key padding). A query with every key masked has output zero and
+    gradients zero."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     group = Hq // Hkv
     acc = torch.promote_types(dtype, torch.float32)
-    q, k, v = (t.detach().to(dtype) for t in (q, k, v))
-    kk = k.repeat_interleave(group, dim=1).requires_grad_(dout is not None)  # (B, Hq, Skv, D)
-    vv = v.repeat_interleave(group, dim=1).requires_grad_(dout is not None)
-    out = torch.empty_like(q)
-    dq = torch.empty_like(q) if dout is not None else None
-    dkk = torch.zeros(kk.shape, dtype=acc, device=q.device) if dout is not None else None
-    dvv = torch.zeros_like(dkk) if dout is not None else None
-    step = _chunk_rows(B, Hq, Skv, dtype)
-    for start in range(0, Sq, step):
-        rows = slice(start, min(start + step, Sq))
-        qc = q[:, :, rows].requires_grad_(dout is not None)  # (B, Hq, c, D)
-        with torch.enable_grad() if dout is not None else torch.no_grad():
-            s = (qc @ kk.transpose(-1, -2)) * scale  # (B, Hq, c, Skv)
-            i = torch.arange(rows.start, rows.stop, device=q.device)[:, None]  # (c, 1)
-            j = torch.arange(Skv, device=q.device)[None, :]  # (1, Skv)
-            if causal:
-                s = s.masked_fill(j > i, float("-inf"))
-            if window is not None:
-                s = s.masked_fill(
-                    (i - j >= window) if causal else ((i - j).abs() >= window), float("-inf")
-                )
-            if kv_lens is not None:
-                padded = j >= kv_lens.to(q.device)[:, None, None, None]  # (B, 1, 1, Skv)
-                s = s.masked_fill(padded, float("-inf"))
-            oc = s.softmax(dim=-1) @ vv  # (B, Hq, c, D)
-        out[:, :, rows] = oc.detach()
-        if dout is not None:
-            gq, gk, gv = torch.autograd.grad(oc, (qc, kk, vv), dout[:, :, rows].to(dtype))
-            dq[:, :, rows] = gq
-            dkk += gk
-            dvv += gv
-    if dout is None:
-        return out, None
-    # sum the grads of the query heads that share one kv head: (B, Hkv, group, Skv, D)
-    dk = dkk.view(B, Hkv, group, Skv, D).sum(2).to(dtype)
-    dv = dvv.view(B, Hkv, group, Skv, D).sum(2).to(dtype)
-    return out, (dq, dk, dv)
+    grad = dout is not None
+    out = torch.empty(q.shape, dtype=dtype, device=q.device)
+    dq = torch.empty_like(out) if grad else None
+    dk = torch.empty(k.shape, dtype=dtype, device=q.device) if grad else None
+    dv = torch.empty_like(dk) if grad else None
+    step = _chunk_rows(Hq, Skv, dtype)
+    j = torch.arange(Skv, device=q.device)[None, :]  # (1, Skv)
+    for b in range(B):
+        kb = k[b].detach().to(dtype)[:, None].requires_grad_(grad)  # (Hkv, 1, Skv, D)
+        vb = v[b].detach().to(dtype)[:, None].requires_grad_(grad)
+        gk = torch.zeros(kb.shape, dtype=acc, device=q.device) if grad else None
+        gv = torch.zeros_like(gk) if grad else None
+        for start in range(0, Sq, step):
+            rows = slice(start, min(start + step, Sq))
+            c = rows.stop - rows.start
+            # query head h reads kv head h // group: (Hq, c, D) -> (Hkv, group, c, D)
+            qc = q[b, :, rows].detach().to(dtype).reshape(Hkv, group, c, D)
+            qc.requires_grad_(grad)
+            with torch.enable_grad() if grad else torch.no_grad():
+                s = (qc @ kb.transpose(-1, -2)) * scale  # (Hkv, group, c, Skv)
+                p = torch.arange(rows.start, rows.stop, device=q.device)[:, None] + shift
+                drop = torch.zeros(c, Skv, dtype=torch.bool, device=q.device)  # (c, Skv)
+                if causal:
+                    drop |= j > p
+                if window is not None:
+                    drop |= (p - j >= window) if causal else ((p - j).abs() >= window)
+                if kv_lens is not None:
+                    drop |= j >= kv_lens[b].to(q.device)
+                empty = drop.all(dim=-1, keepdim=True)  # (c, 1): no key at all
+                s = s.masked_fill(drop, float("-inf")).masked_fill(empty, 0.0)
+                oc = s.softmax(dim=-1).masked_fill(empty, 0.0) @ vb  # (Hkv, group, c, D)
+            out[b, :, rows] = oc.detach().reshape(Hq, c, D)
+            if grad:
+                g = dout[b, :, rows].to(dtype).reshape(Hkv, group, c, D)
+                gq, gkc, gvc = torch.autograd.grad(oc, (qc, kb, vb), g)
+                dq[b, :, rows] = gq.reshape(Hq, c, D)
+                gk += gkc
+                gv += gvc
+        if grad:
+            dk[b], dv[b] = gk[:, 0].to(dtype), gv[:, 0].to(dtype)
+    return out, ((dq, dk, dv) if grad else None)
 
 
 # The rule's constants (docs/method.md), calibrated by scripts/calibrate_accuracy.py
@@ -118,10 +128,30 @@ def magnitude(
     dout=None,
     window: int | None = None,
     kv_lens: torch.Tensor | None = None,
+    shift: int = 0,
 ) -> list[torch.Tensor]:
     """float64 magnitudes ``[m_out]`` or ``[m_out, m_dq, m_dk, m_dv]`` (same shapes as the
     reference's out and grads; docs/method.md has the formulas). Masks as ``reference``.
-    Computed over query chunks, so the score matrix is never whole."""
+    Computed one batch element and one query chunk at a time (each element's magnitudes are
+    its own), so the score matrix is never whole."""
+    parts = [
+        _magnitude(
+            q[b : b + 1],
+            k[b : b + 1],
+            v[b : b + 1],
+            causal=causal,
+            scale=scale,
+            dout=None if dout is None else dout[b : b + 1],
+            window=window,
+            kv_lens=None if kv_lens is None else kv_lens[b : b + 1],
+            shift=shift,
+        )
+        for b in range(q.shape[0])
+    ]
+    return [torch.cat(ts) for ts in zip(*parts)]
+
+
+def _magnitude(q, k, v, *, causal, scale, dout, window, kv_lens, shift) -> list[torch.Tensor]:
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     G = Hq // Hkv
@@ -145,14 +175,16 @@ def magnitude(
         rows = slice(start, min(start + step, Sq))
         qc = q[:, :, rows]
         s = (qc @ kk.transpose(-1, -2)) * scale  # (B, Hq, c, Skv)
-        i = torch.arange(rows.start, rows.stop, device=q.device)[:, None]
+        i = torch.arange(rows.start, rows.stop, device=q.device)[:, None] + shift
         if causal:
             s = s.masked_fill(j > i, -math.inf)
         if window is not None:
             s = s.masked_fill((i - j >= window) if causal else ((i - j).abs() >= window), -math.inf)
         if kv_lens is not None:
             s = s.masked_fill(j >= kv_lens.to(q.device)[:, None, None, None], -math.inf)
-        p = s.softmax(-1)
+        empty = s.isneginf().all(-1, keepdim=True)  # queries with no key: output zero
+        s = s.masked_fill(empty, 0.0)
+        p = s.softmax(-1).masked_fill(empty, 0.0)
         w = torch.where(p > 0, p * (1 + s.abs()), torch.zeros_like(p))
         w2 = w.square()
         out = p @ vv

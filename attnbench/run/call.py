@@ -11,7 +11,7 @@ from attnbench.case import Case
 from attnbench.errors import AttnbenchError
 from attnbench.masks import Mask
 from attnbench.registry import Impl
-from attnbench.run.inputs import Inputs, from_layout, to_layout
+from attnbench.run.inputs import Inputs, from_layout, paged, to_layout
 from attnbench.run.layer import layer_forward
 
 
@@ -30,6 +30,7 @@ class Call:
     dout: torch.Tensor | None
     scale: float
     mask: Mask
+    block_table: torch.Tensor | None = None  # (B, pages per sequence), paged impls only
 
     @classmethod
     def prepare(cls, impl: Impl, case: Case, inputs: Inputs) -> Call:
@@ -37,6 +38,10 @@ class Call:
         if case.level == "layer":  # the layer converts layouts itself, inside the timing
             leaves = tuple(t.detach().requires_grad_(grad) for t in (inputs.x, *inputs.weights))
             return cls(impl, case, leaves, inputs.dout, inputs.scale, inputs.mask.fresh())
+        if impl.paged:  # fwd only (registry): k, v become page pools, outside the timing
+            k_pool, v_pool, table = paged(inputs.k, inputs.v, inputs.seed)
+            leaves = (to_layout(inputs.q, impl.layout), k_pool, v_pool)
+            return cls(impl, case, leaves, None, inputs.scale, inputs.mask.fresh(), table)
         leaves = tuple(
             to_layout(t, impl.layout).requires_grad_(grad) for t in (inputs.q, inputs.k, inputs.v)
         )
@@ -44,8 +49,11 @@ class Call:
         return cls(impl, case, leaves, dout, inputs.scale, inputs.mask.fresh())
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The impl's core attention, in its layout; ``mask=`` only for impls that take it."""
+        """The impl's core attention, in its layout; ``mask=`` only for impls that take it,
+        ``block_table=`` only for paged ones."""
         extra = {"mask": self.mask} if self.impl.takes_mask else {}
+        if self.impl.paged:
+            extra.update(block_table=self.block_table, seq_kv=self.case.seq_kv)
         return self.impl.fn(q, k, v, causal=self.case.causal, scale=self.scale, **extra)
 
     def forward(self) -> torch.Tensor:

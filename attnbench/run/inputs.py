@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -10,6 +11,9 @@ from attnbench.case import Case
 from attnbench.masks import Mask
 
 PADDING_SEED_OFFSET = 7919  # key lengths come from their own stream: q, k, v stay as they were
+PAGES_SEED_OFFSET = 104729  # the page order of a paged KV cache, a stream of its own
+DRAW_WHOLE = 2**28  # elements drawn in one piece; larger tensors per batch element
+PAGE_TOKENS = 128  # tokens per page of a paged KV cache (one FlexAttention key block)
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,7 @@ class Inputs:
     mask: Mask = field(default_factory=Mask)
     x: torch.Tensor | None = None  # (B, S, d_model); level layer
     weights: tuple[torch.Tensor, ...] | None = None  # level layer: layer.WEIGHTS, (out, in)
+    seed: int = 0  # what they were drawn from (a paged KV cache's page order too)
 
 
 def key_lengths(case: Case, seed: int) -> list[int] | None:
@@ -43,24 +48,36 @@ def make_inputs(case: Case, seed: int) -> Inputs:
     B, Hq, Hkv, D = case.batch, case.heads, case.kv_heads, case.head_dim
 
     def draw(*shape: int, std: float = 1.0) -> torch.Tensor:
-        t = torch.randn(*shape, generator=gen, dtype=torch.float32) * std
-        return t.to(device=case.device, dtype=case.torch_dtype)
+        if math.prod(shape) <= DRAW_WHOLE:
+            t = torch.randn(*shape, generator=gen, dtype=torch.float32) * std
+            return t.to(device=case.device, dtype=case.torch_dtype)
+        # a large KV cache: one batch element at a time, so the float32 draw never needs
+        # the whole tensor's host memory
+        out = torch.empty(shape, device=case.device, dtype=case.torch_dtype)
+        for b in range(shape[0]):
+            out[b] = torch.randn(*shape[1:], generator=gen, dtype=torch.float32) * std
+        return out
 
     lens = key_lengths(case, seed)
     mask = Mask(
-        case.mask, case.window, None if lens is None else torch.tensor(lens, device=case.device)
+        case.mask,
+        case.window,
+        None if lens is None else torch.tensor(lens, device=case.device),
+        case.causal_align,
     )
     if case.level == "layer":
         dm, dkv = case.d_model, Hkv * D
         x = draw(B, case.seq_q, dm)
         weights = tuple(draw(d_out, dm, std=dm**-0.5) for d_out in (dm, dkv, dkv, dm))
         dout = draw(B, case.seq_q, dm) if case.backward else None
-        return Inputs(None, None, None, dout, scale=D**-0.5, mask=mask, x=x, weights=weights)
+        return Inputs(
+            None, None, None, dout, scale=D**-0.5, mask=mask, x=x, weights=weights, seed=seed
+        )
     q = draw(B, Hq, case.seq_q, D)
     k = draw(B, Hkv, case.seq_kv, D)
     v = draw(B, Hkv, case.seq_kv, D)
     dout = draw(B, Hq, case.seq_q, D) if case.backward else None
-    return Inputs(q, k, v, dout, scale=D**-0.5, mask=mask)
+    return Inputs(q, k, v, dout, scale=D**-0.5, mask=mask, seed=seed)
 
 
 def to_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
@@ -71,3 +88,24 @@ def to_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
 def from_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
     """An impl's layout back to canonical (B, H, S, D)."""
     return t if layout == "bhsd" else t.transpose(1, 2)
+
+
+def paged(
+    k: torch.Tensor, v: torch.Tensor, seed: int, page_tokens: int = PAGE_TOKENS
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """k, v (B, Hkv, Skv, D) as a paged KV cache: pools (B * P, page_tokens, Hkv, D) and a
+    block table (B, P) int32, P = ceil(Skv / page_tokens); logical page p of sequence b is
+    pool page block_table[b, p]. Pages are shuffled (from ``seed``), as a server's cache is
+    after many requests come and go; the tail of a last partial page is zero."""
+    B, Hkv, Skv, D = k.shape
+    P = -(-Skv // page_tokens)
+    order = torch.randperm(B * P, generator=torch.Generator().manual_seed(seed + PAGES_SEED_OFFSET))
+    table = order.view(B, P).to(device=k.device, dtype=torch.int32)  # (B, P)
+    pools = []
+    for t in (k, v):
+        pages = t.new_zeros(B, P * page_tokens, Hkv, D)
+        pages[:, :Skv] = t.transpose(1, 2)  # (B, Skv, Hkv, D)
+        pool = t.new_empty(B * P, page_tokens, Hkv, D)
+        pool[table.flatten().long()] = pages.view(B * P, page_tokens, Hkv, D)
+        pools.append(pool)
+    return pools[0], pools[1], table

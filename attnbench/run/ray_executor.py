@@ -463,8 +463,12 @@ def measure_devices(
         entry["actors"] += 1
         entry["ceilings"] = _best(entry.get("ceilings"), ceilings)
     for proxy in proxies:
-        tflops = devices[proxy.device_name]["ceilings"]["matmul_tflops"]
-        proxy.settings = dataclasses.replace(proxy.settings, matmul_tflops=tflops)
+        ceilings = devices[proxy.device_name]["ceilings"]
+        proxy.settings = dataclasses.replace(
+            proxy.settings,
+            matmul_tflops=ceilings["matmul_tflops"],
+            copy_gb_s=ceilings["copy_gb_s"],
+        )
     return devices
 
 

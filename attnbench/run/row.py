@@ -35,6 +35,7 @@ class Settings:
 
     timer: TimerConfig = TimerConfig()
     matmul_tflops: dict = field(default_factory=dict)  # dtype -> measured ceiling (pct_peak)
+    copy_gb_s: float | None = None  # the measured copy bandwidth (pct_peak of memory-bound rows)
     profile: tuple[str, ...] | None = None  # None: off; (): every pair; else all must match
     traces_dir: Path | None = None  # where --profile writes one Chrome trace per pair
     malloc_tunables: bool = True  # CPU: keep the heap between timed calls (measure/allocator.py)
@@ -115,7 +116,9 @@ def ground_truth(case: Case, inputs: Inputs) -> Truth:
                 dtype=dtype,
                 **args,
             )
-        return accuracy.reference(inputs.q, inputs.k, inputs.v, dtype=dtype, **args)
+        return accuracy.reference(
+            inputs.q, inputs.k, inputs.v, dtype=dtype, shift=case.shift, **args
+        )
 
     try:
         out, grads = truth(torch.float64)
@@ -124,7 +127,8 @@ def ground_truth(case: Case, inputs: Inputs) -> Truth:
             b_out, b_grads = truth(case.torch_dtype)
             got = [b_out, *(b_grads or ())]
             return Truth(ref, baseline=[accuracy.legacy_error(x, r) for x, r in zip(got, ref)])
-        return Truth(ref, mag=accuracy.magnitude(inputs.q, inputs.k, inputs.v, **args))
+        mag = accuracy.magnitude(inputs.q, inputs.k, inputs.v, shift=case.shift, **args)
+        return Truth(ref, mag=mag)
     except (torch.OutOfMemoryError, MemoryError) as exc:
         release(case)
         return Truth(
@@ -182,22 +186,17 @@ def measure(
                     f"includes paging it back in and may move between identical runs"
                 )
         flops = case.flops(None if inputs.mask.kv_lens is None else inputs.mask.kv_lens.tolist())
+        seconds = timing.median_ms * 1e-3
         row.update(
             time_ms=timing.median_ms,
             time_ms_p20=timing.p20_ms,
             time_ms_p80=timing.p80_ms,
             samples=len(times),
             flops=flops,
-            tflops=flops / (timing.median_ms * 1e-3) / 1e12,
+            tflops=flops / seconds / 1e12,
+            gbps=case.bytes_moved() / seconds / 1e9,
         )
-        if settings.matmul_tflops.get(case.dtype):
-            row["pct_peak"] = 100 * row["tflops"] / settings.matmul_tflops[case.dtype]
-            if row["pct_peak"] > 100:
-                notes.append(
-                    f"pct_peak {row['pct_peak']:.0f}% is above the measured matmul ceiling: "
-                    f"the ceiling was measured low (a busy machine?), so pct_peak is not "
-                    f"trustworthy for this run"
-                )
+        row.update(roofline(row, case, settings, notes))
         try:
             with _nvtx(f"{impl.name} {case.label()} memory"):
                 row["peak_mem_mib"] = peak_mem_mib(call.memory_fn(), case.device_type)
@@ -219,6 +218,30 @@ def measure(
     finally:
         call = None
         release(case)
+
+
+def roofline(row: dict, case: Case, settings: Settings, notes: list[str]) -> dict:
+    """pct_peak and bound: the row against the roof its arithmetic intensity meets. The roof
+    is min(matmul rate, intensity x copy bandwidth), so the percentage of it is the larger of
+    tflops / matmul rate and gbps / copy bandwidth (whichever ceilings were measured)."""
+    peak_tflops = settings.matmul_tflops.get(case.dtype)
+    shares = {
+        "compute": row["tflops"] / peak_tflops if peak_tflops else None,
+        "memory": row["gbps"] / settings.copy_gb_s if settings.copy_gb_s else None,
+    }
+    measured = {k: v for k, v in shares.items() if v is not None}
+    if not measured:
+        return {}
+    out = {"pct_peak": 100 * max(measured.values())}
+    if len(measured) == 2:  # the ridge point: matmul rate / bandwidth, in FLOP per byte
+        ridge = peak_tflops * 1e12 / (settings.copy_gb_s * 1e9)
+        out["bound"] = "memory" if row["flops"] / case.bytes_moved() < ridge else "compute"
+    if out["pct_peak"] > 100:
+        notes.append(
+            f"pct_peak {out['pct_peak']:.0f}% is above the measured ceilings: they were "
+            f"measured low (a busy machine?), so pct_peak is not trustworthy for this run"
+        )
+    return out
 
 
 def _once(fn, device_type: str) -> tuple[object, float]:

@@ -17,7 +17,12 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "seq_kv": ("Int64", "Skv, key/value length"),
     "head_dim": ("Int64", "D"),
     "dtype": ("string", "float32, bfloat16 or float16"),
-    "causal": ("boolean", "top-left aligned causal mask (SDPA's is_causal)"),
+    "causal": ("boolean", "causal mask, aligned as causal_align says"),
+    "causal_align": (
+        "string",
+        "top_left (query i sees keys j <= i, SDPA's is_causal) or bottom_right (j <= i + "
+        "seq_kv - seq_q, FlashAttention >= 2.1; decoding); also places a window",
+    ),
     "device": ("string", "cpu or cuda"),
     "status": ("string", "one of " + ", ".join(STATUSES)),
     "reason": ("string", "why the status is not ok, or why agrees is false"),
@@ -26,6 +31,11 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "time_ms_p80": ("Float64", "80th percentile of the samples"),
     "samples": ("Int64", "number of timing samples behind the median"),
     "tflops": ("Float64", "case FLOPs (unmasked pairs only) / time_ms, 1e12 FLOP/s"),
+    "gbps": (
+        "Float64",
+        "the fewest bytes the timed work must move (q, k, v read, out written; with backward "
+        "the gradients too: docs/method.md) / time_ms, 1e9 B/s",
+    ),
     "peak_mem_mib": ("Float64", "peak memory above what was allocated before the call, MiB"),
     "max_abs_err": (
         "Float64",
@@ -60,6 +70,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
         "string",
         "op (attention alone) or layer (projections + attention + output projection)",
     ),
+    "model": ("string", "the model preset the case comes from (--model), else blank"),
+    "phase": ("string", "prefill, decode or train when the case comes from --phase, else blank"),
     "backend": (
         "string",
         "SDPA backend that ran (flash, efficient, cudnn, math); blank for impls that are not SDPA",
@@ -75,9 +87,14 @@ COLUMNS: dict[str, tuple[str, str]] = {
     ),
     "pct_peak": (
         "Float64",
-        "tflops as a percentage of the matmul rate measured for this "
-        "dtype at the start of the run on the device that ran the row (env.json ceilings, "
-        "or devices with several)",
+        "percentage of the roofline: the larger of tflops over the matmul rate measured for "
+        "this dtype and gbps over the measured copy bandwidth (at the start of the run, on "
+        "the device that ran the row: env.json ceilings, or devices with several)",
+    ),
+    "bound": (
+        "string",
+        "the ceiling that bounds the row by its arithmetic intensity (flops per byte moved): "
+        "compute (matmul rate) or memory (copy bandwidth); blank without measured ceilings",
     ),
     "profiler_ms": (
         "Float64",
@@ -106,6 +123,7 @@ METRICS = (  # blank in every row that is not ok
     "time_ms_p80",
     "samples",
     "tflops",
+    "gbps",
     "peak_mem_mib",
     "max_abs_err",
     "rel_err",
@@ -117,6 +135,7 @@ METRICS = (  # blank in every row that is not ok
     "compile_ms",
     "recompiled",
     "pct_peak",
+    "bound",
     "profiler_ms",
     "sm_clock_mhz",
     "power_w",
@@ -138,7 +157,12 @@ CASE_KEY = (
     "mask",
     "window",
     "level",
+    "causal_align",
+    "model",
+    "phase",
 )
+# what a key column holds in rows written before it existed
+KEY_DEFAULTS = {"causal_align": "top_left"}
 SAMPLE_COLUMNS = ("run_id", *CASE_KEY, "sample", "time_ms")
 # --profile: one line per (row, kernel or op), the device's time summed over PROFILED_CALLS
 KERNEL_COLUMNS = ("run_id", *CASE_KEY, "kernel", "calls", "total_us", "share")
