@@ -5,8 +5,8 @@ The harness hands a ``paged=True`` impl its keys and values as page pools
 pool page ``block_table[b, p]``, pages shuffled (run/inputs.py ``paged``), and ``seq_kv``, the
 logical key length. Here the pools are viewed, without a copy, as one long physical sequence
 (1, Hkv, pages * page_tokens, D), and a block mask whose key blocks are the pages sends each
-query block to its own sequence's pages only; a mask_mod maps a physical key back to its logical position for the causal, window and
-padding rules (masks.interval). Pages every query of a block fully sees are "full" blocks
+query block to its own sequence's pages only; a mask_mod maps a physical key back to its
+logical position for the causal, window and padding rules (masks.interval). Pages every query of a block fully sees are "full" blocks
 (no mask_mod applied), so the cost of paging is the indirection itself. The block mask is
 built once per row, outside the timing. Forward only: a KV cache is read, not trained.
 """
