@@ -25,6 +25,7 @@ from attnbench import registry
 from attnbench.errors import UsageError
 from attnbench.measure import allocator, ceilings
 from attnbench.measure.timing import TimerConfig
+from attnbench.models import models_table
 from attnbench.options import OPTIONS, flag, load_config, parse_value
 from attnbench.run.executors import InProcess, Subprocess
 from attnbench.run.row import Settings
@@ -126,6 +127,9 @@ def build_parser(command: str = "sweep") -> argparse.ArgumentParser:
     p.add_argument("--results-dir", default="results", type=Path)
     p.add_argument("--reports-dir", default="reports", type=Path)
     p.add_argument("--list", action="store_true", help="list every impl and exit")
+    p.add_argument(
+        "--list-models", action="store_true", help="list the model presets (--model) and exit"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--no-report",
@@ -236,6 +240,9 @@ def _check_profile_filter(profile: tuple[str, ...] | None, impls: list, cases: l
 
 def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = None) -> int:
     args = build_parser(command).parse_args(argv)
+    if args.list_models:
+        print(models_table())
+        return EXIT_OK
     opts = resolve_options(args)
     executor = _check_executor(opts)
     device = _device(opts.get("device"), local=executor == "local")
@@ -265,6 +272,9 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
                 "mask",
                 "window",
                 "level",
+                "causal_align",
+                "model",
+                "phase",
             )
         },
         rep_ms=[opts["rep_ms"]] if "rep_ms" in opts else None,
@@ -568,6 +578,8 @@ def list_impls(impls: dict, device: str) -> str:
                 "y" if f else "n" for f in (impl.causal, impl.cross, impl.gqa, impl.backward)
             ),
             "masks": ",".join(impl.masks),
+            "bottom_right": "y" if "bottom_right" in impl.causal_align else "n",
+            "paged": "y" if impl.paged else "",
             "source": impl.source,
             "note": impl.unavailable
             or ("" if device in impl.devices else f"not on {device}; ") + impl.description,

@@ -17,8 +17,10 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from attnbench.case import DEVICES, LEVELS, MODES, CaseError, canonical_dtype
+from attnbench.case import DEVICES, LEVELS, MODES, PHASES, CaseError, canonical_dtype
 from attnbench.errors import UsageError
+from attnbench.masks import ALIGNS
+from attnbench.models import model as find_model
 from attnbench.spec import MASK_CHOICES, PRESETS
 
 
@@ -102,6 +104,13 @@ def _ray_address(text: str) -> str:
     return text
 
 
+def _model(text: str) -> str:
+    try:
+        return find_model(text).name
+    except CaseError as exc:
+        raise ValueError(str(exc)) from None
+
+
 def _dtype(text: str) -> str:
     try:
         return canonical_dtype(text)
@@ -122,6 +131,16 @@ OPTIONS: dict[str, Option] = {
         "CUDA, else cpu); the options below override its fields",
     ),
     "impls": Option(_list(str), "comma list of impl names (default: all)"),
+    "model": Option(
+        _list(_model),
+        "model presets (--list-models): their heads, kv heads, head dim, causal, mask and "
+        "lengths replace the preset's; flags still override them",
+    ),
+    "phase": Option(
+        _list(_choice("phase", PHASES)),
+        "prefill (fwd at the lengths), train (fwd_bwd), decode (1 and 4 new tokens against "
+        "a KV cache of 1k-128k, batch 1-64, bottom-right causal); with or without --model",
+    ),
     "batch": Option(_list(_positive_int), "batch sizes"),
     "heads": Option(_list(_positive_int), "query heads"),
     "kv_heads": Option(
@@ -143,6 +162,11 @@ OPTIONS: dict[str, Option] = {
         _list(_positive_int),
         "window widths W for mask window: query i sees "
         "keys |i - j| < W, or i - W < j <= i when causal",
+    ),
+    "causal_align": Option(
+        _list(_choice("causal_align", ALIGNS)),
+        "top_left (query i sees keys j <= i, SDPA's is_causal; default) or bottom_right "
+        "(j <= i + Skv - Sq, decoding with a KV cache); places causal and window masks",
     ),
     "level": Option(
         _list(_choice("level", LEVELS)),

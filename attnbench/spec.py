@@ -5,8 +5,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field, replace
 
-from attnbench.case import MODES, Case, CaseError, canonical_dtype
-from attnbench.masks import MASKS
+from attnbench.case import MODES, PHASES, Case, CaseError, canonical_dtype
+from attnbench.masks import ALIGNS, MASKS
+from attnbench.models import model as find_model
 
 # --mask values: the masks, and "causal" for mask none with causal true
 MASK_CHOICES = ("none", "causal", *MASKS[1:])
@@ -94,6 +95,13 @@ PRESETS: dict[str, dict] = {
 }
 
 
+# --phase decode: new tokens per step (1, and 4 as speculative decoding verifies), cache
+# lengths (up to a model's context) and batch sizes
+DECODE_TOKENS = [1, 4]
+DECODE_CACHE = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
+DECODE_BATCH = [1, 8, 32, 64]
+
+
 @dataclass(frozen=True)
 class Spec:
     """A grid: every combination of the lists becomes one case. ``kv_heads`` / ``seq_len_kv``
@@ -119,6 +127,10 @@ class Spec:
     tokens: int | None = None  # B x N fixed: batch = tokens // seq_len (overrides batch)
     hidden: int | None = None  # Hq x D fixed: heads = hidden // head_dim (overrides heads)
     impls: list[str] | None = None  # the preset's impls when none are named
+    causal_align: list[str] = field(default_factory=lambda: ["top_left"])
+    model: list[str] | None = None  # model presets (models.py): set the shapes
+    phase: list[str] | None = None  # prefill, decode, train: set mode and lengths
+    explicit: frozenset[str] = frozenset()  # fields given by flags or a sweep file: they win
 
     @classmethod
     def from_preset(cls, name: str, device: str, **overrides) -> Spec:
@@ -131,20 +143,85 @@ class Spec:
         # a batch or head count given explicitly wins over the preset's fixed tokens / hidden
         derived = {"tokens": None} if "batch" in given else {}
         derived |= {"hidden": None} if "heads" in given else {}
-        return replace(cls(**PRESETS[name], device=device), **derived, **given)
+        spec = cls(**PRESETS[name], device=device)
+        return replace(spec, **derived, **given, explicit=frozenset(given))
 
     def cases(self) -> list[Case]:
-        """All cases, sequence length varying fastest so one impl's growth is contiguous."""
+        """All cases, sequence length varying fastest so one impl's growth is contiguous;
+        with models or phases, one grid per (model, phase) in the order given."""
+        if not self.model and not self.phase:
+            return self._grid()
+        out = []
+        for name in self.model or [""]:
+            for phase in self.phase or [""]:
+                out += self.scoped(name, phase)._grid(name, phase)
+        return list(dict.fromkeys(out))
+
+    def scoped(self, name: str, phase: str) -> Spec:
+        """This spec with a model's shapes and a phase's mode and lengths laid over the
+        preset's fields, and the explicit fields laid over both. The length flags go where
+        they mean something: with decode and another phase in one run, --seq-len sets the
+        prefill/train lengths (decode keeps its 1 and 4 new tokens) and --seq-len-kv the
+        decode cache (prefill and train stay self-attention)."""
+        fields: dict = {"tokens": None, "hidden": None}
+        m = find_model(name) if name else None
+        if m:
+            masks = [mask for mask, _ in m.masks]
+            windows = [w for _, w in m.masks if w]
+            fields.update(
+                heads=[m.heads],
+                kv_heads=[m.kv_heads],
+                head_dim=[m.head_dim],
+                causal=[m.causal],
+                mask=masks,
+                window=windows or None,
+                seq_len=list(m.lengths),
+                seq_len_kv=[m.seq_kv] if m.seq_kv else None,
+            )
+        if phase and phase not in PHASES:
+            raise CaseError(f"unknown phase {phase!r} (allowed: {', '.join(PHASES)})")
+        mixed = "decode" in (self.phase or []) and len(self.phase) > 1
+        keep = set()  # phase fields that an explicit flag meant for another phase leaves alone
+        if phase in ("prefill", "train"):
+            fields["mode"] = ["fwd" if phase == "prefill" else "fwd_bwd"]
+            keep |= {"seq_len_kv"} if mixed else set()
+        elif phase == "decode":
+            if m and not m.decoder:
+                raise CaseError(
+                    f"model {m.name} is an encoder: it has no decode phase (use --phase "
+                    f"prefill or train)"
+                )
+            fields.update(
+                mode=["fwd"],
+                seq_len=list(DECODE_TOKENS),
+                batch=list(DECODE_BATCH),
+                causal_align=["bottom_right"],
+            )
+            if not (m and m.seq_kv):  # a cross-attention cache is the encoder's length
+                fields["seq_len_kv"] = [s for s in DECODE_CACHE if not m or s <= m.context]
+            keep |= {"seq_len"} if mixed else set()
+        if phase in ("prefill", "train") and not (m and m.seq_kv):
+            fields["seq_len_kv"] = None  # self-attention
+        for name_ in self.explicit - keep:
+            fields.pop(name_, None)
+        return replace(self, **fields)
+
+    def _grid(self, model: str = "", phase: str = "") -> list[Case]:
         for mode in self.mode:
             if mode not in MODES:
                 raise CaseError(f"unknown mode {mode!r} (allowed: {', '.join(MODES)})")
+        for align in self.causal_align:
+            if align not in ALIGNS:
+                raise CaseError(f"unknown causal_align {align!r} (allowed: {', '.join(ALIGNS)})")
         dtypes = [canonical_dtype(d) for d in self.dtype]
         out = []
         for mode, dtype, level, (mask, causal, window), d, b, h in itertools.product(
             self.mode, dtypes, self.level, self._masks(), self.head_dim, self.batch, self.heads
         ):
             h = self.hidden // d if self.hidden else h
-            for hkv, s in itertools.product(self.kv_heads or [h], self.seq_len):
+            # the alignment moves only a causal or window mask: others stay top-left
+            aligns = self.causal_align if causal or mask == "window" else ["top_left"]
+            for align, hkv, s in itertools.product(aligns, self.kv_heads or [h], self.seq_len):
                 b = max(1, self.tokens // s) if self.tokens else b
                 for skv in self.seq_len_kv or [s]:
                     out.append(
@@ -162,6 +239,9 @@ class Spec:
                             mask=mask,
                             window=window,
                             level=level,
+                            causal_align=align,
+                            model=model,
+                            phase=phase,
                         )
                     )
         if not out:
