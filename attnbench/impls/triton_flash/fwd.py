@@ -49,10 +49,10 @@ def seq_bounds(CU, b, S, VARLEN: tl.constexpr):
 
 
 @triton.jit
-def _scores(q, k_desc, n, qk_scale, IEEE: tl.constexpr, BLOCK_N: tl.constexpr):
+def _scores(q, k_desc, n, IEEE: tl.constexpr, BLOCK_N: tl.constexpr):
     k = k_desc.load([n, 0])  # (BN, DP)
     zero = tl.zeros([q.shape[0], BLOCK_N], tl.float32)
-    return _dot(q, tl.trans(k), zero, IEEE) * qk_scale  # (BM, BN), log2 units
+    return _dot(q, tl.trans(k), zero, IEEE)  # (BM, BN), unscaled
 
 
 @triton.jit
@@ -66,11 +66,13 @@ def _softmax_step(
     n,
     skv,
     offset,
+    qk_scale,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     IEEE: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
+    s = s * qk_scale  # log2 units
     if MASKED:
         offs_n = n + tl.arange(0, BLOCK_N)
         keep = (offs_n < skv)[None, :]
@@ -110,10 +112,10 @@ def _attend(
 ):
     """Key tiles [lo, hi), one after the other."""
     for n in range(lo, hi, BLOCK_N):
-        s = _scores(q, k_desc, n, qk_scale, IEEE, BLOCK_N)
+        s = _scores(q, k_desc, n, IEEE, BLOCK_N)
         v = v_desc.load([n, 0])  # (BN, DP)
         acc, m_i, l_i = _softmax_step(
-            acc, m_i, l_i, s, v, offs_m, n, skv, offset, MASKED, CAUSAL, IEEE, BLOCK_N
+            acc, m_i, l_i, s, v, offs_m, n, skv, offset, qk_scale, MASKED, CAUSAL, IEEE, BLOCK_N
         )
     return acc, m_i, l_i
 
@@ -139,12 +141,12 @@ def _attend_pingpong(
     tile j. The last iteration computes one tile past hi (zero-filled or unmasked-but-unused
     keys) and drops it: one extra QK^T per query tile, bought for the overlap."""
     if lo < hi:
-        s = _scores(q, k_desc, lo, qk_scale, IEEE, BLOCK_N)
+        s = _scores(q, k_desc, lo, IEEE, BLOCK_N)
         for n in range(lo, hi, BLOCK_N):
-            s_next = _scores(q, k_desc, n + BLOCK_N, qk_scale, IEEE, BLOCK_N)
+            s_next = _scores(q, k_desc, n + BLOCK_N, IEEE, BLOCK_N)
             v = v_desc.load([n, 0])  # (BN, DP)
             acc, m_i, l_i = _softmax_step(
-                acc, m_i, l_i, s, v, offs_m, n, skv, 0, False, False, IEEE, BLOCK_N
+                acc, m_i, l_i, s, v, offs_m, n, skv, 0, qk_scale, False, False, IEEE, BLOCK_N
             )
             s = s_next
     return acc, m_i, l_i
