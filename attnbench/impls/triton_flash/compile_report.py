@@ -148,8 +148,8 @@ def rows(archs=(90, 80), kinds=("fwd", "bwd"), dtype="bf16", head_dims=None, fir
 
 
 _COLUMNS = ("kind", "arch", "head_dim", "config", "regs", "spill_bytes", "smem", "wgmma",
-            "mma_sync", "tma_loads", "tma_stores", "ld_global_vec", "wgmma_wait_inflight",
-            "compile_s")  # fmt: skip
+            "mma_sync", "tma_loads", "tma_stores", "ld_global_vec",
+            "wgmma_wait_inflight")  # fmt: skip
 
 
 def markdown(table: list[dict], dtype: str) -> str:
