@@ -56,6 +56,7 @@ PRESETS: dict[str, dict] = {
             "sdpa_math",
             "xformers",
             "triton_flash",
+            "triton_flash_fa2",
         ],
     ),
     # a first look at a new GPU in a few minutes: SDPA and each backend, xformers, our kernel
@@ -76,6 +77,7 @@ PRESETS: dict[str, dict] = {
             "sdpa_math",
             "xformers",
             "triton_flash",
+            "triton_flash_fa2",
         ],
     ),
     # the kernel race: fixed tokens (B x N = 16384) and hidden size (heads x D = 2048), as
@@ -90,7 +92,14 @@ PRESETS: dict[str, dict] = {
         mode=["fwd", "bwd"],
         tokens=16384,
         hidden=2048,
-        impls=["triton_flash", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "xformers"],
+        impls=[
+            "triton_flash",
+            "triton_flash_fa2",
+            "sdpa_flash",
+            "sdpa_efficient",
+            "sdpa_cudnn",
+            "xformers",
+        ],
     ),
 }
 

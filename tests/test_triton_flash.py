@@ -1,4 +1,5 @@
-"""The Triton FlashAttention kernel, run by Triton's CPU interpreter against the float64 reference.
+"""The first Triton FlashAttention-2 kernel (``triton_flash_fa2``), run by Triton's CPU
+interpreter against the float64 reference.
 
 TRITON_INTERPRET must be set before triton is first imported (triton decorates its own helper
 kernels at import time) and stay set while kernels run. So this module sets it at the top when
@@ -49,7 +50,7 @@ if _IN_PROCESS:
     import triton  # noqa: E402
     import triton.language as tl  # noqa: E402
 
-    from attnbench.impls.triton_flash import kernel as tf  # noqa: E402
+    from attnbench.impls.triton_flash_fa2 import kernel as tf  # noqa: E402
 
     @triton.jit
     def _loop_bound_probe(X, N):
@@ -251,7 +252,7 @@ def test_rejects_bad_shapes():
 
 
 def test_registered_unsupported_on_cpu():
-    impl = registry.discover(entry_points=False)["triton_flash"]
+    impl = registry.discover(entry_points=False)["triton_flash_fa2"]
     assert impl.available, impl.unavailable
     case = Case(
         batch=1,

@@ -1,4 +1,8 @@
-"""attnbench's own FlashAttention-2 style Triton kernel (kernel.py beside this file).
+"""attnbench's own Triton attention kernel, shaped for Hopper (``kernel.py`` and the kernels
+in ``fwd.py`` / ``bwd.py`` beside this file): tensor-descriptor (TMA) loads, a persistent
+forward grid with the heaviest causal tiles first, a ping-pong main loop, and a fused
+backward (dK/dV per key tile, dQ by fp32 atomics). Every head dim that is a multiple of 8
+from 16 to 256. The earlier FlashAttention-2 style kernel stays as ``triton_flash_fa2``.
 
 The first call for a new (seq lengths rounded to a power of two, head dim, causal, dtype) key
 autotunes the tile sizes, which takes seconds; the harness makes that call in its untimed
@@ -12,15 +16,16 @@ from attnbench.registry import register
     color="#9467bd",
     devices=("cuda",),
     dtypes=("float16", "bfloat16", "float32"),
-    head_dims=(16, 32, 64, 128, 256),
+    head_dims=tuple(range(16, 257, 8)),
     causal=True,
     cross=True,
     gqa=True,
     backward=True,
     layout="bhsd",
     requires={"triton": "pip install 'attnbench[triton]'"},
-    description="own Triton FlashAttention-2 kernel (fwd + bwd, GQA, autotuned; "
-    "fp32 uses IEEE dot products, not tf32)",
+    description="own Triton kernel for Hopper (TMA descriptors, persistent causal grid, "
+    "fused backward with dQ atomics, GQA, head dims 16..256 step 8, autotuned; fp32 uses "
+    "IEEE dot products, not tf32)",
 )
 def triton_flash(q, k, v, *, causal, scale):
     from attnbench.impls.triton_flash.kernel import flash_attention  # imports triton

@@ -1,12 +1,12 @@
-"""Compile the triton_flash kernels for a GPU architecture without a GPU and report each
+"""Compile the triton_flash_fa2 kernels for a GPU architecture without a GPU and report each
 config's shared memory, registers and spill bytes (from the cubin via cuobjdump).
 
 This checks that the kernels compile for sm80/sm90 (which the CPU interpreter never does) and
-grounds the autotune pruning in attnbench/impls/triton_flash/kernel.py. Arguments are assumed
+grounds the autotune pruning in attnbench/impls/triton_flash_fa2/kernel.py. Arguments are assumed
 16-byte aligned (as Triton specializes them at launch), so the loops get pipelined as on a GPU.
 Needs TRITON_INTERPRET unset.
 
-    python -m attnbench.impls.triton_flash.compile_check --arch 90 --dtype bf16 --head-dims 128
+    python -m attnbench.impls.triton_flash_fa2.compile_check --arch 90 --dtype bf16 --head-dims 128
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from attnbench.impls.triton_flash import kernel as tf
+from attnbench.impls.triton_flash_fa2 import kernel as tf
 
 POINTERS = ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")
 FLOATS = ("qk_scale", "sm_scale")
