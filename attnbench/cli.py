@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 
 from attnbench import registry
+from attnbench.case import Case
 from attnbench.errors import UsageError
 from attnbench.measure import allocator, ceilings
 from attnbench.measure.timing import TimerConfig
@@ -601,19 +602,10 @@ def summary_table(df: pd.DataFrame, impls: list[str] | None = None) -> str:
             return r["status"]
         return f"{r['time_ms']:.3g}" + ("" if r["agrees"] is not False else " !")
 
-    def case(r):
-        masked = "" if r["mask"] == "none" else f" {r['mask']}"
-        window = "" if pd.isna(r["window"]) else f"{r['window']}"
-        return (
-            f"{r['mode']} {r['dtype']} {'causal' if r['causal'] else 'full'}{masked}{window}"
-            f"{' layer' if r['level'] == 'layer' else ''} B{r['batch']} "
-            f"H{r['heads']}/{r['kv_heads']} S{r['seq_q']}x{r['seq_kv']} D{r['head_dim']}"
-        )
-
-    rows = df.drop_duplicates(list(CASE_KEY), keep="last")
+    rows = df.drop_duplicates([c for c in CASE_KEY if c in df], keep="last")
     cells = pd.DataFrame(
         {
-            "case": [case(r) for _, r in rows.iterrows()],
+            "case": [Case.from_row(r).label() for _, r in rows.iterrows()],
             "impl": rows["impl"].to_numpy(),
             "cell": [cell(r) for _, r in rows.iterrows()],
         }

@@ -237,7 +237,7 @@ def _unpack(t, cu):  # (T, H, D) -> [(1, H, S_b, D)]
 
 @interpreted
 @pytest.mark.parametrize(
-    "dtype,causal,align", [(F32, True, "top-left"), (F16, True, "bottom-right"), (F16, False, "")]
+    "dtype,causal,align", [(F32, True, "top_left"), (F16, True, "bottom_right"), (F16, False, "")]
 )
 def test_varlen_matches_per_sequence_reference(dtype, causal, align):
     lens_q, lens_k = [5, 21, 1, 12], [9, 17, 11, 12]  # Sq < Skv, Sq > Skv, Sq = 1, equal
@@ -254,7 +254,7 @@ def test_varlen_matches_per_sequence_reference(dtype, causal, align):
     cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()])
     out = tk.flash_attention_varlen(
         q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal, scale=scale,
-        causal_align=align or "top-left", tiles=(16, 16),
+        causal_align=align or "top_left", tiles=(16, 16),
     )  # fmt: skip
     got = dict(zip(("out", "dq", "dk", "dv"), (out, *torch.autograd.grad(out, (q, k, v), do))))
     per_seq = [

@@ -111,12 +111,14 @@ def case_family(df: pd.DataFrame) -> pd.Series:
     multi_device = df["device"].nunique() > 1
 
     def label(r) -> str:
-        parts = [
-            str(r["mode"]),
-            str(r["dtype"]),
-            "causal" if flag(r["causal"]) else "full",
-            f"D{r['head_dim']}",
-        ]
+        causal = "full"
+        if flag(r["causal"]):
+            causal = "causal bottom-right" if r["causal_align"] == "bottom_right" else "causal"
+        parts = [str(r["mode"]), str(r["dtype"]), causal, f"D{r['head_dim']}"]
+        if r["mask"] not in ("none", None) and not pd.isna(r["mask"]):
+            parts.append("window" + str(r["window"]) if r["mask"] == "window" else r["mask"])
+        who = [str(r[c]) for c in ("model", "phase") if not pd.isna(r[c]) and r[c]]
+        parts[:0] = who
         if r["kv_heads"] < r["heads"]:
             parts.append("gqa")
         if r["seq_kv"] != r["seq_q"]:
@@ -411,3 +413,63 @@ def kernel_table(kernels: pd.DataFrame, top: int = 8) -> pd.DataFrame:
     agg["share"] = agg["total_us"] / agg.groupby("impl")["total_us"].transform("sum")
     agg = agg.sort_values(["impl", "total_us"], ascending=[True, False])
     return agg.groupby("impl", as_index=False).head(top).reset_index(drop=True)
+
+
+def recommendations(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, phase) of the rows from model presets: the impl that is fastest (and
+    agrees with the reference) in the most cases, its wins, its median margin over the
+    runner-up and median peak memory in the cases it won, and every other impl that was
+    not ok or disagreed somewhere, with why. Ties in wins go to the lower median time."""
+    columns = [
+        "model",
+        "phase",
+        "cases",
+        "impl",
+        "wins",
+        "margin",
+        "time_ms",
+        "peak_mem_mib",
+        "runner_up",
+        "not_run",
+    ]
+    rows_of_models = df[df["model"].fillna("").astype(str) != ""]
+    if rows_of_models.empty:
+        return pd.DataFrame(columns=columns)
+    winners = fastest_agreeing(rows_of_models)
+    out = []
+    for (model, phase), g in rows_of_models.groupby(["model", "phase"], dropna=False, sort=False):
+        w = winners[(winners["model"] == model) & (winners["phase"].fillna("") == (phase or ""))]
+        w = w[w["impl"].notna()]
+        row = {"model": model, "phase": phase if isinstance(phase, str) else ""}
+        row["cases"] = int(g[list(CASE_COLUMNS)].drop_duplicates().shape[0])
+        if not w.empty:
+            counts = w.groupby("impl").agg(wins=("impl", "size"), time=("time_ms", "median"))
+            best = counts.sort_values(["wins", "time"], ascending=[False, True]).index[0]
+            won = w[w["impl"] == best]
+            mem = g[(g["impl"] == best) & agreeing(g)]["peak_mem_mib"].dropna()
+            row.update(
+                impl=best,
+                wins=int(counts.loc[best, "wins"]),
+                margin=float(won["margin"].median()) if won["margin"].notna().any() else None,
+                time_ms=float(won["time_ms"].median()),
+                peak_mem_mib=float(mem.median()) if len(mem) else None,
+                runner_up=won["runner_up"].dropna().mode().iloc[0]
+                if won["runner_up"].notna().any()
+                else None,
+            )
+        row["not_run"] = _not_run(g)
+        out.append(row)
+    return pd.DataFrame(out, columns=columns)
+
+
+def _not_run(g: pd.DataFrame) -> str:
+    """Impls with a row that is not ok or disagrees, each with its first reason."""
+    bad = g[~agreeing(g)]
+    parts = []
+    for impl, rows in bad.groupby("impl", sort=True):
+        first = rows.iloc[0]
+        status = first["status"] if first["status"] != "ok" else "disagrees"
+        reason = str(first["reason"]).split(";")[0] if not pd.isna(first["reason"]) else ""
+        n = f" in {len(rows)}/{len(g[g['impl'] == impl])} cases"
+        parts.append(f"{impl}: {status}{n}" + (f" ({reason})" if reason else ""))
+    return "; ".join(parts)

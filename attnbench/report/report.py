@@ -162,6 +162,45 @@ def _counts_line(df: pd.DataFrame) -> str:
     return f"{len(df)} rows: {', '.join(parts) or 'none'}; {agree}."
 
 
+def _recommendations_section(df: pd.DataFrame) -> list[str]:
+    """Which impl for which model and phase (rows from --model only)."""
+    rec = analysis.recommendations(df)
+    if rec.empty:
+        return []
+    lines = [
+        "## Recommendations",
+        "",
+        "Per model preset and phase: the impl that is fastest, among those agreeing with the "
+        "float64 reference, in the most of its cases; its margin over the runner-up (median "
+        "of runner-up time / its time over the cases it won) and its median peak memory; "
+        "then every impl that failed or disagreed somewhere, with its first reason. "
+        "Measured on this run's device only.",
+        "",
+    ]
+    rec = rec.assign(
+        wins=["" if pd.isna(w) else f"{int(w)}/{c}" for w, c in zip(rec["wins"], rec["cases"])],
+        impl=["no impl agrees" if pd.isna(i) else f"**{i}**" for i in rec["impl"]],
+    )
+    return lines + [
+        table(
+            rec,
+            {
+                "model": "model",
+                "phase": "phase",
+                "impl": "use",
+                "wins": "fastest in",
+                "margin": "margin",
+                "runner_up": "runner-up",
+                "time_ms": "median ms",
+                "peak_mem_mib": "peak MiB",
+                "not_run": "could not run / disagreed",
+            },
+            formats={"margin": lambda m: f"{m:.2f}x", "time_ms": ".3g", "peak_mem_mib": ".4g"},
+        ),
+        "",
+    ]
+
+
 def _winners_section(df: pd.DataFrame) -> list[str]:
     winners = analysis.fastest_agreeing(df)
     wins = analysis.wins_by_family(winners)
@@ -526,6 +565,7 @@ def render(
     baseline = baseline or env.get("baseline")
     lines = _header(run_id, df, env)
     lines += ["## Summary", "", _counts_line(df), ""]
+    lines += _recommendations_section(df)
     names = _device_names(df)
     if len(names) < 2:
         lines += _device_part(df, env, out_dir, baseline, svg, device_name(env, df), "", "##")

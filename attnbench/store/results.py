@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.store.schema import CASE_KEY, COLUMNS, KERNEL_COLUMNS, KEY_DEFAULTS, SAMPLE_COLUMNS
+from attnbench.store.schema import CASE_KEY, COLUMNS, KERNEL_COLUMNS, LATER_KEYS, SAMPLE_COLUMNS
 
 
 def _fmt(value) -> str:
@@ -56,7 +56,7 @@ class CsvAppender:
 
 def row_key(row: dict) -> tuple[str, ...]:
     """The (case, impl) identity of a row, as text, the same from a dict or a CSV line."""
-    return tuple(_fmt(row.get(c)) or KEY_DEFAULTS.get(c, "") for c in CASE_KEY)
+    return tuple(_fmt(row.get(c)) or _fmt(LATER_KEYS.get(c)) for c in CASE_KEY)
 
 
 def repair_tail(path: Path) -> bool:
@@ -119,8 +119,10 @@ def read_results(path: Path) -> pd.DataFrame:
         path = path / "results.csv"
     df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
     for name, (dtype, _) in COLUMNS.items():
-        if name not in df:  # a row written before the column existed
-            df[name] = KEY_DEFAULTS.get(name, pd.NA)
+        if name in LATER_KEYS and name not in df:  # rows written before the column existed
+            df[name] = LATER_KEYS[name] or pd.NA
+        if name not in df:
+            continue
         if dtype == "boolean":
             df[name] = df[name].map({"True": True, "False": False}).astype("boolean")
         elif dtype in ("Int64", "Float64"):

@@ -161,8 +161,8 @@ CASE_KEY = (
     "model",
     "phase",
 )
-# what a key column holds in rows written before it existed
-KEY_DEFAULTS = {"causal_align": "top_left"}
+# key columns added after the first runs, and what rows written before them hold (None: blank)
+LATER_KEYS = {"causal_align": "top_left", "model": None, "phase": None}
 SAMPLE_COLUMNS = ("run_id", *CASE_KEY, "sample", "time_ms")
 # --profile: one line per (row, kernel or op), the device's time summed over PROFILED_CALLS
 KERNEL_COLUMNS = ("run_id", *CASE_KEY, "kernel", "calls", "total_us", "share")

@@ -31,7 +31,7 @@ from attnbench.impls.triton_flash.fwd import fwd_kernel  # noqa: F401
 HEAD_DIMS = tuple(range(16, 257, 8))
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634
-ALIGNS = ("top-left", "bottom-right")
+ALIGNS = ("top_left", "bottom_right")  # masks.ALIGNS
 
 
 def head_pad(head_dim: int) -> int:
@@ -51,7 +51,7 @@ def causal_offset_for(align: str, seq_q: int, seq_kv: int) -> int:
     """The diagonal offset of a causal alignment name: top-left 0, bottom-right Skv - Sq."""
     if align not in ALIGNS:
         raise ValueError(f"causal_align={align!r} (supported: {', '.join(ALIGNS)})")
-    return 0 if align == "top-left" else seq_kv - seq_q
+    return 0 if align == "top_left" else seq_kv - seq_q
 
 
 def interpreting() -> bool:
@@ -240,7 +240,7 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     """q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D) -> out (B, Hq, Sq, D), differentiable.
 
     ``causal_offset``: query i sees key j iff j <= i + causal_offset (when ``causal``);
-    ``causal_offset_for("bottom-right", Sq, Skv)`` gives the bottom-right alignment.
+    ``causal_offset_for("bottom_right", Sq, Skv)`` gives the bottom-right alignment.
     ``tiles=(BLOCK_M, BLOCK_N[, PIPELINE])`` skips autotuning."""
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
@@ -249,7 +249,7 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
 
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                            max_seqlen_k: int, *, causal: bool = False,
-                           scale: float | None = None, causal_align: str = "top-left",
+                           scale: float | None = None, causal_align: str = "top_left",
                            tiles=None):  # fmt: skip
     """Packed sequences: q (total_q, Hq, D); k, v (total_k, Hkv, D); ``cu_seqlens_*``
     (n + 1,) int cumulative lengths starting at 0 -> out (total_q, Hq, D), differentiable.
@@ -265,5 +265,5 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     cu_q, cu_k = (c.to(device=q.device, dtype=torch.int32) for c in (cu_seqlens_q, cu_seqlens_k))
     return _Packed.apply(
         q, k, v, cu_q, cu_k, int(max_seqlen_q), int(max_seqlen_k), bool(causal), float(scale),
-        causal_align == "bottom-right", tiles,
+        causal_align == "bottom_right", tiles,
     )  # fmt: skip
