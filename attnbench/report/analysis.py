@@ -38,7 +38,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from attnbench.case import MODES
+from attnbench.case import MODES, Case, CaseError
 from attnbench.store.schema import CASE_KEY
 
 SEQ_COLUMNS = ("seq_q", "seq_kv")
@@ -47,7 +47,6 @@ SERIES_KEY = (*(c for c in CASE_KEY if c not in SEQ_COLUMNS), "seq_kv_rule")
 FIT_METRICS = ("time_ms", "peak_mem_mib")
 OVERHEAD_FACTOR = 4.0
 MIN_FIT_POINTS = 3
-ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def flag(value) -> bool:
@@ -381,20 +380,16 @@ def failures(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def min_bytes(df: pd.DataFrame) -> pd.Series:
-    """The bytes an attention call must move at the least: q, k, v read and out written once
-    (fwd); q, k, v, out, dout read and dq, dk, dv written (bwd); both for fwd_bwd. Op level
-    only (NA for layer rows)."""
-    elem = df["dtype"].map(ELEMENT_BYTES).astype("Float64")
-    q_side = df["batch"] * df["heads"] * df["seq_q"] * df["head_dim"]  # elements of q / out
-    kv_side = df["batch"] * df["kv_heads"] * df["seq_kv"] * df["head_dim"]  # of k / v
-    fwd = 2 * q_side + 2 * kv_side
-    bwd = 4 * q_side + 4 * kv_side
-    per_mode = (
-        df["mode"].map({"fwd": 1, "bwd": 0, "fwd_bwd": 1}) * fwd
-        + df["mode"].map({"fwd": 0, "bwd": 1, "fwd_bwd": 1}) * bwd
-    )
-    out = (per_mode * elem).astype("Float64")
-    return out.where(df["level"].fillna("op") == "op")
+    """The fewest bytes each row's timed work can move (Case.bytes_moved, the denominator of
+    ``gbps``); NA for a row that is not a valid case."""
+
+    def one(r):
+        try:
+            return Case.from_row(r).bytes_moved()
+        except (CaseError, TypeError, ValueError, KeyError):
+            return pd.NA
+
+    return pd.Series([one(r) for _, r in df.iterrows()], index=df.index, dtype="Float64")
 
 
 def arithmetic_intensity(df: pd.DataFrame) -> pd.Series:

@@ -646,7 +646,7 @@ def plot_roofline(
     ax.xaxis.set_minor_formatter(
         FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else "")
     )
-    ax.set_xlabel("arithmetic intensity, FLOP per byte (q, k, v, out moved once)")
+    ax.set_xlabel("arithmetic intensity, FLOP per byte moved (each tensor once: docs/method.md)")
     ax.set_ylabel("TFLOP/s")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)

@@ -1,0 +1,259 @@
+"""Real workloads: bottom-right causal, model presets, phases, decode with a KV cache (paged
+too), bytes moved and the roofline, recommendations in the report."""
+
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnbench.case import Case, CaseError
+from attnbench.measure.accuracy import reference
+from attnbench.measure.timing import TimerConfig
+from attnbench.models import MODELS, model
+from attnbench.registry import Impl
+from attnbench.run.inputs import make_inputs, paged
+from attnbench.run.row import Prepared, Settings, roofline
+from attnbench.spec import DECODE_BATCH, DECODE_TOKENS, Spec
+from attnbench.store.results import read_results
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICK = Settings(timer=TimerConfig(rep_ms=2.0))
+
+
+def by_elements(q, k, v, shift):
+    """Bottom-right causal attention, one query and one key at a time, in float64: query i
+    sees key j when j <= i + shift; a query that sees no key gives zeros."""
+    B, H, Sq, D = q.shape
+    group = H // k.shape[1]
+    out = torch.zeros(B, H, Sq, D, dtype=torch.float64)
+    for b, h, i in itertools.product(range(B), range(H), range(Sq)):
+        keys = [j for j in range(k.shape[2]) if j <= i + shift]
+        if not keys:
+            continue
+        kv = h // group
+        s = torch.stack([q[b, h, i].double() @ k[b, kv, j].double() * 0.3 for j in keys])
+        p = torch.exp(s - s.max())
+        p = p / p.sum()
+        out[b, h, i] = sum(p[n] * v[b, kv, j].double() for n, j in enumerate(keys))
+    return out
+
+
+@pytest.mark.parametrize("Sq,Skv", [(3, 7), (7, 3), (1, 6), (5, 5)])
+def test_reference_bottom_right_follows_the_element_rule(Sq, Skv):
+    gen = torch.Generator().manual_seed(Sq * 10 + Skv)
+    q = torch.randn(2, 4, Sq, 8, generator=gen)
+    k, v = (torch.randn(2, 2, Skv, 8, generator=gen) for _ in range(2))
+    dout = torch.randn(2, 4, Sq, 8, generator=gen)
+    out, (dq, dk, dv) = reference(q, k, v, causal=True, scale=0.3, dout=dout, shift=Skv - Sq)
+    assert torch.allclose(out, by_elements(q, k, v, Skv - Sq), atol=1e-12)
+    if Sq > Skv:  # the first Sq - Skv queries see no key: zero output, zero gradient
+        assert out[:, :, : Sq - Skv].abs().max() == 0
+        assert dq[:, :, : Sq - Skv].abs().max() == 0
+    for t in (dq, dk, dv):
+        assert torch.isfinite(t).all()
+
+
+def test_case_pairs_and_flops_of_decode_rows_match_hand_counts():
+    # Sq = 4 new tokens against a 1024 cache, bottom-right: they see 1021, 1022, 1023, 1024 keys
+    c = Case(8, 32, 8, 4, 1024, 128, "bfloat16", causal=True, causal_align="bottom_right")
+    assert c.pairs() == 8 * (1021 + 1022 + 1023 + 1024)
+    assert c.flops() == 4 * 32 * 8 * (1021 + 1022 + 1023 + 1024) * 128
+    # bytes: q and out (8*32*4*128 each), k and v (8*8*1024*128 each), 2 bytes apiece
+    assert c.bytes_moved() == 2 * (2 * 8 * 32 * 4 * 128 + 2 * 8 * 8 * 1024 * 128)
+    # top-left, the same 4 queries see 1, 2, 3, 4 keys
+    top = Case(8, 32, 8, 4, 1024, 128, "bfloat16", causal=True)
+    assert top.pairs() == 8 * 10
+    # Sq > Skv bottom-right: queries 0..2 see nothing, then 1..3 keys
+    assert Case(1, 1, 1, 6, 3, 8, causal=True, causal_align="bottom_right").pairs() == 6
+    fwd_bwd = Case(1, 2, 1, 4, 8, 16, causal=True, mode="fwd_bwd")
+    # read q, k, v, dout; write out, dq, dk, dv: 2 x (q + k + v) + 2 x q elements
+    q, kv = 2 * 4 * 16, 2 * 8 * 16
+    assert fwd_bwd.bytes_moved() == 4 * (2 * (q + kv) + 2 * q)
+
+
+def test_alignment_needs_a_causal_or_window_mask():
+    with pytest.raises(CaseError, match="causal_align=bottom_right"):
+        Case(1, 1, 1, 4, 8, 16, causal=False, causal_align="bottom_right")
+    assert Case(1, 1, 1, 4, 8, 16, mask="window", window=2, causal_align="bottom_right")
+
+
+def test_roofline_uses_the_ceiling_the_intensity_meets():
+    case = Case(8, 32, 8, 1, 4096, 128, "bfloat16", causal=True, causal_align="bottom_right")
+    settings = Settings(matmul_tflops={"bfloat16": 100.0}, copy_gb_s=1000.0)
+    row = {"tflops": 0.5, "gbps": 800.0, "flops": case.flops()}
+    out = roofline(row, case, settings, [])
+    assert out["bound"] == "memory"  # 2 FLOP per byte, far below the ridge (100 FLOP/B)
+    assert out["pct_peak"] == pytest.approx(80.0)
+    big = Case(1, 16, 16, 4096, 4096, 128, "bfloat16")
+    row = {"tflops": 60.0, "gbps": 50.0, "flops": big.flops()}
+    out = roofline(row, big, settings, [])
+    assert out["bound"] == "compute" and out["pct_peak"] == pytest.approx(60.0)
+
+
+def test_paged_cache_holds_every_key_in_its_page():
+    k, v = torch.randn(3, 2, 300, 8), torch.randn(3, 2, 300, 8)
+    k_pool, v_pool, table = paged(k, v, seed=1)
+    assert k_pool.shape == (9, 128, 2, 8) and table.shape == (3, 3)
+    assert sorted(table.flatten().tolist()) == list(range(9))
+    assert table.flatten().tolist() != list(range(9))  # shuffled
+    for b, p in itertools.product(range(3), range(3)):
+        n = min(128, 300 - 128 * p)
+        page = k_pool[table[b, p]][:n].transpose(0, 1)  # (Hkv, n, D)
+        assert torch.equal(page, k[b, :, 128 * p : 128 * p + n])
+
+
+def top_left_sdpa(q, k, v, *, causal, scale, mask):
+    """A planted bug: claims bottom-right but runs SDPA's top-left is_causal."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
+
+
+def test_a_top_left_impl_fails_agreement_on_a_bottom_right_case(impls):
+    planted = Impl("planted_top_left", top_left_sdpa, causal_align=("top_left", "bottom_right"))
+    case = Case(1, 2, 2, 4, 64, 16, causal=True, causal_align="bottom_right")
+    prepared = Prepared(case, 0, QUICK)
+    bad = prepared.measure(planted).row
+    assert bad["status"] == "ok" and bad["agrees"] is False
+    for name in ("naive", "sdpa", "tiled"):
+        good = prepared.measure(impls[name]).row
+        assert good["status"] == "ok" and good["agrees"] is True, (name, good["reason"])
+
+
+def test_impls_without_bottom_right_say_so(impls):
+    from attnbench.registry import Impl as I
+
+    plain = I("plain", top_left_sdpa)
+    case = Case(1, 2, 2, 4, 64, 16, causal=True, causal_align="bottom_right")
+    assert plain.reasons(case) == ["causal_align=bottom_right (supported: top_left)"]
+    assert "bottom_right" in impls["flex_paged"].causal_align
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_model_preset_expands_to_valid_cases(name):
+    m = model(name)
+    phases = ["prefill", "train"] + (["decode"] if m.decoder else [])
+    spec = Spec.from_preset("cpu", "cpu", model=[name], phase=phases)
+    cases = spec.cases()
+    assert {c.model for c in cases} == {name}
+    assert {c.phase for c in cases} == set(phases)
+    for c in cases:
+        assert (c.heads, c.kv_heads, c.head_dim, c.causal) == (
+            m.heads,
+            m.kv_heads,
+            m.head_dim,
+            m.causal,
+        )
+        if c.phase == "decode":
+            assert c.seq_q in DECODE_TOKENS and c.batch in DECODE_BATCH and c.mode == "fwd"
+            assert c.seq_kv <= max(m.context, m.seq_kv or 0)
+            assert c.causal_align == ("bottom_right" if c.causal else "top_left")
+        else:
+            assert c.seq_q in m.lengths and c.mode == ("fwd" if c.phase == "prefill" else "fwd_bwd")
+            assert c.seq_kv == (m.seq_kv or c.seq_q)
+
+
+def test_flags_override_the_model_and_the_length_flags_go_to_their_phase():
+    spec = Spec.from_preset(
+        "cpu",
+        "cpu",
+        model=["llama3-8b"],
+        phase=["prefill", "decode"],
+        heads=[4],
+        kv_heads=[2],
+        seq_len=[64],
+        seq_len_kv=[256, 512],
+        batch=[1],
+    )
+    cases = spec.cases()
+    prefill = [c for c in cases if c.phase == "prefill"]
+    decode = [c for c in cases if c.phase == "decode"]
+    assert {(c.heads, c.kv_heads, c.head_dim, c.seq_q, c.seq_kv) for c in prefill} == {
+        (4, 2, 128, 64, 64)
+    }
+    assert {(c.seq_q, c.seq_kv) for c in decode} == {(1, 256), (1, 512), (4, 256), (4, 512)}
+    assert {c.batch for c in cases} == {1}
+    gpt2 = Spec.from_preset("cpu", "cpu", model=["gpt2"], phase=["decode"]).cases()
+    assert {c.seq_kv for c in gpt2} == {1024}  # caches stop at GPT-2's context
+
+
+def test_gemma_alternates_window_and_global_layers():
+    cases = Spec.from_preset("cpu", "cpu", model=["gemma2-9b"], phase=["prefill"]).cases()
+    assert {(c.mask, c.window) for c in cases} == {("window", 4096), ("none", None)}
+
+
+def run_cli(*args, cwd):
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "sweep.py"), "--device", "cpu", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+
+
+def test_a_model_typo_is_one_line_naming_the_closest(tmp_path):
+    proc = run_cli("--model", "lama3-8b", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0
+    assert "did you mean 'llama3-8b'" in proc.stderr
+    assert not (tmp_path / "results").exists()
+    listed = run_cli("--list-models", cwd=tmp_path)
+    assert listed.returncode == 0 and all(name in listed.stdout for name in MODELS)
+
+
+def test_decode_sweep_on_the_cpu_agrees_and_recommends(tmp_path):
+    proc = run_cli(
+        "--model",
+        "llama3-8b",
+        "--phase",
+        "decode",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--head-dim",
+        "16",
+        "--seq-len",
+        "64",
+        "--seq-len-kv",
+        "200",
+        "--batch",
+        "2",
+        "--dtype",
+        "float32",
+        "--impls",
+        "naive,sdpa,flex_paged,xformers",
+        "--rep-ms",
+        "2",
+        "--no-isolate",
+        "--run-id",
+        "llama",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    df = read_results(tmp_path / "results" / "llama")
+    decode = df[df["phase"] == "decode"]
+    assert set(decode["causal_align"]) == {"bottom_right"}
+    for name in ("naive", "sdpa", "flex_paged"):
+        rows = decode[decode["impl"] == name]
+        assert len(rows) == 2 and (rows["status"] == "ok").all(), rows["reason"].tolist()
+        assert rows["agrees"].all() and rows["gbps"].gt(0).all()
+    assert (df[df["impl"] == "xformers"]["status"] == "unsupported").all()
+    report = (tmp_path / "reports" / "llama" / "report.md").read_text()
+    section = report.split("## Recommendations")[1].split("\n## ")[0]
+    assert "| llama3-8b | decode |" in section
+    assert "xformers: unsupported" in section
+
+
+def test_old_rows_without_the_new_columns_still_read(tmp_path):
+    inputs = make_inputs(Case(1, 1, 1, 4, 4, 8), 0)
+    assert inputs.seed == 0
+    csv = tmp_path / "results.csv"
+    csv.write_text("run_id,impl,mode,status\nr,naive,fwd,ok\n")
+    df = read_results(csv)
+    assert df["causal_align"].iloc[0] == "top_left" and df["model"].isna().all()
