@@ -2,13 +2,14 @@
 # The GPU check, one stage per call, each inside a time budget:
 #
 #   bash scripts/gpu_check.sh STAGE [OUT [SWEEP OPTIONS...]]
-#                             STAGE: env tests first-light race fidelity full
+#                             STAGE: env tests first-light race fidelity llama full
 #
 # env          nvidia-smi, versions, the matmul and copy ceilings                   (~1 min)
 # tests        the GPU-marked tests, each with a time limit                          (~5 min)
 # first-light  the first-light preset: SDPA and its backends, xformers, triton_flash (~6 min)
 # race         the race preset: triton_flash vs SDPA's backends and xformers         (~7 min)
 # fidelity     a small grid twice with --profile, then `attnbench fidelity`          (~3 min)
+# llama        Llama-3-8B prefill (2k-8k) and decode (4k-128k cache, batch 1, 32)     (~6 min)
 # full         the gpu preset; resumable: call it again to continue                  (~60 min)
 #
 # Each stage prints one line per finished row, stops itself inside its budget (ATTNBENCH_BUDGET_S,
@@ -28,7 +29,7 @@ budget=${ATTNBENCH_BUDGET_S:-480}
 reserve=${ATTNBENCH_RESERVE_S:-60}
 work=${ATTNBENCH_WORK:-.}
 dry=${ATTNBENCH_DRY_RUN:-0}
-stages="env tests first-light race fidelity full"
+stages="env tests first-light race fidelity llama full"
 if [[ ! " $stages " == *" $stage "* ]]; then
     echo "gpu_check.sh: error: unknown stage '$stage' (stages: $stages)" >&2
     exit 2
@@ -130,6 +131,13 @@ fidelity)
     ab fidelity "$work/results/fidelity-a-$slug" "$work/results/fidelity-b-$slug" \
         --out "$work/reports/fidelity-$slug" 2>&1 | tee "$work/logs/fidelity.log"
     logs+=("logs/fidelity.log")
+    ;;
+llama)
+    grid=(--model llama3-8b --phase prefill,decode --seq-len-kv 4096,32768,131072 --batch 1,32
+          --impls sdpa,sdpa_flash,sdpa_efficient,sdpa_cudnn,xformers,triton_flash,flex,flex_paged)
+    [[ $dry == 1 ]] && grid=(--model llama3-8b --phase prefill,decode --kv-heads 1
+                             --seq-len-kv 64,128 --impls naive,sdpa,flex_paged)
+    sweep "llama3-8b-$slug" sweep --preset gpu "${device[@]}" "${tiny[@]}" "${grid[@]}"
     ;;
 full)
     sweep "gpu-$slug" sweep --preset gpu "${device[@]}" "${tiny[@]}"

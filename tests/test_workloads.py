@@ -257,3 +257,16 @@ def test_old_rows_without_the_new_columns_still_read(tmp_path):
     csv.write_text("run_id,impl,mode,status\nr,naive,fwd,ok\n")
     df = read_results(csv)
     assert df["causal_align"].iloc[0] == "top_left" and df["model"].isna().all()
+
+
+def test_phases_work_without_a_model():
+    cases = Spec.from_preset("cpu", "cpu", phase=["decode", "train"]).cases()
+    decode = [c for c in cases if c.phase == "decode"]
+    assert {c.seq_q for c in decode} == set(DECODE_TOKENS) and {c.mode for c in decode} == {"fwd"}
+    assert {(c.causal, c.causal_align) for c in decode} == {
+        (False, "top_left"),
+        (True, "bottom_right"),
+    }
+    train = [c for c in cases if c.phase == "train"]
+    assert {c.mode for c in train} == {"fwd_bwd"} and all(c.seq_q == c.seq_kv for c in train)
+    assert {c.model for c in cases} == {""}
