@@ -384,4 +384,4 @@ def test_a_resumed_run_summarises_every_row(tmp_path):
     again = sweep(*base, "--resume")
     assert again.returncode == 0 and "(4 rows already done)" in again.stdout, again.stderr
     summary = again.stdout.split("time_ms (median")[1]
-    assert summary.count("fwd float32") == 2 and "naive" in summary and "tiled" in summary
+    assert summary.count("S32 D32 float32") == 2 and "naive" in summary and "tiled" in summary

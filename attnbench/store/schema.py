@@ -18,11 +18,6 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "head_dim": ("Int64", "D"),
     "dtype": ("string", "float32, bfloat16 or float16"),
     "causal": ("boolean", "causal mask, aligned as causal_align says"),
-    "causal_align": (
-        "string",
-        "top_left (query i sees keys j <= i, SDPA's is_causal) or bottom_right (j <= i + "
-        "seq_kv - seq_q, FlashAttention >= 2.1; decoding); also places a window",
-    ),
     "device": ("string", "cpu or cuda"),
     "status": ("string", "one of " + ", ".join(STATUSES)),
     "reason": ("string", "why the status is not ok, or why agrees is false"),
@@ -31,11 +26,6 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "time_ms_p80": ("Float64", "80th percentile of the samples"),
     "samples": ("Int64", "number of timing samples behind the median"),
     "tflops": ("Float64", "case FLOPs (unmasked pairs only) / time_ms, 1e12 FLOP/s"),
-    "gbps": (
-        "Float64",
-        "the fewest bytes the timed work must move (q, k, v read, out written; with backward "
-        "the gradients too: docs/method.md) / time_ms, 1e9 B/s",
-    ),
     "peak_mem_mib": ("Float64", "peak memory above what was allocated before the call, MiB"),
     "max_abs_err": (
         "Float64",
@@ -55,6 +45,11 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "err_bound": ("Float64", "the bound that rel_err was held to"),
     "max_abs_bound": ("Float64", "the bound that max_abs_err was held to"),
     "flops": ("Float64", "FLOPs of the timed work"),
+    "gbps": (
+        "Float64",
+        "the fewest bytes the timed work must move (q, k, v read, out written; with backward "
+        "the gradients too: docs/method.md) / time_ms, 1e9 B/s",
+    ),
     "page_faults": (
         "Float64",
         "CPU: minor page faults per timed call (getrusage); above zero means the allocator "
@@ -69,6 +64,11 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "level": (
         "string",
         "op (attention alone) or layer (projections + attention + output projection)",
+    ),
+    "causal_align": (
+        "string",
+        "top_left (query i sees keys j <= i, SDPA's is_causal) or bottom_right (j <= i + "
+        "seq_kv - seq_q, FlashAttention >= 2.1; decoding); also places a window",
     ),
     "model": ("string", "the model preset the case comes from (--model), else blank"),
     "phase": ("string", "prefill, decode or train when the case comes from --phase, else blank"),
@@ -118,12 +118,12 @@ COLUMNS: dict[str, tuple[str, str]] = {
 }
 METRICS = (  # blank in every row that is not ok
     "flops",
+    "gbps",
     "time_ms",
     "time_ms_p20",
     "time_ms_p80",
     "samples",
     "tflops",
-    "gbps",
     "peak_mem_mib",
     "max_abs_err",
     "rel_err",
