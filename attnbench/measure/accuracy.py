@@ -34,6 +34,7 @@ def reference(
     dtype=torch.float64,
     window: int | None = None,
     kv_lens: torch.Tensor | None = None,
+    pattern=None,
 ):
     """Attention by the textbook formula in ``dtype``, over query chunks so the score matrix
     is never whole. Returns ``(out, grads)``; grads is ``(dq, dk, dv)`` when ``dout`` is given.
@@ -41,7 +42,8 @@ def reference(
     q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D); dout (B, Hq, Sq, D). Results are in ``dtype``
     (dk/dv accumulated over chunks in at least float32). Masks, written out element by
     element (query i, key j, batch b): causal masks j > i; ``window`` W masks |i - j| >= W, or
-    with causal i - j >= W; ``kv_lens`` (B,) masks j >= kv_lens[b] (key padding)."""
+    with causal i - j >= W; ``kv_lens`` (B,) masks j >= kv_lens[b] (key padding); ``pattern``
+    (a patterns.Pattern: packed documents or a sparse layout) as ``pattern_masked``."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     group = Hq // Hkv
@@ -70,6 +72,8 @@ def reference(
             if kv_lens is not None:
                 padded = j >= kv_lens.to(q.device)[:, None, None, None]  # (B, 1, 1, Skv)
                 s = s.masked_fill(padded, float("-inf"))
+            if pattern is not None:
+                s = s.masked_fill(pattern_masked(pattern, i, j), float("-inf"))
             oc = s.softmax(dim=-1) @ vv  # (B, Hq, c, D)
         out[:, :, rows] = oc.detach()
         if dout is not None:
@@ -83,6 +87,35 @@ def reference(
     dk = dkk.view(B, Hkv, group, Skv, D).sum(2).to(dtype)
     dv = dvv.view(B, Hkv, group, Skv, D).sum(2).to(dtype)
     return out, (dq, dk, dv)
+
+
+def pattern_masked(pattern, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    """True where a pattern mask hides key j from query i: (Bm, 1, c, Skv) for query indices
+    i (c, 1) and key indices j (1, Skv). Written from the drawn data alone (docs/method.md):
+    document: j and i lie in different documents of row b (documents laid end to end with
+    ``pattern.doc_lens[b]``); block_sparse with block P: i // P and j // P further apart than
+    (local - 1) / 2, neither below ``n_global``, and j // P not among ``pattern.random[i // P]``;
+    strided: |i // P - j // P| >= stride and (i // P - j // P) % stride != 0."""
+    if pattern.kind == "document":
+        rows = []
+        for lens in pattern.doc_lens:
+            doc = torch.empty(sum(lens), dtype=torch.int64)
+            start = 0
+            for number, length in enumerate(lens):
+                doc[start : start + length] = number
+                start += length
+            rows.append(doc)
+        doc = torch.stack(rows).to(i.device)  # (B, S): each position's document
+        return (doc[:, i] != doc[:, j])[:, None]  # (B, 1, c, Skv)
+    qb, kb = i // pattern.block, j // pattern.block  # (c, 1), (1, Skv)
+    if pattern.kind == "strided":
+        near = (qb - kb).abs() < pattern.stride
+        return ~(near | ((qb - kb) % pattern.stride == 0))[None, None]
+    kept = (qb - kb).abs() <= (pattern.local - 1) // 2
+    kept |= (qb < pattern.n_global) | (kb < pattern.n_global)
+    drawn = pattern.random.to(i.device)[qb[:, 0]]  # (c, r): key blocks drawn for each query
+    kept |= (drawn[:, None, :] == kb[..., None]).any(-1)  # (c, Skv)
+    return ~kept[None, None]
 
 
 # The rule's constants (docs/method.md), calibrated by scripts/calibrate_accuracy.py
@@ -118,6 +151,7 @@ def magnitude(
     dout=None,
     window: int | None = None,
     kv_lens: torch.Tensor | None = None,
+    pattern=None,
 ) -> list[torch.Tensor]:
     """float64 magnitudes ``[m_out]`` or ``[m_out, m_dq, m_dk, m_dv]`` (same shapes as the
     reference's out and grads; docs/method.md has the formulas). Masks as ``reference``.
@@ -152,6 +186,8 @@ def magnitude(
             s = s.masked_fill((i - j >= window) if causal else ((i - j).abs() >= window), -math.inf)
         if kv_lens is not None:
             s = s.masked_fill(j >= kv_lens.to(q.device)[:, None, None, None], -math.inf)
+        if pattern is not None:
+            s = s.masked_fill(pattern_masked(pattern, i, j), -math.inf)
         p = s.softmax(-1)
         w = torch.where(p > 0, p * (1 + s.abs()), torch.zeros_like(p))
         w2 = w.square()

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from attnbench.case import Case
+from attnbench.case import MODE_FLOP_FACTOR, Case
 from attnbench.measure import accuracy
 from attnbench.measure.clocks import ClockSampler
 from attnbench.measure.compiling import compile_events
@@ -104,6 +104,8 @@ def ground_truth(case: Case, inputs: Inputs) -> Truth:
         window=case.window,
         kv_lens=inputs.mask.kv_lens,
     )
+    if inputs.mask.pattern is not None:
+        args["pattern"] = inputs.mask.pattern
 
     def truth(dtype):
         if case.level == "layer":
@@ -181,7 +183,10 @@ def measure(
                     f"allocator handed memory back to the OS between calls, so time_ms "
                     f"includes paging it back in and may move between identical runs"
                 )
-        flops = case.flops(None if inputs.mask.kv_lens is None else inputs.mask.kv_lens.tolist())
+        flops = case.flops(
+            None if inputs.mask.kv_lens is None else inputs.mask.kv_lens.tolist(),
+            inputs.mask.pattern,
+        )
         row.update(
             time_ms=timing.median_ms,
             time_ms_p20=timing.p20_ms,
@@ -190,6 +195,7 @@ def measure(
             flops=flops,
             tflops=flops / (timing.median_ms * 1e-3) / 1e12,
         )
+        row["work_flops"] = work_flops(impl, case, call)
         if settings.matmul_tflops.get(case.dtype):
             row["pct_peak"] = 100 * row["tflops"] / settings.matmul_tflops[case.dtype]
             if row["pct_peak"] > 100:
@@ -219,6 +225,17 @@ def measure(
     finally:
         call = None
         release(case)
+
+
+def work_flops(impl: Impl, case: Case, call: Call) -> float | None:
+    """FLOPs of the pairs the impl's computation covers, masked ones included, as its ``work``
+    declares them (level op only: the layer's projections are not declared)."""
+    if impl.work is None or case.level != "op":
+        return None
+    pairs = impl.work(case, call.mask)
+    if pairs is None:
+        return None
+    return 4.0 * case.heads * case.head_dim * pairs * MODE_FLOP_FACTOR[case.mode]
 
 
 def _once(fn, device_type: str) -> tuple[object, float]:

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.store.schema import CASE_KEY, COLUMNS, KERNEL_COLUMNS, SAMPLE_COLUMNS
+from attnbench.store.schema import (
+    CASE_KEY,
+    COLUMNS,
+    KERNEL_COLUMNS,
+    LATER_CASE_COLUMNS,
+    SAMPLE_COLUMNS,
+)
 
 
 def _fmt(value) -> str:
@@ -56,7 +62,7 @@ class CsvAppender:
 
 def row_key(row: dict) -> tuple[str, ...]:
     """The (case, impl) identity of a row, as text, the same from a dict or a CSV line."""
-    return tuple(_fmt(row[c]) for c in CASE_KEY)
+    return tuple(_fmt(row[c] if c not in LATER_CASE_COLUMNS else row.get(c)) for c in CASE_KEY)
 
 
 def repair_tail(path: Path) -> bool:
@@ -118,6 +124,9 @@ def read_results(path: Path) -> pd.DataFrame:
     if path.is_dir():
         path = path / "results.csv"
     df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
+    for name in LATER_CASE_COLUMNS:
+        if name not in df and len(df.columns):
+            df[name] = pd.NA
     for name, (dtype, _) in COLUMNS.items():
         if name not in df:
             continue

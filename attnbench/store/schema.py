@@ -3,6 +3,8 @@ meaning (docs/columns.md is generated from it), the statuses, and the row's iden
 
 from __future__ import annotations
 
+# case columns added after results were first written: blank when an older results.csv lacks them
+LATER_CASE_COLUMNS = ("pattern",)
 STATUSES = ("ok", "unsupported", "oom", "error", "timeout", "crash")
 
 # name -> (pandas dtype, meaning). The order here is the CSV's column order.
@@ -56,6 +58,17 @@ COLUMNS: dict[str, tuple[str, str]] = {
         "none, padding (per-batch valid key lengths) or window; combines with causal",
     ),
     "window": ("Int64", "window width W with mask=window, else blank"),
+    "pattern": (
+        "string",
+        "mask document: the --docs spec (fixed:LEN, uniform:MIN-MAX or LEN+LEN+...); "
+        "block_sparse and strided: the --sparsity spec, defaults filled in; else blank",
+    ),
+    "work_flops": (
+        "Float64",
+        "FLOPs of the (query, key) pairs the impl's computation covers, masked ones "
+        "included, as the impl declares it (its tiles or call shapes; docs/method.md: "
+        "wasted work); blank where it declares none. flops / work_flops is the useful share",
+    ),
     "level": (
         "string",
         "op (attention alone) or layer (projections + attention + output projection)",
@@ -101,6 +114,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
 }
 METRICS = (  # blank in every row that is not ok
     "flops",
+    "work_flops",
     "time_ms",
     "time_ms_p20",
     "time_ms_p80",
@@ -138,6 +152,7 @@ CASE_KEY = (
     "mask",
     "window",
     "level",
+    "pattern",
 )
 SAMPLE_COLUMNS = ("run_id", *CASE_KEY, "sample", "time_ms")
 # --profile: one line per (row, kernel or op), the device's time summed over PROFILED_CALLS
