@@ -265,6 +265,8 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
                 "mask",
                 "window",
                 "level",
+                "docs",
+                "sparsity",
             )
         },
         rep_ms=[opts["rep_ms"]] if "rep_ms" in opts else None,
@@ -588,6 +590,7 @@ def summary_table(df: pd.DataFrame, impls: list[str] | None = None) -> str:
     def case(r):
         masked = "" if r["mask"] == "none" else f" {r['mask']}"
         window = "" if pd.isna(r["window"]) else f"{r['window']}"
+        window += "" if pd.isna(r.get("pattern", pd.NA)) else f" {r['pattern']}"
         return (
             f"{r['mode']} {r['dtype']} {'causal' if r['causal'] else 'full'}{masked}{window}"
             f"{' layer' if r['level'] == 'layer' else ''} B{r['batch']} "

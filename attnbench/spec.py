@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from attnbench.case import MODES, Case, CaseError, canonical_dtype
 from attnbench.masks import MASKS
+from attnbench.patterns import PATTERN_MASKS
 
 # --mask values: the masks, and "causal" for mask none with causal true
 MASK_CHOICES = ("none", "causal", *MASKS[1:])
@@ -119,6 +120,8 @@ class Spec:
     tokens: int | None = None  # B x N fixed: batch = tokens // seq_len (overrides batch)
     hidden: int | None = None  # Hq x D fixed: heads = hidden // head_dim (overrides heads)
     impls: list[str] | None = None  # the preset's impls when none are named
+    docs: list[str] | None = None  # mask document: the documents specs (patterns.py)
+    sparsity: list[str] | None = None  # masks block_sparse, strided: the pattern specs
 
     @classmethod
     def from_preset(cls, name: str, device: str, **overrides) -> Spec:
@@ -166,7 +169,19 @@ class Spec:
                     )
         if not out:
             raise CaseError("the grid is empty: every list needs at least one value")
+        out = [with_spec for case in out for with_spec in self._patterns(case)]
         return list(dict.fromkeys(out))  # drop duplicates, keep order
+
+    def _patterns(self, case: Case) -> list[Case]:
+        """A case of mask document once per --docs spec, of block_sparse or strided once per
+        --sparsity spec (the mask's defaults when none is given)."""
+        for name, masks in (("docs", ("document",)), ("sparsity", PATTERN_MASKS[1:])):
+            if getattr(self, name) and not set(masks) & set(self.mask):
+                raise CaseError(f"--{name} needs --mask {' or '.join(masks)}")
+        specs = self.docs if case.mask == "document" else self.sparsity
+        if case.mask not in PATTERN_MASKS or not specs:
+            return [case]
+        return [replace(case, pattern=spec) for spec in specs]
 
     def _masks(self) -> list[tuple[str, bool, int | None]]:
         """(mask, causal, window) combinations."""

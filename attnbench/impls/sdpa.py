@@ -162,12 +162,22 @@ DEVICES = {
 }
 
 
+def call_pairs(case, mask) -> int | None:
+    """The score matrix of the call, B·Sq·Skv, when nothing lets the kernel skip part of it
+    (no mask, or a boolean attn_mask, which backends apply to every tile); None with
+    is_causal alone, where skipping tiles past the diagonal is the backend's choice."""
+    if case.causal and case.mask == "none":
+        return None
+    return case.batch * case.seq_q * case.seq_kv
+
+
 @register(
     "sdpa",
     color="#ff7f0e",
     masks=MASKS,
     backend=detect_backend,
     baseline=True,
+    work=call_pairs,
     description="F.scaled_dot_product_attention, default backend choice",
 )
 def sdpa(q, k, v, *, causal, scale, mask):
@@ -182,5 +192,6 @@ for _name, _devices in DEVICES.items():
         masks=MASKS,
         backend=_name,
         color=COLORS[_name],
+        work=call_pairs,
         description=f"F.scaled_dot_product_attention with only the {_name} backend",
     )(forced(_name))

@@ -55,7 +55,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "seed": ("Int64", "seed of the inputs"),
     "mask": (
         "string",
-        "none, padding (per-batch valid key lengths) or window; combines with causal",
+        "none, padding (per-batch valid key lengths), window, document (packed documents), "
+        "block_sparse or strided (sparse patterns); combines with causal",
     ),
     "window": ("Int64", "window width W with mask=window, else blank"),
     "pattern": (
