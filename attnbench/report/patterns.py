@@ -21,6 +21,7 @@ from attnbench.patterns import PATTERN_MASKS
 from attnbench.report import analysis
 from attnbench.report.markdown import MISSING, table
 
+FLAT = 2.0  # a series whose time grows less than this over its lengths: overhead only
 PAIRS_DENSE = 1.8  # kept pairs growing at least like N^1.8: too dense to tell apart
 
 
@@ -64,20 +65,20 @@ def sparsity_fits(df: pd.DataFrame) -> pd.DataFrame:
                 "time_vs_n": by_n["slope"],
                 "time_vs_pairs": by_pairs["slope"],
                 "n_points": by_n["n_points"],
-                "verdict": verdict(pairs["slope"], by_n),
+                "verdict": verdict(pairs["slope"], by_n, g["time_ms"]),
             }
         )
     return pd.DataFrame(out)
 
 
-def verdict(pairs_exp: float, by_n: dict) -> str:
-    """Whether the time follows the kept pairs, from the pairs' exponent and the time's fit
-    in N (analysis.fit_loglog's result)."""
+def verdict(pairs_exp: float, by_n: dict, times: pd.Series) -> str:
+    """Whether the time follows the kept pairs, from the pairs' exponent, the time's fit in N
+    (analysis.fit_loglog's result) and the times themselves."""
     time_exp, reason = by_n["slope"], by_n["reason"]
     if pd.isna(time_exp) or pd.isna(pairs_exp):
         return f"no fit: {reason}" if not pd.isna(reason) else "no fit"
-    if analysis.flag(by_n["overhead_limited"]):
-        return "cannot tell: fixed overhead dominates the time (overhead-limited fit)"
+    if times.max() < FLAT * times.min():
+        return f"cannot tell: the time grows less than {FLAT:g}x, fixed overhead dominates it"
     if pairs_exp >= PAIRS_DENSE:
         return f"cannot tell: kept pairs grow like N^{pairs_exp:.2f}, as dense ones do"
     if abs(time_exp - pairs_exp) < abs(time_exp - 2.0):
