@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from attnbench.case import MODES, Case, CaseError, canonical_dtype
 from attnbench.masks import MASKS
-from attnbench.patterns import PATTERN_MASKS
+from attnbench.patterns import PATTERN_MASKS, SPARSITY_DEFAULTS
 
 # --mask values: the masks, and "causal" for mask none with causal true
 MASK_CHOICES = ("none", "causal", *MASKS[1:])
@@ -174,11 +174,20 @@ class Spec:
 
     def _patterns(self, case: Case) -> list[Case]:
         """A case of mask document once per --docs spec, of block_sparse or strided once per
-        --sparsity spec (the mask's defaults when none is given)."""
-        for name, masks in (("docs", ("document",)), ("sparsity", PATTERN_MASKS[1:])):
-            if getattr(self, name) and not set(masks) & set(self.mask):
-                raise CaseError(f"--{name} needs --mask {' or '.join(masks)}")
-        specs = self.docs if case.mask == "document" else self.sparsity
+        --sparsity spec whose keys that mask has (its defaults when none is given)."""
+        if self.docs and "document" not in self.mask:
+            raise CaseError("--docs needs --mask document")
+        for spec in self.sparsity or []:
+            if not [m for m in PATTERN_MASKS[1:] if m in self.mask and fits(spec, m)]:
+                raise CaseError(
+                    f"--sparsity {spec!r} fits none of the masks swept (block_sparse: "
+                    f"{', '.join(SPARSITY_DEFAULTS['block_sparse'])}; strided: "
+                    f"{', '.join(SPARSITY_DEFAULTS['strided'])})"
+                )
+        if case.mask == "document":
+            specs = self.docs
+        else:
+            specs = [spec for spec in self.sparsity or [] if fits(spec, case.mask)]
         if case.mask not in PATTERN_MASKS or not specs:
             return [case]
         return [replace(case, pattern=spec) for spec in specs]
@@ -198,3 +207,9 @@ class Spec:
                 for c, w in itertools.product(causals, windows)
             ]
         return list(dict.fromkeys(out))
+
+
+def fits(spec: str, mask: str) -> bool:
+    """Whether every key of a --sparsity spec is one of mask ``mask``'s."""
+    keys = [item.split("=")[0] for item in spec.split(":") if item]
+    return all(key in SPARSITY_DEFAULTS[mask] for key in keys)

@@ -17,6 +17,7 @@ from attnbench.measure.timing import TimerConfig
 from attnbench.report.patterns import sparsity_fits
 from attnbench.run.inputs import make_inputs
 from attnbench.run.row import Settings, ground_truth, measure
+from attnbench.spec import Spec
 from attnbench.store.results import read_results
 
 FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
@@ -230,3 +231,30 @@ def test_cpu_sweep_of_documents_and_sparse_patterns_agrees_and_reports(tmp_path)
     assert "### Wasted work (packed documents, sparse patterns)" in report
     assert "### Sparsity: time against N and against kept pairs" in report
     assert "| tiled | fwd full block_sparse block=32:local=1:global=1:random=1" in report
+
+
+def test_each_sparsity_spec_goes_to_the_masks_with_its_keys():
+    spec = Spec.from_preset(
+        "smoke",
+        "cpu",
+        mask=["block_sparse", "strided"],
+        sparsity=["block=16:random=0", "stride=8", "block=32"],
+        seq_len=[64],
+        causal=[False],
+        mode=["fwd"],
+    )
+    got = {(c.mask, c.pattern) for c in spec.cases()}
+    assert got == {
+        ("block_sparse", "block=16:local=3:global=1:random=0"),
+        ("block_sparse", "block=32:local=3:global=1:random=2"),
+        ("strided", "block=64:stride=8"),
+        ("strided", "block=32:stride=4"),
+    }
+
+
+def test_a_sparsity_spec_no_swept_mask_takes_is_one_line_exit_2(tmp_path, capsys):
+    args = ["--mask", "block_sparse", "--sparsity", "stride=4"]
+    code = main(["sweep", "--preset", "smoke", "--results-dir", str(tmp_path / "r"), *args])
+    assert code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--sparsity 'stride=4' fits none of the masks" in lines[0]
