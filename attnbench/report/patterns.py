@@ -35,6 +35,8 @@ def wasted_work(df: pd.DataFrame) -> pd.DataFrame:
     """Ok rows of pattern masks: case, impl, flops, work_flops, useful_pct (100 flops /
     work_flops; NA where the impl declares no work), time_ms, agrees."""
     rows = _pattern_rows(df)
+    if "work_flops" not in rows:  # results written before the column existed
+        rows = rows.assign(work_flops=pd.Series(pd.NA, index=rows.index, dtype="Float64"))
     out = pd.DataFrame(
         {
             "case": [Case.from_row(r).label() for _, r in rows.iterrows()],
