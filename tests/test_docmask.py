@@ -228,3 +228,23 @@ def test_bad_document_flags_are_one_line_exit_2_nothing_written(tmp_path, capsys
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], lines
     assert not (tmp_path / "res").exists()
+
+
+def test_results_written_before_the_pattern_columns_still_read(tmp_path):
+    from attnbench.report.patterns import sections
+    from attnbench.store.results import read_results, row_key
+    from attnbench.store.schema import COLUMNS
+
+    old = [c for c in COLUMNS if c not in ("pattern", "work_flops")]
+    row = dict.fromkeys(old, "") | dict(
+        run_id="old", impl="naive", mode="fwd", batch="1", heads="2", kv_heads="2", seq_q="8",
+        seq_kv="8", head_dim="4", dtype="float32", causal="False", device="cpu",
+        status="ok", mask="none", level="op", time_ms="1.0", flops="512.0",
+    )  # fmt: skip
+    path = tmp_path / "results.csv"
+    path.write_text(",".join(old) + "\n" + ",".join(row[c] for c in old) + "\n")
+    df = read_results(path)
+    assert df["pattern"].isna().all()
+    assert Case.from_row(df.iloc[0]) == Case(1, 2, 2, 8, 8, 4)
+    assert row_key(row)[-1] == ""  # resume matches it to a new row of the same case
+    assert sections(df) == []  # no pattern rows: no wasted-work section
