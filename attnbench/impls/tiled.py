@@ -2,8 +2,9 @@
 
 Forward: for each query block, loop over key blocks keeping a running max ``m`` and running
 sum ``l`` (online softmax, float32), rescaling the accumulator; key blocks that no row of the
-query block keeps (past the causal diagonal, outside the window, past every batch's padding)
-are skipped, and only blocks that some row masks in part are masked element-wise. Only the
+query block keeps (past the causal diagonal, outside the window, past every batch's padding,
+outside every row's document, outside a sparse pattern's kept blocks) are skipped, and only
+blocks that some row masks in part are masked element-wise. Only the
 output and the per-row log-sum-exp are saved.
 Backward (hand-written): scores are recomputed block by block from the saved log-sum-exp.
 Extra memory is O(block_q · block_k) for scores plus O(S) for out / lse / grads, so it grows
