@@ -18,7 +18,6 @@ from attnbench.report.patterns import sparsity_fits
 from attnbench.run.inputs import make_inputs
 from attnbench.run.row import Settings, ground_truth, measure
 from attnbench.spec import Spec
-from attnbench.store.results import read_results
 
 FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 BIGBIRD = "block=8:local=3:global=1:random=2"
@@ -206,31 +205,6 @@ def test_sparsity_verdict_tells_following_pairs_from_quadratic():
     assert fits.loc["skips", "verdict"].startswith("exploits sparsity")
     assert fits.loc["masks", "time_vs_n"] == pytest.approx(2.0)
     assert fits.loc["masks", "verdict"].startswith("masks only")
-
-
-def test_cpu_sweep_of_documents_and_sparse_patterns_agrees_and_reports(tmp_path):
-    code = main(
-        [
-            "sweep",
-            *("--device", "cpu", "--impls", "naive,tiled,flex", "--batch", "1", "--heads", "2"),
-            *("--head-dim", "16", "--seq-len", "160", "--causal", "false", "--mode", "fwd"),
-            *("--mask", "document,block_sparse", "--docs", "uniform:16-64"),
-            *("--sparsity", "block=32:local=1:global=1:random=1", "--rep-ms", "2"),
-            *("--results-dir", str(tmp_path / "res"), "--reports-dir", str(tmp_path / "rep")),
-            *("--run-id", "packed", "--no-isolate", "--no-progress"),
-        ]
-    )
-    assert code == 0
-    df = read_results(tmp_path / "res" / "packed")
-    assert len(df) == 6 and set(df["mask"]) == {"document", "block_sparse"}
-    assert (df["status"] == "ok").all(), df["reason"].tolist()
-    assert df["agrees"].all(), df["reason"].tolist()
-    assert (df["work_flops"] >= df["flops"]).all()
-    assert set(df["pattern"]) == {"uniform:16-64", "block=32:local=1:global=1:random=1"}
-    report = (tmp_path / "rep" / "packed" / "report.md").read_text()
-    assert "### Wasted work (packed documents, sparse patterns)" in report
-    assert "### Sparsity: time against N and against kept pairs" in report
-    assert "| tiled | fwd full block_sparse block=32:local=1:global=1:random=1" in report
 
 
 def test_each_sparsity_spec_goes_to_the_masks_with_its_keys():
