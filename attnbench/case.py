@@ -27,6 +27,7 @@ import torch
 
 from attnbench.errors import UsageError
 from attnbench.masks import ALIGNS, MASKS, key_bounds, offset
+from attnbench.patterns import PATTERN_MASKS, canonical
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_ALIASES = {
@@ -90,6 +91,7 @@ class Case:
     mask: str = "none"  # none, padding, window (masks.py); combines with causal
     window: int | None = None  # window width W, with mask=window only
     level: str = "op"  # op: attention alone; layer: the multi-head block around it
+    pattern: str | None = None  # --docs / --sparsity spec of mask document, block_sparse, strided
     causal_align: str = "top_left"  # top_left or bottom_right (masks.py): causal and window
     model: str = ""  # the model preset the case comes from (models.py), or blank
     phase: str = ""  # prefill, decode or train when the case comes from a phase, or blank
@@ -132,6 +134,9 @@ class Case:
                 f"level=layer is self-attention: seq_q={self.seq_q} and "
                 f"seq_kv={self.seq_kv} must be equal"
             )
+        if self.mask in PATTERN_MASKS or self.pattern is not None:
+            self._validate_pattern()
+            return
         if self.mask != "window":
             if self.window is not None:
                 raise CaseError(f"window={self.window} needs mask=window (mask={self.mask})")
@@ -146,6 +151,27 @@ class Case:
                 f"window - 1 = {self.seq_kv + self.window - 1} would see no key "
                 f"(seq_q={self.seq_q}); use a wider window or more keys"
             )
+
+    def _validate_pattern(self) -> None:
+        """Masks document, block_sparse and strided (patterns.py): self-attention, no window;
+        the spec is stored in its canonical form (defaults filled in)."""
+        if self.mask not in PATTERN_MASKS:
+            raise CaseError(
+                f"pattern={self.pattern!r} needs mask {' or '.join(PATTERN_MASKS)} "
+                f"(mask={self.mask})"
+            )
+        if self.window is not None:
+            raise CaseError(f"window={self.window} needs mask=window (mask={self.mask})")
+        if self.cross:
+            raise CaseError(
+                f"mask={self.mask} is self-attention: seq_q={self.seq_q} and "
+                f"seq_kv={self.seq_kv} must be equal"
+            )
+        flag = "--docs" if self.mask == "document" else "--sparsity"
+        try:
+            object.__setattr__(self, "pattern", canonical(self.mask, self.pattern))
+        except ValueError as exc:
+            raise CaseError(f"mask={self.mask}: {flag} {exc}") from None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -172,9 +198,14 @@ class Case:
         """Position of query 0 among the keys: 0 top-left, Skv - Sq bottom-right."""
         return offset(self.causal_align, self.seq_q, self.seq_kv)
 
-    def pairs(self, kv_lens: list[int] | None = None) -> int:
+    def pairs(self, kv_lens: list[int] | None = None, layout=None) -> int:
         """Unmasked (query, key) pairs per head, summed over the batch, exactly. Key padding
-        needs the per-batch valid key lengths ``kv_lens`` (inputs.key_lengths)."""
+        needs the per-batch valid key lengths ``kv_lens`` (inputs.key_lengths); masks
+        document, block_sparse and strided their drawn ``layout`` (a patterns.Pattern)."""
+        if self.mask in PATTERN_MASKS:
+            if layout is None:
+                raise ValueError(f"mask={self.mask}: the pair count needs the drawn layout")
+            return layout.pairs(self.causal)
         if self.mask == "padding" and kv_lens is None:
             raise ValueError("mask=padding: the pair count needs kv_lens")
         if self.mask == "none":
@@ -205,12 +236,12 @@ class Case:
         d_kv = self.kv_heads * self.head_dim
         return 2.0 * self.batch * self.seq_q * self.d_model * (2 * self.d_model + 2 * d_kv)
 
-    def flops(self, kv_lens: list[int] | None = None) -> float:
+    def flops(self, kv_lens: list[int] | None = None, layout=None) -> float:
         """Matmul FLOPs of the timed work: 4·Hq·pairs·D for the attention forward (QK^T and
         PV; pairs summed over the batch), times 2.5 for backward alone and 3.5 for forward +
         backward. Level layer adds the projections: forward FLOPs times 1, 2 (input and
         weight grads) or 3."""
-        fwd = 4.0 * self.heads * self.pairs(kv_lens) * self.head_dim
+        fwd = 4.0 * self.heads * self.pairs(kv_lens, layout) * self.head_dim
         total = fwd * MODE_FLOP_FACTOR[self.mode]
         if self.level == "layer":
             total += self.projection_flops() * PROJ_FLOP_FACTOR[self.mode]
@@ -243,7 +274,7 @@ class Case:
         """The case of a results row (a dict or a pandas row; blank cells are missing)."""
 
         def value(name, kind):
-            v = row[name]
+            v = row[name] if name in row else None  # results written before the column
             return None if v is None or str(v) in ("", "<NA>", "nan", "None") else kind(v)
 
         ints = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "window")
@@ -251,7 +282,6 @@ class Case:
         fields = {
             f: value(f, int if f in ints else bool if f == "causal" else str)
             for f in cls.__dataclass_fields__
-            if f not in labels or f in row
         }
         return cls(**{k: v for k, v in fields.items() if v is not None or k not in labels})
 
@@ -261,7 +291,9 @@ class Case:
     def label(self) -> str:
         kv = f"/{self.kv_heads}" if self.gqa else ""
         sk = f"x{self.seq_kv}" if self.cross else ""
-        mask = {"none": "", "padding": " padding", "window": f" window{self.window}"}[self.mask]
+        mask = {"none": "", "padding": " padding", "window": f" window{self.window}"}.get(
+            self.mask, f" {self.mask} {self.pattern}"
+        )
         level = " layer" if self.level == "layer" else ""
         align = " bottom-right" if self.causal_align == "bottom_right" else ""
         who = f"{self.model} {self.phase} ".lstrip() if self.model or self.phase else ""

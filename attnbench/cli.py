@@ -276,6 +276,8 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
                 "causal_align",
                 "model",
                 "phase",
+                "docs",
+                "sparsity",
             )
         },
         rep_ms=[opts["rep_ms"]] if "rep_ms" in opts else None,

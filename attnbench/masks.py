@@ -19,6 +19,10 @@ zero (FlashAttention's convention), and so are their gradients.
 Every rule keeps, for query i, one interval of keys ``lo <= j < hi``; ``key_bounds`` computes
 it. Impls use these helpers; the float64 reference (accuracy.reference) writes the rules out
 element by element on its own, so a mistake here is caught there.
+
+Packed documents (``document``) and sparse patterns (``block_sparse``, ``strided``) depend on
+data drawn from the seed; their rules are in attnbench/patterns.py, and ``Mask.pattern``
+holds the draw (``Mask.keep`` gives their dense form like the others').
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-MASKS = ("none", "padding", "window")
+from attnbench.patterns import PATTERN_MASKS, Pattern
+
+MASKS = ("none", "padding", "window", *PATTERN_MASKS)  # the last three: patterns.py
 ALIGNS = ("top_left", "bottom_right")  # where the causal diagonal (and a window) sits
 FAR = 1 << 30  # "unbounded" for a window side, small enough for int32 index arithmetic
 
@@ -111,11 +117,12 @@ class Mask:
     window: int | None = None
     kv_lens: torch.Tensor | None = None  # (B,)
     align: str = "top_left"
+    pattern: Pattern | None = None  # kinds document, block_sparse, strided (patterns.py)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def fresh(self) -> Mask:
         """The same mask with an empty cache (one per row: caches die with the row)."""
-        return Mask(self.kind, self.window, self.kv_lens, self.align)
+        return Mask(self.kind, self.window, self.kv_lens, self.align, self.pattern)
 
     def masked(self, causal: bool) -> bool:
         """Whether any key is masked beyond nothing at all."""
@@ -128,6 +135,8 @@ class Mask:
     def keep(self, seq_q: int, seq_kv: int, causal: bool, device) -> torch.Tensor:
         """Dense boolean mask, True = attend: (Bm, 1, Sq, Skv), cached."""
         key = ("keep", seq_q, seq_kv, causal, str(device))
+        if self.pattern is not None:
+            return self.cached(key, lambda: self.pattern.dense(causal, device))
         return self.cached(
             key,
             lambda: block_keep(

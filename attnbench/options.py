@@ -21,6 +21,7 @@ from attnbench.case import DEVICES, LEVELS, MODES, PHASES, CaseError, canonical_
 from attnbench.errors import UsageError
 from attnbench.masks import ALIGNS
 from attnbench.models import model as find_model
+from attnbench.patterns import parse_docs, parse_sparsity
 from attnbench.spec import MASK_CHOICES, PRESETS
 
 
@@ -154,9 +155,21 @@ OPTIONS: dict[str, Option] = {
     "mode": Option(_list(_choice("mode", MODES)), "fwd, bwd (backward alone), fwd_bwd"),
     "mask": Option(
         _list(_choice("mask", MASK_CHOICES)),
-        "none, causal, padding, window "
-        "(default none); causal means mask none with causal true, the others "
-        "combine with every --causal value",
+        "none, causal, padding, window, document (packed documents), block_sparse "
+        "(BigBird), strided (Sparse Transformer) (default none); causal means mask none with "
+        "causal true, the others combine with every --causal value",
+    ),
+    "docs": Option(
+        _list(parse_docs),
+        "mask document: the lengths of the documents packed into each sequence: fixed:LEN, "
+        "uniform:MIN-MAX (drawn from the seed) or LEN+LEN+... (cycled); the last document "
+        "is cut to fit (default uniform:64-512)",
+    ),
+    "sparsity": Option(
+        _list(parse_sparsity),
+        "masks block_sparse and strided, key=value pairs joined by ':': block_sparse "
+        "block=64:local=3:global=1:random=2 (blocks of 64; a window of 3 blocks; 1 global "
+        "block; 2 random blocks per query block), strided block=64:stride=4 (the defaults)",
     ),
     "window": Option(
         _list(_positive_int),

@@ -72,6 +72,9 @@ class Impl:
     source: str = ""
     unavailable: str | None = None  # why it cannot run at all (missing dependency, import error)
     check: Callable[[Case], list[str]] | None = field(default=None, repr=False)
+    # work(case, mask) -> the (query, key) pairs its computation covers, masked ones included,
+    # per head and summed over the batch, or None where it cannot say (work_flops)
+    work: Callable | None = field(default=None, repr=False)
 
     @property
     def available(self) -> bool:
@@ -146,6 +149,7 @@ def register(
     requires: dict[str, str] | None = None,
     check: Callable[[Case], list[str]] | None = None,
     description: str = "",
+    work: Callable | None = None,
 ):
     """Decorator registering an attention function with what it supports.
 
@@ -160,6 +164,9 @@ def register(
     ``requires`` maps importable module names to the command that installs them; if one is
     missing the impl is registered as unavailable with that command in its reason.
     ``check(case) -> list[str]`` adds reasons that only the impl itself can know.
+    ``work(case, mask) -> int | None``: the (query, key) pairs the impl's computation covers,
+    masked ones included (per head, summed over the batch), from its tiling or call shapes;
+    it fills ``work_flops``.
     """
 
     def decorate(fn: Callable) -> Callable:
@@ -195,6 +202,7 @@ def register(
                 source=_current_source,
                 unavailable=unavailable,
                 check=check,
+                work=work,
             )
         )
         return fn

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from attnbench.case import MODES, PHASES, Case, CaseError, canonical_dtype
 from attnbench.masks import ALIGNS, MASKS
 from attnbench.models import model as find_model
+from attnbench.patterns import PATTERN_MASKS, SPARSITY_DEFAULTS
 
 # --mask values: the masks, and "causal" for mask none with causal true
 MASK_CHOICES = ("none", "causal", *MASKS[1:])
@@ -140,6 +141,8 @@ class Spec:
     model: list[str] | None = None  # model presets (models.py): set the shapes
     phase: list[str] | None = None  # prefill, decode, train: set mode and lengths
     explicit: frozenset[str] = frozenset()  # fields given by flags or a sweep file: they win
+    docs: list[str] | None = None  # mask document: the documents specs (patterns.py)
+    sparsity: list[str] | None = None  # masks block_sparse, strided: the pattern specs
 
     @classmethod
     def from_preset(cls, name: str, device: str, **overrides) -> Spec:
@@ -255,7 +258,28 @@ class Spec:
                     )
         if not out:
             raise CaseError("the grid is empty: every list needs at least one value")
+        out = [with_spec for case in out for with_spec in self._patterns(case)]
         return list(dict.fromkeys(out))  # drop duplicates, keep order
+
+    def _patterns(self, case: Case) -> list[Case]:
+        """A case of mask document once per --docs spec, of block_sparse or strided once per
+        --sparsity spec whose keys that mask has (its defaults when none is given)."""
+        if self.docs and "document" not in self.mask:
+            raise CaseError("--docs needs --mask document")
+        for spec in self.sparsity or []:
+            if not [m for m in PATTERN_MASKS[1:] if m in self.mask and fits(spec, m)]:
+                raise CaseError(
+                    f"--sparsity {spec!r} fits none of the masks swept (block_sparse: "
+                    f"{', '.join(SPARSITY_DEFAULTS['block_sparse'])}; strided: "
+                    f"{', '.join(SPARSITY_DEFAULTS['strided'])})"
+                )
+        if case.mask == "document":
+            specs = self.docs
+        else:
+            specs = [spec for spec in self.sparsity or [] if fits(spec, case.mask)]
+        if case.mask not in PATTERN_MASKS or not specs:
+            return [case]
+        return [replace(case, pattern=spec) for spec in specs]
 
     def _masks(self) -> list[tuple[str, bool, int | None]]:
         """(mask, causal, window) combinations."""
@@ -272,3 +296,9 @@ class Spec:
                 for c, w in itertools.product(causals, windows)
             ]
         return list(dict.fromkeys(out))
+
+
+def fits(spec: str, mask: str) -> bool:
+    """Whether every key of a --sparsity spec is one of mask ``mask``'s."""
+    keys = [item.split("=")[0] for item in spec.split(":") if item]
+    return all(key in SPARSITY_DEFAULTS[mask] for key in keys)

@@ -177,9 +177,11 @@ def test_masks_are_opt_in_with_readable_reasons(impls):
     some = registry.Impl(name="some", fn=None, masks=("none", "padding"))
     assert some.reasons(case) == ["mask=window (supported: none, padding)"]
     assert some.takes_mask and some.reasons(cpu_case(mask="padding")) == []
-    for name in ("triton_flash", "xformers"):  # no mask beyond causal
-        assert impls[name].masks == ("none",)
-        assert "mask=padding (supported: none)" in impls[name].reasons(cpu_case(mask="padding"))
+    assert impls["triton_flash"].masks == ("none",)  # no mask beyond causal
+    assert impls["xformers"].masks == ("none", "document")  # packed documents only
+    for name, supported in (("triton_flash", "none"), ("xformers", "none, document")):
+        reasons = impls[name].reasons(cpu_case(mask="padding"))
+        assert f"mask=padding (supported: {supported})" in reasons
 
 
 def test_register_adds_none_to_the_masks_and_refuses_unknown_ones(monkeypatch):

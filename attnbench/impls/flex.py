@@ -5,6 +5,8 @@ p - back < j < p + ahead and j < kv_len[b] (masks.interval), with shift, back, a
 kv_len held in tensors, so causal (either alignment), padding and window cases of one shape
 share one compiled graph; the block mask (made once per row, outside the
 timing) lets the kernel skip fully masked tiles. Without any mask the block mask is None.
+Packed documents and sparse patterns (patterns.py) have a mask_mod of their own, reading the
+document index or the block layout from a tensor.
 FlexAttention has no backward on the CPU."""
 
 import torch
@@ -28,6 +30,11 @@ def block_mask(q, k, causal, mask):
     if not mask.masked(causal):
         return None
     B, Sq, Skv = q.shape[0], q.shape[-2], k.shape[-2]
+    if mask.pattern is not None:
+        return mask.cached(
+            ("flex", causal, B, Sq, Skv, str(q.device)),
+            lambda: pattern_block_mask(mask.pattern, causal, q.device),
+        )
 
     def make():
         back, ahead = (torch.tensor(n, device=q.device) for n in reach(causal, mask.window))
@@ -45,6 +52,46 @@ def block_mask(q, k, causal, mask):
     return mask.cached(("flex", causal, B, Sq, Skv, str(q.device)), make)
 
 
+def pattern_block_mask(pattern, causal: bool, device):
+    """Packed documents (query and key in one document) or a sparse block layout (the blocks
+    of query and key kept), and j <= i when causal, as a block mask: (B, 1, S, S)."""
+    causal_t = torch.tensor(causal, device=device)
+    if pattern.kind == "document":
+        ids = pattern.doc_ids(device)  # (B, S)
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            same = ids[b, q_idx] == ids[b, kv_idx]
+            return same & ((kv_idx <= q_idx) | ~causal_t)
+
+    else:
+        layout, block = pattern.layout(device), pattern.block  # (nblocks, nblocks)
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            kept = layout[q_idx // block, kv_idx // block]
+            return kept & ((kv_idx <= q_idx) | ~causal_t)
+
+    S = pattern.seq_len
+    return create_block_mask(mask_mod, pattern.batch, None, S, S, device=device)
+
+
+def work_pairs(case, mask) -> int:
+    """(query, key) pairs in the tiles the block mask leaves in (partial and full tiles,
+    masked entries included), per head, summed over the batch; the whole matrix without one."""
+    q = torch.empty(case.batch, 1, case.seq_q, 0, device=case.device)
+    k = torch.empty(case.batch, 1, case.seq_kv, 0, device=case.device)
+    bm = block_mask(q, k, case.causal, mask)
+    if bm is None:
+        return case.batch * case.seq_q * case.seq_kv
+    tiles = bm.to_dense().cpu()  # (Bm, 1, nq, nk): 1 where a tile is computed
+    bq, bk = bm.BLOCK_SIZE
+    rows = (torch.arange(tiles.shape[-2]) * bq).clamp(max=case.seq_q)
+    rows = (rows + bq).clamp(max=case.seq_q) - rows  # tile heights, the last may be short
+    cols = (torch.arange(tiles.shape[-1]) * bk).clamp(max=case.seq_kv)
+    cols = (cols + bk).clamp(max=case.seq_kv) - cols
+    per_row = int((tiles * (rows[:, None] * cols[None, :])).sum())
+    return per_row * (case.batch // tiles.shape[0])
+
+
 @register(
     "flex",
     color="#8c564b",
@@ -52,6 +99,7 @@ def block_mask(q, k, causal, mask):
     causal_align=ALIGNS,
     compiled=True,
     check=_no_cpu_backward,
+    work=work_pairs,
     description="torch.nn.attention.flex_attention, torch.compile'd, block masks",
 )
 def flex(q, k, v, *, causal, scale, mask):

@@ -23,11 +23,17 @@ def _keep(q, k, causal, mask):
     return mask.keep(q.shape[-2], k.shape[-2], causal, q.device)  # (Bm, 1, Sq, Skv)
 
 
+def dense_pairs(case, mask) -> int:
+    """The whole (Sq, Skv) score matrix of every batch row: masking happens after QK^T."""
+    return case.batch * case.seq_q * case.seq_kv
+
+
 @register(
     "naive",
     color="#1f77b4",
     masks=MASKS,
     causal_align=ALIGNS,
+    work=dense_pairs,
     description="softmax(QK^T*scale)V in eager PyTorch; materialises the (Sq, Skv) score matrix",
 )
 def naive(q, k, v, *, causal, scale, mask):
@@ -43,6 +49,7 @@ _compiled = compile_static(formula)
     masks=MASKS,
     causal_align=ALIGNS,
     compiled=True,
+    work=dense_pairs,
     description="the naive formula through torch.compile (dynamic=False)",
 )
 def naive_compiled(q, k, v, *, causal, scale, mask):

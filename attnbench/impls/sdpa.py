@@ -175,6 +175,15 @@ DEVICES = {
 }
 
 
+def call_pairs(case, mask) -> int | None:
+    """The score matrix of the call, B·Sq·Skv, when nothing lets the kernel skip part of it
+    (no mask, or a boolean attn_mask, which backends apply to every tile); None with
+    is_causal alone, where skipping tiles past the diagonal is the backend's choice."""
+    if case.causal and case.mask == "none":
+        return None
+    return case.batch * case.seq_q * case.seq_kv
+
+
 @register(
     "sdpa",
     color="#ff7f0e",
@@ -182,6 +191,7 @@ DEVICES = {
     causal_align=ALIGNS,
     backend=detect_backend,
     baseline=True,
+    work=call_pairs,
     description="F.scaled_dot_product_attention, default backend choice",
 )
 def sdpa(q, k, v, *, causal, scale, mask):
@@ -197,5 +207,6 @@ for _name, _devices in DEVICES.items():
         causal_align=ALIGNS,
         backend=_name,
         color=COLORS[_name],
+        work=call_pairs,
         description=f"F.scaled_dot_product_attention with only the {_name} backend",
     )(forced(_name))

@@ -2,8 +2,9 @@
 
 Forward: for each query block, loop over key blocks keeping a running max ``m`` and running
 sum ``l`` (online softmax, float32), rescaling the accumulator; key blocks that no row of the
-query block keeps (past the causal diagonal, outside the window, past every batch's padding)
-are skipped, and only blocks that some row masks in part are masked element-wise. Only the
+query block keeps (past the causal diagonal, outside the window, past every batch's padding,
+outside every row's document, outside a sparse pattern's kept blocks) are skipped, and only
+blocks that some row masks in part are masked element-wise. Only the
 output and the per-row log-sum-exp are saved.
 Backward (hand-written): scores are recomputed block by block from the saved log-sum-exp.
 Extra memory is O(block_q · block_k) for scores plus O(S) for out / lse / grads, so it grows
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from attnbench.masks import ALIGNS, MASKS, block_keep, key_bounds
+from attnbench.patterns import Pattern
 from attnbench.registry import register
 
 BLOCK_Q = 128
@@ -52,6 +54,12 @@ class _Masking:
         )  # (1, 2), (Bm, 2)
         return int(lo[0, 0]), int(hi[:, 1].max()), int(lo[0, 1]), int(hi[:, 0].min())
 
+    def key_tiles(self, q0: int, q1: int) -> list[tuple[int, int, list[int]]]:
+        """The key tiles (k0, k1, full) that query rows q0..q1-1 visit; ``full`` is what
+        ``scores`` needs to tell a tile that no row masks."""
+        start, end, *full = self.key_range(q0, q1)
+        return [(k0, k1, full) for k0, k1 in _blocks(start, end, BLOCK_K)]
+
     def scores(self, qb, kb, scale, q0, k0, full):
         """Scaled scores of a block in float32, masked where needed: (B, Hkv, G, bq, bk)."""
         s = (qb @ kb.transpose(-1, -2)).float() * scale
@@ -73,6 +81,56 @@ class _Masking:
         return s
 
 
+@dataclass
+class _PatternMasking:
+    """Packed documents and sparse patterns (patterns.py), per tile: tiles the pattern leaves
+    empty are skipped, full ones unmasked, the others masked element-wise. The plan of tiles
+    is made once per row (the untimed first call) and kept in the row's mask."""
+
+    pattern: Pattern
+    causal: bool
+
+    def __post_init__(self):
+        S = self.pattern.seq_len
+        self.plan = {}
+        for q0, q1 in _blocks(0, S, BLOCK_Q):
+            states = [
+                (k0, k1, self.pattern.tile(q0, q1, k0, k1, self.causal))
+                for k0, k1 in _blocks(0, S, BLOCK_K)
+            ]
+            self.plan[q0] = [(k0, k1, st == "full") for k0, k1, st in states if st != "empty"]
+
+    def key_tiles(self, q0: int, q1: int) -> list[tuple[int, int, bool]]:
+        return self.plan[q0]
+
+    def scores(self, qb, kb, scale, q0, k0, full):
+        """Scaled scores of a block in float32, masked where needed: (B, Hkv, G, bq, bk)."""
+        s = (qb @ kb.transpose(-1, -2)).float() * scale
+        if not full:
+            q1, k1 = q0 + qb.shape[-2], k0 + kb.shape[-2]
+            keep = self.pattern.keep(q0, q1, k0, k1, self.causal, s.device)  # (Bm, bq, bk)
+            s = s.masked_fill(~keep[:, None, None], float("-inf"))  # keep (Bm, 1, 1, bq, bk)
+        return s
+
+
+def _masking(seq_q: int, seq_kv: int, causal: bool, mask):
+    if mask.pattern is not None:
+        return mask.cached(("tiled", causal), lambda: _PatternMasking(mask.pattern, causal))
+    return _Masking(seq_kv, causal, mask.window, mask.kv_lens, mask.shift(seq_q, seq_kv))
+
+
+def work_pairs(case, mask) -> int:
+    """(query, key) pairs in the tiles this impl computes, per head, summed over the batch:
+    every visited tile whole, masked entries included (work_flops)."""
+    masking = _masking(case.seq_q, case.seq_kv, case.causal, mask)
+    tiles = [
+        (q1 - q0) * (k1 - k0)
+        for q0, q1 in _blocks(0, case.seq_q, BLOCK_Q)
+        for k0, k1, _ in masking.key_tiles(q0, q1)
+    ]
+    return case.batch * sum(tiles)
+
+
 class TiledAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, masking, scale):
@@ -87,8 +145,7 @@ class TiledAttention(torch.autograd.Function):
             m = torch.full(qb.shape[:-1], float("-inf"), device=q.device)  # (B, Hkv, G, bq)
             l = torch.zeros_like(m)
             acc = torch.zeros(qb.shape, dtype=torch.float32, device=q.device)
-            start, end, *full = masking.key_range(q0, q1)
-            for k0, k1 in _blocks(start, end, BLOCK_K):
+            for k0, k1, full in masking.key_tiles(q0, q1):
                 s = masking.scores(qb, k5[..., k0:k1, :], scale, q0, k0, full)
                 m_new = torch.maximum(m, s.amax(dim=-1))
                 # a row with no kept key yet has m_new = -inf: shift by 0 instead (exp -> 0)
@@ -120,8 +177,7 @@ class TiledAttention(torch.autograd.Function):
         dv = torch.zeros_like(dk)
         for q0, q1 in _blocks(0, Sq, BLOCK_Q):
             qb, dob = q5[..., q0:q1, :], do5[..., q0:q1, :]
-            start, end, *full = masking.key_range(q0, q1)
-            for k0, k1 in _blocks(start, end, BLOCK_K):
+            for k0, k1, full in masking.key_tiles(q0, q1):
                 kb, vb = k5[..., k0:k1, :], v5[..., k0:k1, :]
                 s = masking.scores(qb, kb, scale, q0, k0, full)
                 p = torch.exp(s - lse[..., q0:q1, None])  # (B, Hkv, G, bq, bk)
@@ -138,11 +194,10 @@ class TiledAttention(torch.autograd.Function):
     color="#d62728",
     masks=MASKS,
     causal_align=ALIGNS,
+    work=work_pairs,
     description="our blocked online-softmax attention in plain PyTorch, hand-written "
     "backward; memory linear in sequence length",
 )
 def tiled(q, k, v, *, causal, scale, mask):
     # q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D) -> (B, Hq, Sq, D)
-    shift = mask.shift(q.shape[2], k.shape[2])
-    masking = _Masking(k.shape[2], causal, mask.window, mask.kv_lens, shift)
-    return TiledAttention.apply(q, k, v, masking, scale)
+    return TiledAttention.apply(q, k, v, _masking(q.shape[2], k.shape[2], causal, mask), scale)

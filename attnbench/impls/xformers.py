@@ -1,4 +1,8 @@
-"""xformers.ops.memory_efficient_attention, in its own (B, S, H, D) layout."""
+"""xformers.ops.memory_efficient_attention, in its own (B, S, H, D) layout.
+
+Packed documents (mask document): the batch is flattened into one sequence of B * S tokens
+and xformers' block-diagonal bias (one block per document, causal within it when causal)
+keeps attention inside each document; its kernels visit only the blocks on the diagonal."""
 
 from attnbench.case import Case
 from attnbench.masks import ALIGNS
@@ -15,6 +19,15 @@ def _gqa_backward(case: Case) -> list[str]:
     return []
 
 
+def document_bias(pattern, causal: bool, device):
+    """xformers' block-diagonal bias over the flattened batch, one block per document."""
+    from xformers.ops.fmha.attn_bias import BlockDiagonalCausalMask, BlockDiagonalMask
+
+    lens = [n for row in pattern.doc_lens for n in row]
+    kind = BlockDiagonalCausalMask if causal else BlockDiagonalMask
+    return kind.from_seqlens(lens, device=device)
+
+
 @register(
     "xformers",
     color="#2ca02c",
@@ -23,6 +36,7 @@ def _gqa_backward(case: Case) -> list[str]:
     requires={"xformers": "pip install 'attnbench[xformers]'"},
     causal_align=ALIGNS,
     check=_gqa_backward,
+    masks=("document",),
     description="xformers.ops.memory_efficient_attention (CUDA only: xformers has no CPU operator)",
 )
 def xformers(q, k, v, *, causal, scale, mask):
@@ -34,16 +48,22 @@ def xformers(q, k, v, *, causal, scale, mask):
 
     # q (B, Sq, Hq, D); k, v (B, Skv, Hkv, D)
     B, Sq, Hq, D = q.shape
+    bias = None
+    if causal:  # xformers' two alignments: top-left (SDPA's is_causal) and bottom-right
+        bottom_right = mask.shift(Sq, k.shape[1]) != 0
+        bias = LowerTriangularFromBottomRightMask() if bottom_right else LowerTriangularMask()
+    if mask.pattern is not None:  # packed documents: one sequence of B * S tokens
+        bias = mask.cached(
+            ("xformers", causal), lambda: document_bias(mask.pattern, causal, q.device)
+        )
+        q, k, v = (t.reshape(1, B * t.shape[1], *t.shape[2:]) for t in (q, k, v))
+    Bx, Sx = q.shape[:2]  # (1, B * S) with documents, else (B, Sq)
     Skv, Hkv = k.shape[1], k.shape[2]
     if Hq != Hkv:  # GQA: xformers' 5-D form (B, S, G, H, D), k/v broadcast without a copy
         group = Hq // Hkv
-        q = q.view(B, Sq, Hkv, group, D)
-        k = k.unsqueeze(3).expand(B, Skv, Hkv, group, D)
-        v = v.unsqueeze(3).expand(B, Skv, Hkv, group, D)
-    bias = None
-    if causal:  # xformers' two alignments: top-left (SDPA's is_causal) and bottom-right
-        bottom_right = mask.shift(Sq, Skv) != 0
-        bias = LowerTriangularFromBottomRightMask() if bottom_right else LowerTriangularMask()
+        q = q.view(Bx, Sx, Hkv, group, D)
+        k = k.unsqueeze(3).expand(Bx, Skv, Hkv, group, D)
+        v = v.unsqueeze(3).expand(Bx, Skv, Hkv, group, D)
     try:
         out = xops.memory_efficient_attention(q, k, v, attn_bias=bias, scale=scale)
     except NotImplementedError as exc:  # no xformers operator takes this case

@@ -36,6 +36,7 @@ def reference(
     window: int | None = None,
     kv_lens: torch.Tensor | None = None,
     shift: int = 0,
+    pattern=None,
 ):
     """Attention by the textbook formula in ``dtype``, one batch element and one query chunk
     at a time, so neither the score matrix nor a widened copy of k and v is ever whole (a
@@ -46,7 +47,8 @@ def reference(
     (dk/dv accumulated over chunks in at least float32). Masks, written out element by
     element (query i at position p = i + shift among the keys, key j, batch b): causal masks
     j > p; ``window`` W masks |p - j| >= W, or with causal p - j >= W; ``kv_lens`` (B,) masks
-    j >= kv_lens[b] (key padding). A query with every key masked has output zero and
+    j >= kv_lens[b] (key padding); ``pattern`` (a patterns.Pattern: packed documents or a
+    sparse layout) as ``pattern_masked``. A query with every key masked has output zero and
     gradients zero."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
@@ -80,6 +82,9 @@ def reference(
                     drop |= (p - j >= window) if causal else ((p - j).abs() >= window)
                 if kv_lens is not None:
                     drop |= j >= kv_lens[b].to(q.device)
+                if pattern is not None:  # (Bm, 1, c, Skv): this batch row's
+                    hidden = pattern_masked(pattern, p - shift, j)
+                    drop |= hidden[b if hidden.shape[0] > 1 else 0, 0]
                 empty = drop.all(dim=-1, keepdim=True)  # (c, 1): no key at all
                 s = s.masked_fill(drop, float("-inf")).masked_fill(empty, 0.0)
                 oc = s.softmax(dim=-1).masked_fill(empty, 0.0) @ vb  # (Hkv, group, c, D)
@@ -93,6 +98,35 @@ def reference(
         if grad:
             dk[b], dv[b] = gk[:, 0].to(dtype), gv[:, 0].to(dtype)
     return out, ((dq, dk, dv) if grad else None)
+
+
+def pattern_masked(pattern, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    """True where a pattern mask hides key j from query i: (Bm, 1, c, Skv) for query indices
+    i (c, 1) and key indices j (1, Skv). Written from the drawn data alone (docs/method.md):
+    document: j and i lie in different documents of row b (documents laid end to end with
+    ``pattern.doc_lens[b]``); block_sparse with block P: i // P and j // P further apart than
+    (local - 1) / 2, neither below ``n_global``, and j // P not among ``pattern.random[i // P]``;
+    strided: |i // P - j // P| >= stride and (i // P - j // P) % stride != 0."""
+    if pattern.kind == "document":
+        rows = []
+        for lens in pattern.doc_lens:
+            doc = torch.empty(sum(lens), dtype=torch.int64)
+            start = 0
+            for number, length in enumerate(lens):
+                doc[start : start + length] = number
+                start += length
+            rows.append(doc)
+        doc = torch.stack(rows).to(i.device)  # (B, S): each position's document
+        return (doc[:, i] != doc[:, j])[:, None]  # (B, 1, c, Skv)
+    qb, kb = i // pattern.block, j // pattern.block  # (c, 1), (1, Skv)
+    if pattern.kind == "strided":
+        near = (qb - kb).abs() < pattern.stride
+        return ~(near | ((qb - kb) % pattern.stride == 0))[None, None]
+    kept = (qb - kb).abs() <= (pattern.local - 1) // 2
+    kept |= (qb < pattern.n_global) | (kb < pattern.n_global)
+    drawn = pattern.random.to(i.device)[qb[:, 0]]  # (c, r): key blocks drawn for each query
+    kept |= (drawn[:, None, :] == kb[..., None]).any(-1)  # (c, Skv)
+    return ~kept[None, None]
 
 
 # The rule's constants (docs/method.md), calibrated by scripts/calibrate_accuracy.py
@@ -129,6 +163,7 @@ def magnitude(
     window: int | None = None,
     kv_lens: torch.Tensor | None = None,
     shift: int = 0,
+    pattern=None,
 ) -> list[torch.Tensor]:
     """float64 magnitudes ``[m_out]`` or ``[m_out, m_dq, m_dk, m_dv]`` (same shapes as the
     reference's out and grads; docs/method.md has the formulas). Masks as ``reference``.
@@ -145,13 +180,17 @@ def magnitude(
             window=window,
             kv_lens=None if kv_lens is None else kv_lens[b : b + 1],
             shift=shift,
+            pattern=pattern,
+            batch=b,
         )
         for b in range(q.shape[0])
     ]
     return [torch.cat(ts) for ts in zip(*parts)]
 
 
-def _magnitude(q, k, v, *, causal, scale, dout, window, kv_lens, shift) -> list[torch.Tensor]:
+def _magnitude(
+    q, k, v, *, causal, scale, dout, window, kv_lens, shift, pattern, batch
+) -> list[torch.Tensor]:
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     G = Hq // Hkv
@@ -182,6 +221,11 @@ def _magnitude(q, k, v, *, causal, scale, dout, window, kv_lens, shift) -> list[
             s = s.masked_fill((i - j >= window) if causal else ((i - j).abs() >= window), -math.inf)
         if kv_lens is not None:
             s = s.masked_fill(j >= kv_lens.to(q.device)[:, None, None, None], -math.inf)
+        if pattern is not None:  # (Bm, 1, c, Skv): this element's row
+            hidden = pattern_masked(pattern, i - shift, j)
+            s = s.masked_fill(
+                hidden[batch : batch + 1] if hidden.shape[0] > 1 else hidden, -math.inf
+            )
         empty = s.isneginf().all(-1, keepdim=True)  # queries with no key: output zero
         s = s.masked_fill(empty, 0.0)
         p = s.softmax(-1).masked_fill(empty, 0.0)

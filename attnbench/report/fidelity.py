@@ -19,7 +19,7 @@ import pandas as pd
 from attnbench.impls.sdpa import backends_in
 from attnbench.report.analysis import CASE_COLUMNS, ok_rows
 from attnbench.store.atomic import atomic_dir
-from attnbench.store.schema import CASE_KEY
+from attnbench.store.schema import CASE_KEY, LATER_KEYS
 
 MIN_MS = 0.05  # rows shorter than this are dominated by launch overhead: not judged
 TIMER_GOAL_PCT = 3.0
@@ -91,7 +91,11 @@ def backend_labels(a_text: pd.DataFrame, kernels_text: pd.DataFrame | None) -> p
 def _text(path: Path) -> pd.DataFrame | None:
     if not path.exists():
         return None
-    return pd.read_csv(path, dtype=str, keep_default_na=False)
+    text = pd.read_csv(path, dtype=str, keep_default_na=False)
+    for name, default in LATER_KEYS.items():  # files written before the column existed
+        if name not in text:
+            text[name] = default or ""
+    return text
 
 
 def verdicts(checks: pd.DataFrame) -> list[str]:

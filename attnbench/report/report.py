@@ -11,6 +11,7 @@ from attnbench.case import Case, CaseError
 from attnbench.measure.timing import NOISY_SPREAD, PAGE_FAULTS_FLAG
 from attnbench.report import analysis, plots
 from attnbench.report.markdown import MISSING, table
+from attnbench.report.patterns import sections as pattern_sections
 from attnbench.store.atomic import atomic_dir
 from attnbench.store.rundir import load_run
 from attnbench.store.schema import STATUSES
@@ -636,6 +637,7 @@ def _device_part(
     lines = _winners_section(df)
     lines += _speedup_section(df, baseline)
     lines += _exponents_section(fits)
+    lines += pattern_sections(df, level)
     lines += _disagreement_section(df)
     figures = {
         "time_vs_seq": lambda: plots.plot_time_vs_seq(df, fits, device_name=name, colors=colors),

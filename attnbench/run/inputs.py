@@ -9,6 +9,7 @@ import torch
 
 from attnbench.case import Case
 from attnbench.masks import Mask
+from attnbench.patterns import PATTERN_MASKS, Pattern
 
 PADDING_SEED_OFFSET = 7919  # key lengths come from their own stream: q, k, v stay as they were
 PAGES_SEED_OFFSET = 104729  # the page order of a paged KV cache, a stream of its own
@@ -39,6 +40,14 @@ def key_lengths(case: Case, seed: int) -> list[int] | None:
     return torch.randint(1, case.seq_kv + 1, (case.batch,), generator=gen).tolist()
 
 
+def pattern(case: Case, seed: int) -> Pattern | None:
+    """The drawn layout of masks document, block_sparse and strided (patterns.py), from
+    ``seed`` apart from q, k, v; None for the other masks."""
+    if case.mask not in PATTERN_MASKS:
+        return None
+    return Pattern.make(case.mask, case.pattern, case.batch, case.seq_q, seed)
+
+
 def make_inputs(case: Case, seed: int) -> Inputs:
     """Standard-normal q, k, v (and dout) drawn on the CPU from ``seed`` in float32, then cast
     to the case's dtype and moved to its device, so every device sees the same numbers.
@@ -65,6 +74,7 @@ def make_inputs(case: Case, seed: int) -> Inputs:
         None if lens is None else torch.tensor(lens, device=case.device),
         case.causal_align,
     )
+    mask.pattern = pattern(case, seed)
     if case.level == "layer":
         dm, dkv = case.d_model, Hkv * D
         x = draw(B, case.seq_q, dm)

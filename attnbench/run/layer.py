@@ -63,6 +63,7 @@ def layer_reference(
     dtype=torch.float64,
     window=None,
     kv_lens=None,
+    pattern=None,
 ):
     """The layer in ``dtype`` around accuracy.reference. Returns ``(out, grads)``; grads is
     ``(dx, dwq, dwk, dwv, dwo)`` when ``dout`` (B, S, d_model) is given."""
@@ -72,7 +73,16 @@ def layer_reference(
     )  # (B, H, S, D)
     da = None if dout is None else split_heads(dout.to(dtype) @ wo, heads, "bhsd")
     attn, grads = reference(
-        q, k, v, causal=causal, scale=scale, dout=da, dtype=dtype, window=window, kv_lens=kv_lens
+        q,
+        k,
+        v,
+        causal=causal,
+        scale=scale,
+        dout=da,
+        dtype=dtype,
+        window=window,
+        kv_lens=kv_lens,
+        pattern=pattern,
     )
     merged = merge_heads(attn, "bhsd")  # (B, S, d_model)
     out = merged @ wo.T

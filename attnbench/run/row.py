@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from attnbench.case import Case
+from attnbench.case import MODE_FLOP_FACTOR, Case
 from attnbench.measure import accuracy
 from attnbench.measure.clocks import ClockSampler
 from attnbench.measure.compiling import compile_events
@@ -105,6 +105,8 @@ def ground_truth(case: Case, inputs: Inputs) -> Truth:
         window=case.window,
         kv_lens=inputs.mask.kv_lens,
     )
+    if inputs.mask.pattern is not None:
+        args["pattern"] = inputs.mask.pattern
 
     def truth(dtype):
         if case.level == "layer":
@@ -185,7 +187,10 @@ def measure(
                     f"allocator handed memory back to the OS between calls, so time_ms "
                     f"includes paging it back in and may move between identical runs"
                 )
-        flops = case.flops(None if inputs.mask.kv_lens is None else inputs.mask.kv_lens.tolist())
+        flops = case.flops(
+            None if inputs.mask.kv_lens is None else inputs.mask.kv_lens.tolist(),
+            inputs.mask.pattern,
+        )
         seconds = timing.median_ms * 1e-3
         row.update(
             time_ms=timing.median_ms,
@@ -196,6 +201,7 @@ def measure(
             tflops=flops / seconds / 1e12,
             gbps=case.bytes_moved() / seconds / 1e9,
         )
+        row["work_flops"] = work_flops(impl, case, call)
         row.update(roofline(row, case, settings, notes))
         try:
             with _nvtx(f"{impl.name} {case.label()} memory"):
@@ -242,6 +248,17 @@ def roofline(row: dict, case: Case, settings: Settings, notes: list[str]) -> dic
             f"measured low (a busy machine?), so pct_peak is not trustworthy for this run"
         )
     return out
+
+
+def work_flops(impl: Impl, case: Case, call: Call) -> float | None:
+    """FLOPs of the pairs the impl's computation covers, masked ones included, as its ``work``
+    declares them (level op only: the layer's projections are not declared)."""
+    if impl.work is None or case.level != "op":
+        return None
+    pairs = impl.work(case, call.mask)
+    if pairs is None:
+        return None
+    return 4.0 * case.heads * case.head_dim * pairs * MODE_FLOP_FACTOR[case.mode]
 
 
 def _once(fn, device_type: str) -> tuple[object, float]:

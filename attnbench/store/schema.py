@@ -58,9 +58,21 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "seed": ("Int64", "seed of the inputs"),
     "mask": (
         "string",
-        "none, padding (per-batch valid key lengths) or window; combines with causal",
+        "none, padding (per-batch valid key lengths), window, document (packed documents), "
+        "block_sparse or strided (sparse patterns); combines with causal",
     ),
     "window": ("Int64", "window width W with mask=window, else blank"),
+    "pattern": (
+        "string",
+        "mask document: the --docs spec (fixed:LEN, uniform:MIN-MAX or LEN+LEN+...); "
+        "block_sparse and strided: the --sparsity spec, defaults filled in; else blank",
+    ),
+    "work_flops": (
+        "Float64",
+        "FLOPs of the (query, key) pairs the impl's computation covers, masked ones "
+        "included, as the impl declares it (its tiles or call shapes; docs/method.md: "
+        "wasted work); blank where it declares none. flops / work_flops is the useful share",
+    ),
     "level": (
         "string",
         "op (attention alone) or layer (projections + attention + output projection)",
@@ -119,6 +131,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
 METRICS = (  # blank in every row that is not ok
     "flops",
     "gbps",
+    "work_flops",
     "time_ms",
     "time_ms_p20",
     "time_ms_p80",
@@ -160,9 +173,10 @@ CASE_KEY = (
     "causal_align",
     "model",
     "phase",
+    "pattern",
 )
 # key columns added after the first runs, and what rows written before them hold (None: blank)
-LATER_KEYS = {"causal_align": "top_left", "model": None, "phase": None}
+LATER_KEYS = {"causal_align": "top_left", "model": None, "phase": None, "pattern": None}
 SAMPLE_COLUMNS = ("run_id", *CASE_KEY, "sample", "time_ms")
 # --profile: one line per (row, kernel or op), the device's time summed over PROFILED_CALLS
 KERNEL_COLUMNS = ("run_id", *CASE_KEY, "kernel", "calls", "total_us", "share")

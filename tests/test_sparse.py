@@ -1,0 +1,234 @@
+"""Sparse patterns (masks block_sparse, strided): the layouts against rules written out here,
+the reference, pair counts by hand, impls against the reference, an impl that ignores global
+tokens caught, the report's sparsity verdict, and a CPU sweep end to end."""
+
+import math
+import textwrap
+
+import pandas as pd
+import pytest
+import torch
+
+from attnbench import registry
+from attnbench.case import Case, CaseError
+from attnbench.cli import main
+from attnbench.measure import accuracy
+from attnbench.measure.timing import TimerConfig
+from attnbench.report.patterns import sparsity_fits
+from attnbench.run.inputs import make_inputs
+from attnbench.run.row import Settings, ground_truth, measure
+from attnbench.spec import Spec
+
+FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
+BIGBIRD = "block=8:local=3:global=1:random=2"
+
+
+def sparse_case(mask, spec, seq=60, causal=False, mode="fwd", heads=2, kv_heads=2):
+    return Case(
+        batch=2,
+        heads=heads,
+        kv_heads=kv_heads,
+        seq_q=seq,
+        seq_kv=seq,
+        head_dim=8,
+        causal=causal,
+        mode=mode,
+        mask=mask,
+        pattern=spec,
+    )
+
+
+def loop_keep(pattern, seq, causal):
+    """The rules, one (i, j) at a time, from the pattern's parameters and random draw."""
+    keep = torch.zeros(1, 1, seq, seq, dtype=torch.bool)
+    P = pattern.block
+    for i in range(seq):
+        for j in range(seq):
+            a, c = i // P, j // P
+            if pattern.kind == "strided":
+                kept = abs(a - c) < pattern.stride or (a - c) % pattern.stride == 0
+            else:
+                kept = (
+                    abs(a - c) <= (pattern.local - 1) // 2
+                    or a < pattern.n_global
+                    or c < pattern.n_global
+                    or c in pattern.random[a].tolist()
+                )
+            keep[0, 0, i, j] = kept and (j <= i or not causal)
+    return keep
+
+
+def run(impl, case):
+    inputs = make_inputs(case, 0)
+    return measure(impl, case, inputs, ground_truth(case, inputs), FAST).row
+
+
+def test_random_blocks_are_seeded_and_outside_window_and_globals():
+    case = sparse_case("block_sparse", "block=4:local=3:global=2:random=3", seq=64)
+    drawn = make_inputs(case, 7).mask.pattern.random  # (16, 3)
+    assert torch.equal(drawn, make_inputs(case, 7).mask.pattern.random)
+    assert not torch.equal(drawn, make_inputs(case, 8).mask.pattern.random)
+    assert (drawn[:2] == -1).all()  # global query blocks already see everything
+    for a in range(2, 16):
+        picks = drawn[a].tolist()
+        assert len(set(picks)) == 3 and all(c >= 2 and abs(a - c) > 1 for c in picks)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask,spec", [("block_sparse", BIGBIRD), ("strided", "block=4:stride=3")])
+def test_reference_and_dense_mask_follow_the_rule(monkeypatch, mask, spec, causal):
+    monkeypatch.setattr(accuracy, "CHUNK_BYTES", 7 * 8 * 2 * 2 * 30)  # 7 query rows a chunk
+    case = sparse_case(mask, spec, seq=30, causal=causal)  # the last block is short
+    pattern = make_inputs(case, 3).mask.pattern
+    keep = loop_keep(pattern, 30, causal)
+    assert torch.equal(make_inputs(case, 3).mask.keep(30, 30, causal, "cpu"), keep)
+    q, k, v, dout = (
+        torch.randn(
+            2, 2, 30, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(s)
+        ).requires_grad_(True)
+        for s in range(4)
+    )
+    out, grads = accuracy.reference(
+        q, k, v, causal=causal, scale=0.5, dout=dout.detach(), pattern=pattern
+    )
+    want = ((q @ k.transpose(-1, -2)) * 0.5).masked_fill(~keep, -math.inf).softmax(-1) @ v
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+    for got, exp in zip(grads, torch.autograd.grad(want, (q, k, v), dout)):
+        torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal,per_row", [(False, 14 * 4), (True, 5 * 4 + 4 * 3)])
+def test_strided_pairs_by_hand(causal, per_row):
+    # 4 blocks of 2, stride 2: block rows keep 3, 4, 4, 3 blocks (14 of 16); causal: 5 whole
+    # blocks below the diagonal and 4 triangles of 3 pairs on it
+    case = sparse_case("strided", "block=2:stride=2", seq=8, causal=causal, mode="bwd")
+    pattern = make_inputs(case, 0).mask.pattern
+    assert case.pairs(layout=pattern) == 2 * per_row
+    assert case.flops(layout=pattern) == 2.5 * 4 * 2 * (2 * per_row) * 8
+
+
+def test_block_sparse_pairs_by_hand():
+    # 3 blocks of 4 (the last one of 2), local 1 (the diagonal), block 0 global, no random:
+    # blocks (0, *), (*, 0) and the diagonal: 4x4 + 4x4 + 4x2 + 4x4 + 2x4 + 4x4 + 2x2
+    case = sparse_case("block_sparse", "block=4:local=1:global=1:random=0", seq=10)
+    assert case.pairs(layout=make_inputs(case, 0).mask.pattern) == 2 * (16 * 4 + 8 * 2 + 4)
+
+
+STRIDED = "block=8:stride=3"
+
+
+@pytest.mark.parametrize(
+    "name,mask,spec,causal",
+    [
+        *(("tiled", m, p, c) for m, p in (("block_sparse", BIGBIRD), ("strided", STRIDED))
+          for c in (False, True)),
+        ("naive", "block_sparse", BIGBIRD, True),
+        ("sdpa", "strided", STRIDED, False),
+    ],
+)  # fmt: skip
+def test_impls_agree_under_sparse_patterns(impls, monkeypatch, name, mask, spec, causal):
+    globals_ = impls["tiled"].fn.__globals__
+    monkeypatch.setitem(globals_, "BLOCK_Q", 8)  # tiles of the pattern's size: empty ones
+    monkeypatch.setitem(globals_, "BLOCK_K", 8)  # skipped
+    case = sparse_case(mask, spec, seq=60, causal=causal, mode="fwd_bwd", heads=4, kv_heads=2)
+    row = run(impls[name], case)
+    assert row["status"] == "ok", row["reason"]
+    assert row["agrees"] is True, row["reason"]
+    if name == "tiled":  # tiles of the pattern's blocks: it visits the kept ones only
+        keep = loop_keep(make_inputs(case, 0).mask.pattern, 60, causal)[0, 0]
+        visited = sum(
+            min(8, 60 - r) * min(8, 60 - c)
+            for r in range(0, 60, 8)
+            for c in range(0, 60, 8)
+            if keep[r : r + 8, c : c + 8].any()
+        )
+        assert row["work_flops"] == 3.5 * 4 * 4 * 8 * 2 * visited
+        assert (row["work_flops"] == row["flops"]) is not causal  # causal cuts the diagonal
+
+
+def test_ignoring_global_tokens_disagrees(tmp_path):
+    path = tmp_path / "no_globals.py"
+    path.write_text(
+        textwrap.dedent("""
+        from attnbench.registry import register
+
+        @register("no_globals", masks=("block_sparse",))
+        def no_globals(q, k, v, *, causal, scale, mask):
+            p = mask.pattern
+            keep = mask.keep(q.shape[-2], k.shape[-2], causal, q.device).clone()
+            a = (keep.new_ones(keep.shape[-2:]).nonzero()[:, 0] // p.block).view(keep.shape[-2:])
+            c = a.T
+            window = (a - c).abs() <= (p.local - 1) // 2
+            drawn = (p.random[a] == c[..., None]).any(-1)
+            keep &= window | drawn  # the global rows and columns left out
+            s = q @ k.transpose(-1, -2) * scale
+            return s.masked_fill(~keep, float("-inf")).softmax(-1) @ v
+    """)
+    )
+    impl = registry.discover([str(path)], builtin=False, entry_points=False)["no_globals"]
+    row = run(impl, sparse_case("block_sparse", "block=8:local=3:global=1:random=1", seq=64))
+    assert row["status"] == "ok" and row["agrees"] is False
+    assert "disagrees with the float64 reference" in row["reason"]
+
+
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        (dict(pattern="block=8:stride=2"), "'stride=2' is not a key=value of mask block_sparse"),
+        (dict(pattern="local=2"), "local=2 must be odd"),
+        (dict(pattern="block=0"), "block=0 must be an integer >= 1"),
+        (dict(window=4), "window=4 needs mask=window"),
+    ],
+)
+def test_bad_sparse_cases_are_refused(kw, message):
+    args = dict(batch=1, heads=2, kv_heads=2, seq_q=32, seq_kv=32, head_dim=8)
+    with pytest.raises(CaseError, match=message):
+        Case(**(args | dict(mask="block_sparse") | kw))
+
+
+def test_sparsity_verdict_tells_following_pairs_from_quadratic():
+    n = [1024, 2048, 4096, 8192]
+    pairs = [s * 768 for s in n]  # a BigBird-like pattern: kept pairs linear in N
+    rows = []
+    for impl, times in (("skips", [p * 1e-6 for p in pairs]), ("masks", [s * s * 1e-6 for s in n])):
+        for s, p, t in zip(n, pairs, times):
+            rows.append(
+                dict(impl=impl, mode="fwd", batch=1, heads=2, kv_heads=2, seq_q=s, seq_kv=s,
+                     head_dim=32, dtype="float32", causal=False, device="cpu",
+                     mask="block_sparse", window=pd.NA, level="op", pattern=BIGBIRD,
+                     status="ok", time_ms=t, flops=4.0 * 2 * 32 * p, work_flops=pd.NA,
+                     agrees=True)
+            )  # fmt: skip
+    fits = sparsity_fits(pd.DataFrame(rows)).set_index("impl")
+    assert fits.loc["skips", "pairs_exp"] == pytest.approx(1.0)
+    assert fits.loc["skips", "time_vs_pairs"] == pytest.approx(1.0)
+    assert fits.loc["skips", "verdict"].startswith("exploits sparsity")
+    assert fits.loc["masks", "time_vs_n"] == pytest.approx(2.0)
+    assert fits.loc["masks", "verdict"].startswith("masks only")
+
+
+def test_each_sparsity_spec_goes_to_the_masks_with_its_keys():
+    spec = Spec.from_preset(
+        "smoke",
+        "cpu",
+        mask=["block_sparse", "strided"],
+        sparsity=["block=16:random=0", "stride=8", "block=32"],
+        seq_len=[64],
+        causal=[False],
+        mode=["fwd"],
+    )
+    got = {(c.mask, c.pattern) for c in spec.cases()}
+    assert got == {
+        ("block_sparse", "block=16:local=3:global=1:random=0"),
+        ("block_sparse", "block=32:local=3:global=1:random=2"),
+        ("strided", "block=64:stride=8"),
+        ("strided", "block=32:stride=4"),
+    }
+
+
+def test_a_sparsity_spec_no_swept_mask_takes_is_one_line_exit_2(tmp_path, capsys):
+    args = ["--mask", "block_sparse", "--sparsity", "stride=4"]
+    code = main(["sweep", "--preset", "smoke", "--results-dir", str(tmp_path / "r"), *args])
+    assert code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--sparsity 'stride=4' fits none of the masks" in lines[0]
