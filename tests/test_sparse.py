@@ -196,6 +196,7 @@ def test_sparsity_verdict_tells_following_pairs_from_quadratic():
                 dict(impl=impl, mode="fwd", batch=1, heads=2, kv_heads=2, seq_q=s, seq_kv=s,
                      head_dim=32, dtype="float32", causal=False, device="cpu",
                      mask="block_sparse", window=pd.NA, level="op", pattern=BIGBIRD,
+                     causal_align="top_left", model=pd.NA, phase=pd.NA,
                      status="ok", time_ms=t, flops=4.0 * 2 * 32 * p, work_flops=pd.NA,
                      agrees=True)
             )  # fmt: skip

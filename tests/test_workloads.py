@@ -218,8 +218,6 @@ def test_decode_sweep_on_the_cpu_agrees_and_recommends(tmp_path):
         "2",
         "--head-dim",
         "16",
-        "--seq-len",
-        "64",
         "--seq-len-kv",
         "200",
         "--batch",
