@@ -378,6 +378,7 @@ def test_a_resumed_run_summarises_every_row(tmp_path):
         "--run-id",
         "r",
         "--no-progress",
+        "--no-report",
     ]
     first = sweep(*base)
     assert first.returncode == 0, first.stderr[-2000:]

@@ -173,6 +173,7 @@ def _keys(df):
     return df[["impl", "mode", "seq_q", "causal", "status"]].astype(str).apply(tuple, axis=1)
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_gives_exactly_the_rows_of_an_uninterrupted_run(tmp_path):
     whole = sweep(*KILL_GRID, "--results-dir", str(tmp_path), "--run-id", "whole")
     assert whole.returncode == 0, whole.stderr[-2000:]

@@ -40,8 +40,10 @@ def test_unknown_stage_is_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stage", ["env", "tests", "race", "full"])
+@pytest.mark.parametrize(
+    "stage",
+    ["env", *(pytest.param(s, marks=pytest.mark.slow) for s in ("tests", "race", "full"))],
+)
 def test_each_stage_runs_dry_and_packs_its_results(tmp_path, stage):
     proc = gpu_check(stage, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -69,7 +71,6 @@ def test_fidelity_stage_gives_a_verdict_per_check(tmp_path):
     assert any(n.endswith("fidelity.csv") for n in packed(tmp_path, "fidelity"))
 
 
-@pytest.mark.slow
 def test_a_stage_stopped_by_its_budget_packs_and_resumes(tmp_path):
     plugin = ["--plugin", str(ROOT / "tests" / "plugins" / "slow.py"), "--impls", "slow,sdpa"]
     first = gpu_check(

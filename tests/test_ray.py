@@ -111,6 +111,7 @@ def test_a_row_past_the_timeout_is_a_timeout_and_later_rows_run(runs):
     assert runs[3] < 240
 
 
+@pytest.mark.slow
 def test_driver_killed_then_resumed_on_ray_completes_the_grid(cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNBENCH_SLOW_S", "0.1")
     grid = [
