@@ -2,14 +2,11 @@
 too), bytes moved and the roofline, recommendations in the report."""
 
 import itertools
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from test_cli import sweep  # scripts/sweep.py --device cpu in a subprocess
 
 from attnbench.case import Case, CaseError
 from attnbench.measure.accuracy import reference
@@ -21,7 +18,6 @@ from attnbench.run.row import Prepared, Settings, roofline
 from attnbench.spec import DECODE_BATCH, DECODE_TOKENS, Spec
 from attnbench.store.results import read_results
 
-ROOT = Path(__file__).resolve().parent.parent
 QUICK = Settings(timer=TimerConfig(rep_ms=2.0))
 
 
@@ -185,29 +181,18 @@ def test_gemma_alternates_window_and_global_layers():
     assert {(c.mask, c.window) for c in cases} == {("window", 4096), ("none", None)}
 
 
-def run_cli(*args, cwd):
-    return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "sweep.py"), "--device", "cpu", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=600,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-
-
 def test_a_model_typo_is_one_line_naming_the_closest(tmp_path):
-    proc = run_cli("--model", "lama3-8b", cwd=tmp_path)
+    proc = sweep("--model", "lama3-8b", cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0
     assert "did you mean 'llama3-8b'" in proc.stderr
     assert not (tmp_path / "results").exists()
-    listed = run_cli("--list-models", cwd=tmp_path)
+    listed = sweep("--list-models", cwd=tmp_path)
     assert listed.returncode == 0 and all(name in listed.stdout for name in MODELS)
 
 
 def test_decode_sweep_on_the_cpu_agrees_and_recommends(tmp_path):
-    proc = run_cli(
+    proc = sweep(
         "--model",
         "llama3-8b",
         "--phase",
