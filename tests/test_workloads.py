@@ -75,7 +75,9 @@ def test_case_pairs_and_flops_of_decode_rows_match_hand_counts():
 def test_alignment_needs_a_causal_or_window_mask():
     with pytest.raises(CaseError, match="causal_align=bottom_right"):
         Case(1, 1, 1, 4, 8, 16, causal=False, causal_align="bottom_right")
-    assert Case(1, 1, 1, 4, 8, 16, mask="window", window=2, causal_align="bottom_right")
+    windowed = Case(1, 1, 1, 4, 8, 16, mask="window", window=2, causal_align="bottom_right")
+    # queries at positions 4..7 keep keys p-1..p+1 among the 8: 3 + 3 + 3 + 2 (no key 8)
+    assert windowed.shift == 4 and windowed.pairs() == 11
 
 
 def test_roofline_uses_the_ceiling_the_intensity_meets():
