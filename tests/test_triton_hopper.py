@@ -348,6 +348,28 @@ def test_padded_flop_fraction():
     assert padded_flop_fraction(192) == pytest.approx(0.25)
 
 
+def test_tma_ready_realigns_a_contiguous_view_with_a_misaligned_start():
+    from attnbench.impls.triton_flash.kernel import _tma_ready
+
+    base = torch.randn(2 * 3 * 8 * 40 + 1).to(F16)
+    t = base[1:].view(2, 3, 8, 40)  # contiguous, but its start is 2 bytes past the storage's
+    assert t.is_contiguous() and t.data_ptr() % 16 != 0
+    ready = _tma_ready(t)
+    assert ready.data_ptr() % 16 == 0 and torch.equal(ready, t)
+    aligned = torch.randn(2, 3, 8, 40).to(F16)
+    assert _tma_ready(aligned) is aligned  # nothing to fix: no copy
+
+
+def test_fp32_is_refused_with_its_reason():
+    impl = registry.discover(entry_points=False)["triton_flash"]
+    case = Case(1, 2, 2, 64, 64, 64, dtype="float32", device="cuda")
+    assert (
+        impl.reasons(case)
+        and "dtype=float32 (supported: float16, bfloat16" in impl.reasons(case)[0]
+    )
+    assert impl.reasons(Case(1, 2, 2, 64, 64, 64, dtype="bfloat16", device="cuda")) == []
+
+
 def _ptxas_missing() -> str | None:
     spec = importlib.util.find_spec("triton")
     bin_dir = Path(spec.origin).parent / "backends" / "nvidia" / "bin"

@@ -2,9 +2,14 @@
 
 Packed documents (mask document): the batch is flattened into one sequence of B * S tokens
 and xformers' block-diagonal bias (one block per document, causal within it when causal)
-keeps attention inside each document; its kernels visit only the blocks on the diagonal."""
+keeps attention inside each document; its kernels visit only the blocks on the diagonal.
+
+Whose kernels ran: xformers hands some cases to PyTorch's own kernels, and all of them when
+its C++/CUDA extension does not load; the row's ``backend`` names the operators used
+(``xformers_kernels.py``) and its reason says when they were PyTorch's."""
 
 from attnbench.case import Case
+from attnbench.impls.xformers_kernels import dispatched
 from attnbench.masks import ALIGNS
 from attnbench.registry import Unsupported, register
 
@@ -37,7 +42,10 @@ def document_bias(pattern, causal: bool, device):
     causal_align=ALIGNS,
     check=_gqa_backward,
     masks=("document",),
-    description="xformers.ops.memory_efficient_attention (CUDA only: xformers has no CPU operator)",
+    backend=lambda run, device_type: dispatched(run),
+    description="xformers.ops.memory_efficient_attention (CUDA only: xformers has no CPU "
+    "operator); the backend column names the operators it dispatched to, pytorch:* where "
+    "they are PyTorch's own kernels (xformers_kernels.py)",
 )
 def xformers(q, k, v, *, causal, scale, mask):
     import xformers.ops as xops

@@ -3,6 +3,7 @@ throttling GPU is seen in the row that it slowed down."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 import threading
 
@@ -19,8 +20,10 @@ THROTTLE_BITS = {
 }
 
 
+@functools.cache
 def _nvml_handle(device: str):
-    """An NVML handle for the torch device, matched by PCI bus id; raises if NVML is absent."""
+    """An NVML handle for the torch device, matched by PCI bus id; raises if NVML is absent.
+    Made once per process and device (NVML's set-up is not repeated for every row)."""
     import pynvml
 
     pynvml.nvmlInit()
@@ -38,6 +41,40 @@ def driver_version() -> str | None:
         return version.decode() if isinstance(version, bytes) else version
     except Exception:  # noqa: BLE001 - no NVML: the field stays blank
         return None
+
+
+GPU_STATE_FIELDS = (
+    "gpu_sm_clock_mhz",
+    "gpu_sm_clock_max_mhz",
+    "gpu_mem_clock_max_mhz",
+    "gpu_power_w",
+    "gpu_power_limit_w",
+    "gpu_temp_c",
+)
+
+
+def gpu_state(device: str) -> dict:
+    """The GPU's clocks, power and temperature now, with its clock and power limits (NVML),
+    for env.json; every field blank without NVML."""
+    state = dict.fromkeys(GPU_STATE_FIELDS)
+    try:
+        nv, h = _nvml_handle(device)
+        reads = {
+            "gpu_sm_clock_mhz": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+            "gpu_sm_clock_max_mhz": lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM),
+            "gpu_mem_clock_max_mhz": lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_MEM),
+            "gpu_power_w": lambda: nv.nvmlDeviceGetPowerUsage(h) / 1e3,
+            "gpu_power_limit_w": lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1e3,
+            "gpu_temp_c": lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
+        }
+    except Exception:  # noqa: BLE001 - no NVML: the fields stay blank
+        return state
+    for key, read in reads.items():
+        try:
+            state[key] = read()
+        except Exception:  # noqa: BLE001 - a read this GPU does not support stays blank
+            pass
+    return state
 
 
 class ClockSampler:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +18,19 @@ from torch.profiler import ProfilerActivity, profile
 
 PROFILED_CALLS = 3
 MISMATCH_PCT = 5.0  # harness median vs profiler kernel time: flagged beyond this
+# without --profile, a CUDA row's median is cross-checked against the profiler on the first
+# row of each impl and every CROSS_CHECK_EVERY-th after it: a profiler session (CUPTI set-up,
+# three calls, the event tree) costs about a second per row, most of a small row's cost
+CROSS_CHECK_EVERY = 10
+_rows_seen: Counter[str] = Counter()
+
+
+def cross_check_due(impl: str) -> bool:
+    """True for the 1st, 11th, 21st... row of ``impl`` that reaches the cross-check in this
+    process (a worker that is replaced after a crash starts counting again)."""
+    n = _rows_seen[impl]
+    _rows_seen[impl] += 1
+    return n % CROSS_CHECK_EVERY == 0
 
 
 @contextlib.contextmanager

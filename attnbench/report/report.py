@@ -8,6 +8,8 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.case import Case, CaseError
+from attnbench.impls.xformers_kernels import PYTORCH_PREFIX
+from attnbench.measure.profiling import CROSS_CHECK_EVERY, MISMATCH_PCT
 from attnbench.measure.timing import NOISY_SPREAD, PAGE_FAULTS_FLAG
 from attnbench.report import analysis, plots
 from attnbench.report.markdown import MISSING, table
@@ -163,6 +165,32 @@ def _counts_line(df: pd.DataFrame) -> str:
     return f"{len(df)} rows: {', '.join(parts) or 'none'}; {agree}."
 
 
+def _borrowed_lines(df: pd.DataFrame) -> list[str]:
+    """Impls whose ok rows ran PyTorch's own kernels (backend pytorch:*, e.g. xformers
+    without its C++/CUDA extension): said once, up front, so that no table below reads as an
+    independent comparison."""
+    ok = analysis.ok_rows(df)
+    borrowed = ok[_borrowed(ok)]
+    if borrowed.empty:
+        return []
+    parts = [
+        f"`{impl}` in {len(g)} of {int((ok['impl'] == impl).sum())} ok rows "
+        f"({', '.join(sorted(set(g['backend'])))})"
+        for impl, g in borrowed.groupby("impl", sort=True)
+    ]
+    return [
+        f"> **Not an independent baseline**: {'; '.join(parts)} ran PyTorch's own kernels, "
+        f"not kernels of its own (the rows' backend and reason; env.json "
+        f"`xformers_kernels` says which operators were available and why). Those rows "
+        f"measure PyTorch's SDPA kernels again, under another name.",
+        "",
+    ]
+
+
+def _borrowed(df: pd.DataFrame) -> pd.Series:
+    return df["backend"].fillna("").astype(str).str.startswith(PYTORCH_PREFIX)
+
+
 def _recommendations_section(df: pd.DataFrame) -> list[str]:
     """Which impl for which model and phase (rows from --model only)."""
     rec = analysis.recommendations(df)
@@ -217,12 +245,14 @@ def _winners_section(df: pd.DataFrame) -> list[str]:
         return lines + ["No cases.", ""]
     rows = []
     order = {f: i for i, f in enumerate(analysis.family_order(df))}
+    borrowed = set(df.loc[_borrowed(df), "impl"])  # say it where they win: PyTorch's kernels
     for fam, g in sorted(winners.groupby("family"), key=lambda t: order.get(t[0], 0)):
         w = wins[wins["family"] == fam]
         text = [
-            f"**{r.impl}** {r.wins}/{r.cases} (N {r.seq_min}–{r.seq_max})"
-            if i == 0
-            else f"{r.impl} {r.wins}/{r.cases} (N {r.seq_min}–{r.seq_max})"
+            ("**{}**" if i == 0 else "{}").format(
+                r.impl + (" (PyTorch's kernels)" if r.impl in borrowed else "")
+            )
+            + f" {r.wins}/{r.cases} (N {r.seq_min}–{r.seq_max})"
             for i, r in enumerate(w.itertuples())
         ]
         none = int(g["impl"].isna().sum())
@@ -486,15 +516,7 @@ def _checks_section(df: pd.DataFrame) -> list[str]:
             f"(docs/method.md, CPU timing and the allocator).",
             "",
         ]
-    if ok["profiler_ms"].notna().any():
-        diff = ((ok["time_ms"] - ok["profiler_ms"]).abs() / ok["time_ms"]).max()
-        lines += [
-            f"Largest difference between the harness's median and the profiler's kernel "
-            f"time: {100 * float(diff):.1f}% (rows beyond 5% are listed below).",
-            "",
-        ]
-    else:
-        lines += ["No profiler cross-check (it runs for every CUDA row).", ""]
+    lines += _cross_check_lines(ok)
     if ok["sm_clock_mhz"].notna().any():
         lines += [
             f"SM clock while timing: {ok['sm_clock_mhz'].min():.0f}–"
@@ -523,6 +545,35 @@ def _checks_section(df: pd.DataFrame) -> list[str]:
             formats={"time_ms": ".4g", "profiler_ms": ".4g", "page_faults": ".0f"},
         )
     ]
+
+
+def _cross_check_lines(ok: pd.DataFrame) -> list[str]:
+    """Which ok rows the profiler cross-checked (``profiler_ms``), and the largest gap."""
+    checked = ok[ok["profiler_ms"].notna()]
+    cuda = ok[ok["device"].astype(str).str.startswith("cuda")]
+    if checked.empty:
+        return [
+            "No profiler cross-check (it runs on CUDA rows only: the first and every "
+            f"{CROSS_CHECK_EVERY}th row of each impl, every row with --profile).",
+            "",
+        ]
+    diff = ((checked["time_ms"] - checked["profiler_ms"]).abs() / checked["time_ms"]).max()
+    lines = [
+        f"The profiler cross-checked {len(checked)} of {len(cuda)} ok CUDA rows (the first "
+        f"and every {CROSS_CHECK_EVERY}th row of each impl; every row with --profile). "
+        f"Largest difference between the harness's median and the profiler's kernel time: "
+        f"{100 * float(diff):.1f}% (rows beyond {MISMATCH_PCT:g}% are listed below).",
+        "",
+    ]
+    if len(checked) < len(cuda):
+        per_impl = (
+            checked.assign(case=[case_label(r) for _, r in checked.iterrows()])
+            .groupby("impl", sort=True)["case"]
+            .agg(lambda cases: "; ".join(cases))
+            .reset_index()
+        )
+        lines += [table(per_impl, {"impl": "impl", "case": "cross-checked rows"})]
+    return lines
 
 
 def _kernels_section(kernels: pd.DataFrame | None) -> list[str]:
@@ -566,6 +617,7 @@ def render(
     baseline = baseline or env.get("baseline")
     lines = _header(run_id, df, env)
     lines += ["## Summary", "", _counts_line(df), ""]
+    lines += _borrowed_lines(df)
     lines += _recommendations_section(df)
     names = _device_names(df)
     if len(names) < 2:

@@ -24,6 +24,7 @@ from attnbench.case import Case
 from attnbench.errors import AttnbenchError
 from attnbench.measure import allocator
 from attnbench.registry import Impl
+from attnbench.run import heap
 from attnbench.run.row import Measured, Prepared, Settings, failed
 
 STDERR_TAIL_CHARS = 600
@@ -68,6 +69,7 @@ def _serve(conn, plugins: list[str], seed: int, settings, stderr_path: str) -> N
     from attnbench import registry
 
     impls = registry.discover(plugins)
+    heap.freeze_startup()  # a row's garbage collection then skips the start-up's objects
     prepared = None
     while True:
         try:

@@ -27,6 +27,7 @@ from pathlib import Path
 from attnbench.case import Case
 from attnbench.errors import UsageError
 from attnbench.registry import Impl
+from attnbench.run import heap
 from attnbench.run.row import Measured, Settings, failed, one_line
 
 INSTALL_HINT = "pip install 'attnbench[ray]'"
@@ -72,6 +73,7 @@ class _Actor:
         from attnbench import registry
 
         self.impls = registry.discover(plugins)
+        heap.freeze_startup()  # a row's garbage collection then skips the start-up's objects
         self.seed, self.device = seed, device
         self.prepared = None
 

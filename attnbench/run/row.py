@@ -16,11 +16,12 @@ from typing import NamedTuple
 import torch
 
 from attnbench.case import MODE_FLOP_FACTOR, Case
+from attnbench.impls.xformers_kernels import borrowed_note
 from attnbench.measure import accuracy
 from attnbench.measure.clocks import ClockSampler
 from attnbench.measure.compiling import compile_events
 from attnbench.measure.memory import MemoryUnavailable, peak_mem_mib
-from attnbench.measure.profiling import mismatch_note, profile_fn
+from attnbench.measure.profiling import cross_check_due, mismatch_note, profile_fn
 from attnbench.measure.timing import NOISY_SPREAD, PAGE_FAULTS_FLAG, TimerConfig, time_fn
 from attnbench.registry import Impl, Unsupported
 from attnbench.run.call import BadOutput, Call
@@ -165,6 +166,7 @@ def measure(
                 "compiled for an earlier row)"
             )
         row["backend"] = _backend(impl, call, case)
+        notes.extend(filter(None, [borrowed_note(impl.name, row["backend"])]))
         compiles = compile_events()
         with ClockSampler(case.device) as clocks, _nvtx(f"{impl.name} {case.label()} timing"):
             timing = time_fn(call.timed_fn(), case.device_type, settings.timer)
@@ -283,10 +285,15 @@ def _backend(impl: Impl, call: Call, case: Case) -> str | None:
 def _profile(
     impl: Impl, case: Case, call: Call, settings: Settings, row: dict, notes: list[str]
 ) -> list[dict]:
-    """Every CUDA row: the profiler's kernel time per call (``profiler_ms``), cross-checked
-    against the median. With --profile also a Chrome trace and the kernel table."""
+    """CUDA rows: the profiler's kernel time per call (``profiler_ms``), cross-checked
+    against the median, on every row with --profile and else on a sample (the first and every
+    tenth row of each impl: profiling.cross_check_due). With --profile also a Chrome trace and
+    the kernel table of the matching pairs."""
     wanted = settings.profiles(impl, case)
-    if case.device_type != "cuda" and not wanted:
+    cuda_due = case.device_type == "cuda" and (
+        settings.profile is not None or cross_check_due(impl.name)
+    )
+    if not (wanted or cuda_due):
         return []
     trace = None
     if wanted and settings.traces_dir is not None:

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from attnbench.case import Case
 from attnbench.registry import Impl
+from attnbench.run import heap
 from attnbench.run.executors import Executor
 from attnbench.run.row import Measured, base_row, failed, release
 from attnbench.store.env import device_name
@@ -55,7 +56,10 @@ def run_sweep(
     pins = [started.get(family_key(f[0][0])) for f in families]
     work = _Work(families, [p if p in names else None for p in pins])
     total = sum(len(ims) for f in families for _, ims in f)
-    with _Writer(run_dir, run_id, seed, total, progress, row_lines, len(executors)) as writer:
+    with (
+        heap.frozen(),
+        _Writer(run_dir, run_id, seed, total, progress, row_lines, len(executors)) as writer,
+    ):
         stop = threading.Event()
         lanes = [
             threading.Thread(target=_lane, args=(ex, work, writer, stop), daemon=True)

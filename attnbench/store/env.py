@@ -12,7 +12,8 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from attnbench.measure.clocks import driver_version
+from attnbench.impls.xformers_kernels import xformers_kernels
+from attnbench.measure.clocks import GPU_STATE_FIELDS, driver_version, gpu_state
 
 
 def _version(dist: str) -> str | None:
@@ -47,12 +48,24 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def git_state() -> tuple[str | None, bool | None]:
+    """(commit, uncommitted changes) of the checkout; in a copy without ``.git`` (a GPU
+    machine's copy of the working tree) from ATTNBENCH_GIT_SHA and ATTNBENCH_GIT_DIRTY, which
+    scripts/gpu_check.sh sets from the stamp that scripts/lease_stamp.sh wrote beside it."""
+    sha = _git("rev-parse", "HEAD")
+    if sha is not None:
+        status = _git("status", "--porcelain", "--untracked-files=no")
+        return sha, None if status is None else bool(status)
+    dirty = os.environ.get("ATTNBENCH_GIT_DIRTY")
+    return os.environ.get("ATTNBENCH_GIT_SHA") or None, None if dirty is None else dirty == "1"
+
+
 def collect_env(argv: list[str], seed: int, device: str) -> dict:
     import torch
 
     cuda = torch.cuda.is_available() and device.startswith("cuda")
     props = torch.cuda.get_device_properties(device) if cuda else None
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    sha, dirty = git_state()
     return {
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join(argv),
@@ -73,10 +86,12 @@ def collect_env(argv: list[str], seed: int, device: str) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if cuda else None,
+        **(gpu_state(device) if cuda else dict.fromkeys(GPU_STATE_FIELDS)),
         "triton": _version("triton"),
         "xformers": _version("xformers"),
-        "git_sha": _git("rev-parse", "HEAD"),
-        "git_dirty": None if status is None else bool(status),
+        "xformers_kernels": xformers_kernels() if _version("xformers") else None,
+        "git_sha": sha,
+        "git_dirty": dirty,
     }
 
 
@@ -106,6 +121,7 @@ DEVICE_FIELDS = (
     "cudnn",
     "triton",
     "xformers",
+    "xformers_kernels",
     "git_sha",
 )
 

@@ -80,11 +80,13 @@ def _check(q, k, v, dims: int) -> None:
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
     """A tensor a descriptor can read: last dim contiguous, other strides and the start
-    16-byte aligned; a copy only when it is not."""
+    16-byte aligned; a copy only when it is not. The copy is a new allocation (the caching
+    allocator aligns it), never ``contiguous()``, which returns a contiguous tensor as it is,
+    misaligned start included (a view that starts a few elements into its storage)."""
     elt = t.element_size()
     ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0
     ok = ok and all((s * elt) % 16 == 0 for s in t.stride()[:-1])
-    return t if ok else t.contiguous()
+    return t if ok else t.clone(memory_format=torch.contiguous_format)
 
 
 class _Seqs:

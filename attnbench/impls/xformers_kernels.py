@@ -1,0 +1,109 @@
+"""Whose kernels ``xformers`` runs: its own, or PyTorch's.
+
+xformers.ops.memory_efficient_attention dispatches each call to one of its operators. Some are
+xformers' own builds (FlashAttention-3 ``fa3F``/``fa3B`` and the split-K kernels, from its
+C++/CUDA extension or its Triton code), or the flash-attn package it wraps (``fa2F@<version>``).
+Others only call PyTorch's own kernels: their names end in ``-pt`` (``cutlassF-pt`` is
+``aten::_efficient_attention_forward``, ``fa2F@<version>-pt`` is PyTorch's flash kernel). When
+the C++/CUDA extension does not load (built for another torch or CUDA: xformers 0.0.35, the
+newest that installs beside torch 2.11, was built for torch 2.10 and CUDA 12), only the
+``-pt`` operators are left, and an ``xformers`` row measures PyTorch's kernels, the same ones
+as ``sdpa_flash`` or ``sdpa_efficient``.
+
+``xformers_kernels()`` is env.json's record of that; ``dispatched(run)`` names the operators
+that one call used, which becomes the row's ``backend``: ``pytorch:flash`` /
+``pytorch:efficient`` for PyTorch's kernels, ``xformers:<operator>`` for the others.
+
+No registration here (importing this module has no side effect on the registry)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+
+PYTORCH_PREFIX = "pytorch:"  # a backend label for work handed to PyTorch's own kernels
+
+
+def label(op_name: str) -> str:
+    """A backend label for an xformers operator name."""
+    if not op_name.endswith("-pt"):
+        return "xformers:" + op_name.split("@")[0]
+    # PyTorch's kernels, called by xformers: cutlass* is PyTorch's efficient backend's
+    # kernel, fa2* its flash kernel
+    family = {"cutlass": "efficient", "fa2": "flash"}
+    return PYTORCH_PREFIX + next(
+        (f for prefix, f in family.items() if op_name.startswith(prefix)), op_name
+    )
+
+
+@functools.cache
+def xformers_kernels() -> dict:
+    """For env.json: whether xformers' C++/CUDA extension loaded (and why not), and which of
+    its attention operators are available, split into its own and PyTorch's."""
+    import xformers
+    from xformers import _cpp_lib
+    from xformers.ops.common import OPERATORS_REGISTRY
+
+    failure = _cpp_lib._cpp_library_load_exception
+    names = sorted(
+        {
+            op.NAME
+            for op in OPERATORS_REGISTRY
+            if op.OPERATOR_CATEGORY == "memory_efficient_attention" and _available(op)
+        }
+    )
+    return {
+        "version": getattr(xformers, "__version__", None),
+        "extension_loaded": failure is None,
+        "extension_error": None if failure is None else " ".join(str(failure).split())[:300],
+        "own_ops": [n for n in names if not label(n).startswith(PYTORCH_PREFIX)],
+        "pytorch_ops": [n for n in names if label(n).startswith(PYTORCH_PREFIX)],
+    }
+
+
+def _available(op) -> bool:
+    try:
+        return bool(op.is_available())
+    except Exception:  # noqa: BLE001 - an operator that cannot even say is not available
+        return False
+
+
+def dispatched(run: Callable[[], object]) -> str | None:
+    """Run ``run`` once and name the operators xformers dispatched it to (forward, and
+    backward when ``run`` includes one), as backend labels joined with '+'."""
+    from xformers.ops import fmha
+
+    seen: list[str] = []
+    with _recording(fmha, "_dispatch_fw", seen), _recording(fmha, "_dispatch_bw", seen):
+        run()
+    return "+".join(sorted(dict.fromkeys(label(n) for n in seen))) or None
+
+
+@contextlib.contextmanager
+def _recording(module, name: str, seen: list[str]):
+    """``module.name`` (a dispatcher) wrapped so that each operator it returns is noted."""
+    original = getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        op = original(*args, **kwargs)
+        seen.append(op.NAME)
+        return op
+
+    setattr(module, name, wrapper)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+def borrowed_note(impl: str, backend: str | None) -> str | None:
+    """The row note when ``impl`` ran PyTorch's own kernels (its backend says so)."""
+    if not backend or not backend.startswith(PYTORCH_PREFIX):
+        return None
+    kernels = "+".join(b.removeprefix(PYTORCH_PREFIX) for b in backend.split("+"))
+    return (
+        f"{impl} ran PyTorch's own {kernels} kernels (backend {backend}), not kernels of its "
+        f"own: this row measures PyTorch, not an independent {impl}; env.json "
+        f"xformers_kernels says which operators were available and why"
+    )
