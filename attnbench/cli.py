@@ -129,6 +129,12 @@ def build_parser(command: str = "sweep") -> argparse.ArgumentParser:
     p.add_argument("--reports-dir", default="reports", type=Path)
     p.add_argument("--list", action="store_true", help="list every impl and exit")
     p.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the grid's size (cases x impls = rows) and exit, running and writing "
+        "nothing (also for --device cuda on a machine without a GPU)",
+    )
+    p.add_argument(
         "--list-models", action="store_true", help="list the model presets (--model) and exit"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -172,6 +178,13 @@ def _device(text: str | None, local: bool = True) -> str:
             f"{torch.__version__}; use --device cpu"
         )
     return text
+
+
+def triton_cache_dir() -> str:
+    """Triton's default cache folder ($TRITON_HOME or ~, then .triton/cache), without
+    importing triton."""
+    home = os.environ.get("TRITON_HOME") or os.path.expanduser("~")
+    return os.path.join(home, ".triton", "cache")
 
 
 def _check_executor(opts: dict) -> str:
@@ -246,7 +259,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         return EXIT_OK
     opts = resolve_options(args)
     executor = _check_executor(opts)
-    device = _device(opts.get("device"), local=executor == "local")
+    device = _device(opts.get("device"), local=executor == "local" and not args.plan)
     plugins = opts.get("plugin", [])
     for text in plugins:
         registry.plugin_source(text)  # a missing plugin is bad input, before any work
@@ -285,6 +298,10 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
     cases = spec.cases()
     selected = _select_impls(opts.get("impls"), impls, spec)
     _check_profile_filter(opts.get("profile"), selected, cases)
+    if args.plan:
+        rows = len(cases) * len(selected)
+        print(f"{len(cases)} cases x {len(selected)} impls = {rows} rows")
+        return EXIT_OK
     seed = opts.get("seed", 0)
     grid = {
         "preset": preset,
@@ -315,6 +332,10 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
     # torch.compile's cache private to this sweep (its workers inherit it): no kernel compiled
     # by another process, for other settings, can be picked up; an explicit setting wins
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", compile_cache.name)
+    # inductor points an unset TRITON_CACHE_DIR into its own cache folder (the temporary one
+    # above), and every Triton kernel compiled after that (triton_flash's, its autotuning
+    # results) would be lost with it: Triton's own cache stays where Triton keeps it
+    os.environ.setdefault("TRITON_CACHE_DIR", triton_cache_dir())
     if executor == "ray":  # before anything is written: a bad address is a usage error
         from attnbench.run import ray_executor
 

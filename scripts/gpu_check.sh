@@ -1,94 +1,185 @@
 #!/usr/bin/env bash
-# The GPU check, one stage per call, each inside a time budget:
+# The GPU check: stages run inside a time budget per call, each packing what it did as it ends.
 #
-#   bash scripts/gpu_check.sh STAGE [OUT [SWEEP OPTIONS...]]
-#                             STAGE: env tests first-light race fidelity llama full
+#   bash scripts/gpu_check.sh [--from PATH]... STAGE[,STAGE...] [OUT [SWEEP OPTIONS...]]
 #
-# env          nvidia-smi, versions, the matmul and copy ceilings                   (~1 min)
-# tests        the GPU-marked tests, each with a time limit                          (~5 min)
-# first-light  the first-light preset: SDPA and its backends, xformers, triton_flash (~6 min)
-# race         the race preset: triton_flash vs SDPA's backends and xformers         (~7 min)
-# fidelity     a small grid twice with --profile, then `attnbench fidelity`          (~3 min)
-# llama        Llama-3-8B prefill (2k-8k) and decode (4k-128k cache, batch 1, 32)     (~6 min)
-# full         the gpu preset; resumable: call it again to continue                  (~60 min)
+# env           nvidia-smi (clocks, power), versions, env.json fields, matmul and copy ceilings
+# tests-triton  the GPU-marked tests of the Triton kernels (pytest -m gpu -k triton)
+# tests-rest    the other GPU-marked tests (pytest -m gpu -k 'not triton')
+# tests         every GPU-marked test
+# first-light   the first-light preset: SDPA and its backends, xformers, triton_flash(_fa2)
+# fidelity      a D64/D128 N4096 grid run twice with --profile, then `attnbench fidelity`
+# race          the race at D128: triton_flash vs sdpa_flash, sdpa_cudnn, sdpa_efficient
+# race-full     the whole race preset (D64 and D128, N 512..16k, xformers, triton_flash_fa2)
+# llama         Llama-3-8B prefill (2k-8k) and decode (4k-128k cache, batch 1 and 32)
+# full          the gpu preset
 #
-# Each stage prints one line per finished row, stops itself inside its budget (ATTNBENCH_BUDGET_S,
-# default 480 s, of which ATTNBENCH_RESERVE_S, default 60, is kept for the report and packing),
-# writes a report from whatever rows it has, and packs its results, reports and logs into
-# OUT/<stage>.tgz (OUT: $OUT, else gpu-check/). Sweeps keep their rows in results/ (under
-# ATTNBENCH_WORK, default the checkout) with a fixed run id, so calling a stage again on the same
-# machine resumes it. SWEEP OPTIONS are added to every sweep of the stage. Wheels in .whl/
-# (xformers) are installed first. ATTNBENCH_DRY_RUN=1 runs every stage on the CPU with tiny
-# grids, to check the script itself.
+# docs/gpu.md is the plan for a 30-minute lease (three calls) with the arithmetic behind it.
+# One call runs up to three stages (the device brings back 8 files: a log and an archive per
+# stage, and cache.tgz) within ATTNBENCH_BUDGET_S (default 450 s) in all; a stage gets its
+# own cap (CAPS below) but always leaves 60 s to each stage after it, and the last stage gets
+# what is left. Each stage writes its output to OUT/<stage>.log as it goes, stops its sweeps
+# inside its budget (SIGINT: finished rows stay; ATTNBENCH_RESERVE_S, default 60, at most a
+# third of the budget, is kept for the report and packing), and packs its results, reports
+# and logs into OUT/<stage>.tgz; Triton's and inductor's caches (.cache/ under the work folder)
+# go to OUT/cache.tgz when they pack to 15 MiB or less. OUT: $OUT, else gpu-check/.
+#
+# Resume across bare machines: archives brought back by earlier calls are unpacked into the
+# work folder first, from .lease/ (copy them there, and carry .lease) and from each --from
+# PATH (an archive or a folder of them); a sweep whose run already has rows continues it (same
+# run id, finished rows never run again). .lease/source (scripts/lease_stamp.sh) gives env.json
+# its git commit on a copy without .git. Wheels in .whl/ are installed first
+# (scripts/carry_wheels.sh). ATTNBENCH_WORK (default: the checkout): where results/, reports/,
+# logs/ and .cache/ go. ATTNBENCH_DRY_RUN=1: every stage on the CPU with tiny grids.
+# ATTNBENCH_PLAN=1: print each sweep's grid (one 'plan:' line) and run nothing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:-}
+STAGES="env tests-triton tests-rest tests first-light fidelity race race-full llama full"
+declare -A CAPS=([env]=60 [tests-triton]=150 [tests-rest]=180 [tests]=300 [fidelity]=210)
+MAX_STAGES=3
+CACHE_MAX_MIB=15
+
+fail() {
+    echo "gpu_check.sh: error: $*" >&2
+    exit 2
+}
+from=()
+while [[ ${1:-} == --from ]]; do
+    [[ -n ${2:-} && -e ${2:-} ]] || fail "--from ${2:-}: no such archive or folder"
+    from+=("$(cd "$(dirname "$2")" && pwd)/$(basename "$2")")
+    shift 2
+done
+IFS=, read -ra stages <<<"${1:-}"
 out=${2:-${OUT:-gpu-check}}
 extra=("${@:3}")
-budget=${ATTNBENCH_BUDGET_S:-480}
-reserve=${ATTNBENCH_RESERVE_S:-60}
+[[ ${#stages[@]} -gt 0 ]] || fail "no stage given (stages: $STAGES)"
+for s in "${stages[@]}"; do
+    [[ " $STAGES " == *" $s "* ]] || fail "unknown stage '$s' (stages: $STAGES)"
+done
+((${#stages[@]} <= MAX_STAGES)) ||
+    fail "${#stages[@]} stages in one call; at most $MAX_STAGES (the device brings back 8 files)"
+call_started=$SECONDS
+budget=${ATTNBENCH_BUDGET_S:-450}
+reserve_max=${ATTNBENCH_RESERVE_S:-60}
 work=${ATTNBENCH_WORK:-.}
 dry=${ATTNBENCH_DRY_RUN:-0}
-stages="env tests first-light race fidelity llama full"
-if [[ ! " $stages " == *" $stage "* ]]; then
-    echo "gpu_check.sh: error: unknown stage '$stage' (stages: $stages)" >&2
-    exit 2
-fi
-mkdir -p "$out" "$work/results" "$work/reports" "$work/logs"
-out=$(cd "$out" && pwd)
-export PYTHONUNBUFFERED=1
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/attnbench-site .whl/*.whl && export PYTHONPATH=/tmp/attnbench-site
-fi
-ab() { python3 -m attnbench "$@"; }
-started=$SECONDS
-left() {  # seconds left for a step that must leave $1 s of the budget (at least 5)
-    local s=$((budget - (SECONDS - started) - $1))
-    echo $((s > 5 ? s : 5))
-}
-logs=()
+plan=${ATTNBENCH_PLAN:-0}
 
-if [[ $dry == 1 ]]; then
+if [[ $plan == 1 ]]; then
+    device=(--device cuda)
+    tiny=()
+    slug=plan
+elif [[ $dry == 1 ]]; then
     device=(--device cpu)
     tiny=(--batch 1 --heads 2 --seq-len 32,64 --head-dim 16 --dtype float32 --rep-ms 2)
     slug=dry-run
-else
-    device=()
-    tiny=()
-    slug=$(python3 -c "import re, torch; print(re.sub('[^a-z0-9]+', '-', \
+fi
+if [[ $plan != 1 ]]; then
+    mkdir -p "$out" "$work/results" "$work/reports" "$work/logs" "$work/.cache"
+    out=$(cd "$out" && pwd)
+    work=$(cd "$work" && pwd)
+    export PYTHONUNBUFFERED=1
+    export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$work/.cache/triton}
+    export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$work/.cache/inductor}
+    if ! git rev-parse HEAD >/dev/null 2>&1 && [[ -f .lease/source ]]; then
+        export ATTNBENCH_GIT_SHA=$(sed -n 's/^sha=//p' .lease/source)
+        export ATTNBENCH_GIT_DIRTY=$(sed -n 's/^dirty=//p' .lease/source)
+    fi
+    if compgen -G ".whl/*.whl" >/dev/null; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/attnbench-site .whl/*.whl &&
+            export PYTHONPATH=/tmp/attnbench-site${PYTHONPATH:+:$PYTHONPATH}
+    fi
+    archives=()
+    for p in .lease "${from[@]}"; do
+        if [[ -d $p ]]; then
+            for a in "$p"/*.tgz; do [[ -f $a ]] && archives+=("$a"); done
+        elif [[ -f $p ]]; then
+            archives+=("$p")
+        fi
+    done
+    for a in "${archives[@]}"; do  # the earlier calls' results, reports, logs and caches
+        tar xzf "$a" -C "$work" && echo "gpu_check.sh: unpacked $a into $work"
+    done
+    if [[ $dry != 1 ]]; then
+        slug=$(python3 -c "import re, torch; print(re.sub('[^a-z0-9]+', '-', \
 torch.cuda.get_device_name().lower()).strip('-'))" 2>/dev/null || echo no-gpu)
+        device=()
+        tiny=()
+    fi
 fi
 
-# a sweep stage: fixed run id, resumed when it has rows; stopped (SIGINT: finished rows stay)
-# when the budget runs out, leaving 60 s to write the report and pack
-sweep() {
-    local id=$1
-    shift
-    local resume=()
-    [[ -s $work/results/$id/results.csv ]] && resume=(--resume)
-    timeout --signal=INT --kill-after=20 "$(left "$reserve")" \
-        python3 -m attnbench "$@" "${extra[@]}" --run-id "$id" --row-lines --timeout 120 \
-        --results-dir "$work/results" --reports-dir "$work/reports" "${resume[@]}" \
-        2>&1 | tee -a "$work/logs/$stage-$id.log"
-    local rc=${PIPESTATUS[0]}
-    logs+=("logs/$stage-$id.log")
-    if [[ $rc != 0 ]]; then  # stopped: report what is there, and say so
-        [[ -s $work/results/$id/results.csv ]] &&
-            { ab report "$work/results/$id" --reports-dir "$work/reports" >/dev/null 2>&1 || true; }
-        echo "stage $stage: run $id stopped early (exit $rc); call the stage again to resume"
-    fi
-    ids+=("$id")
-    return 0
-}
-ids=()
-
-case $stage in
-env)
-    {
-        nvidia-smi -q 2>&1 | head -80 || echo "nvidia-smi: not found"
-        python3 - "${device[@]}" <<'PY'
-import json, sys, platform, torch
+# ---------------------------------------------------------------------------- one stage
+# run in a subshell: STAGE BUDGET_S; everything it prints goes to OUT/<stage>.log as well
+run_stage() {
+    local stage=$1 stage_budget=$2
+    local started=$SECONDS
+    local reserve=$((reserve_max < stage_budget / 3 ? reserve_max : stage_budget / 3))
+    logs=()
+    ids=()
+    left() {  # seconds left for a step that must leave $1 s of the stage's budget (at least 5)
+        local s=$((stage_budget - (SECONDS - started) - $1))
+        echo $((s > 5 ? s : 5))
+    }
+    # a sweep: fixed run id, resumed when it has rows; stopped (SIGINT: finished rows stay)
+    # when the stage's budget runs out, leaving the reserve to write the report and pack
+    sweep() {
+        local id=$1
+        shift
+        if [[ $plan == 1 ]]; then
+            printf 'plan: %s %s' "$stage" "$id"
+            printf ' %q' "$@" "${extra[@]}"
+            echo
+            return 0
+        fi
+        local resume=()
+        [[ -s $work/results/$id/results.csv ]] && resume=(--resume)
+        timeout --signal=INT --kill-after=20 "$(left "$reserve")" \
+            python3 -m attnbench "$@" "${extra[@]}" --run-id "$id" --row-lines --timeout 120 \
+            --results-dir "$work/results" --reports-dir "$work/reports" "${resume[@]}" \
+            2>&1 | tee -a "$work/logs/$stage-$id.log"
+        local rc=${PIPESTATUS[0]}
+        logs+=("logs/$stage-$id.log")
+        if [[ $rc != 0 ]]; then  # stopped: report what is there, and say so
+            [[ -s $work/results/$id/results.csv ]] &&
+                { python3 -m attnbench report "$work/results/$id" --reports-dir \
+                    "$work/reports" >/dev/null 2>&1 || true; }
+            echo "stage $stage: run $id stopped early (exit $rc); bring its archive to the" \
+                "next call to resume it"
+        fi
+        ids+=("$id")
+        return 0
+    }
+    tests() {  # pytest -m gpu with a -k expression; each test limited to 120 s
+        [[ $plan == 1 ]] && return 0
+        if [[ $dry != 1 ]] &&
+            ! python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
+            echo "stage $stage: no CUDA device; the GPU-marked tests would only skip"
+            return 0
+        fi
+        timeout --signal=INT --kill-after=20 "$(left 20)" \
+            python3 -m pytest -q -m gpu -k "$1" -n 0 -rs -p no:cacheprovider --timeout 120 \
+            --junitxml "$work/logs/$stage.xml" 2>&1 | tee "$work/logs/$stage.log"
+        local rc=${PIPESTATUS[0]}
+        [[ $rc == 5 ]] && echo "stage $stage: no test matched -m gpu -k '$1'"
+        [[ $rc == 124 || $rc == 130 ]] && echo "stage $stage: stopped by its budget"
+        logs+=("logs/$stage.xml" "logs/$stage.log")
+    }
+    [[ $plan == 1 ]] || echo "stage $stage: budget ${stage_budget} s"
+    case $stage in
+    env)
+        [[ $plan == 1 ]] && return 0
+        {
+            if command -v nvidia-smi >/dev/null; then
+                nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,\
+clocks.max.mem,power.draw,power.limit,temperature.gpu,persistence_mode --format=csv
+                nvidia-smi -q >"$work/logs/nvidia-smi.txt" 2>&1
+                echo "nvidia-smi -q: logs/nvidia-smi.txt"
+            else
+                echo "nvidia-smi: not on PATH"
+            fi
+            timeout --kill-after=10 "$(left 10)" python3 - "${device[@]}" <<'PY'
+import json, sys, torch
 from attnbench.measure import ceilings
 from attnbench.store.env import collect_env
 device = "cpu" if "cpu" in sys.argv[1:] else "cuda"
@@ -99,58 +190,92 @@ dtypes = ["float32"] if device == "cpu" else ["bfloat16", "float16", "float32"]
 env["ceilings"] = ceilings.measure(dtypes, device, quick=device == "cpu")
 print(json.dumps(env, indent=2))
 PY
-    } 2>&1 | tee "$work/logs/env.log"
-    logs+=("logs/env.log")
-    ;;
-tests)
-    if [[ $dry != 1 ]] && ! python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
-        echo "stage tests: no CUDA device; the GPU-marked tests would only skip" \
-            | tee "$work/logs/tests.log"
-    else
-        timeout --signal=INT --kill-after=20 "$(left 30)" \
-            python3 -m pytest -q -m gpu -n 0 -rs -p no:cacheprovider --timeout 300 \
-            --junitxml "$work/logs/tests.xml" 2>&1 | tee "$work/logs/tests.log"
-        logs+=("logs/tests.xml")
-    fi
-    logs+=("logs/tests.log")
-    ;;
-first-light)
-    sweep "first-light-$slug" sweep --preset first-light "${device[@]}" "${tiny[@]}"
-    ;;
-race)
-    sweep "race-$slug" race "${device[@]}" "${tiny[@]}"
-    ;;
-fidelity)
-    grid=(--seq-len 4096 --head-dim 64,128 --impls sdpa,sdpa_flash,sdpa_cudnn,triton_flash
-          --mode fwd,bwd --causal both --profile all)
-    [[ $dry == 1 ]] && grid=(--impls sdpa,sdpa_flash,sdpa_math --mode fwd,bwd --causal both
-                             --profile all)
-    rm -rf "$work/results/fidelity-a-$slug" "$work/results/fidelity-b-$slug"  # both fresh
-    sweep "fidelity-a-$slug" sweep --preset first-light "${device[@]}" "${tiny[@]}" "${grid[@]}"
-    sweep "fidelity-b-$slug" sweep --preset first-light "${device[@]}" "${tiny[@]}" "${grid[@]}"
-    ab fidelity "$work/results/fidelity-a-$slug" "$work/results/fidelity-b-$slug" \
-        --out "$work/reports/fidelity-$slug" 2>&1 | tee "$work/logs/fidelity.log"
-    logs+=("logs/fidelity.log")
-    ;;
-llama)
-    grid=(--model llama3-8b --phase prefill,decode --seq-len-kv 4096,32768,131072 --batch 1,32
-          --impls sdpa,sdpa_flash,sdpa_efficient,sdpa_cudnn,xformers,triton_flash,flex,flex_paged)
-    [[ $dry == 1 ]] && grid=(--model llama3-8b --phase prefill,decode --kv-heads 1
-                             --seq-len-kv 64,128 --impls naive,sdpa,flex_paged)
-    sweep "llama3-8b-$slug" sweep --preset gpu "${device[@]}" "${tiny[@]}" "${grid[@]}"
-    ;;
-full)
-    sweep "gpu-$slug" sweep --preset gpu "${device[@]}" "${tiny[@]}"
-    ;;
-esac
+        } 2>&1 | tee "$work/logs/env.log"
+        logs+=("logs/env.log")
+        [[ -f $work/logs/nvidia-smi.txt ]] && logs+=("logs/nvidia-smi.txt")
+        ;;
+    tests-triton) tests "triton" ;;
+    tests-rest) tests "not triton" ;;
+    tests) tests "" ;;
+    first-light)
+        sweep "first-light-$slug" sweep --preset first-light "${device[@]}" "${tiny[@]}"
+        ;;
+    fidelity)
+        local grid=(--seq-len 4096 --head-dim 64,128 --mode fwd,bwd --causal both --profile all
+                    --impls sdpa,sdpa_flash,sdpa_cudnn,triton_flash)
+        [[ $dry == 1 ]] && grid=(--impls sdpa,sdpa_flash,sdpa_math --mode fwd,bwd --causal both
+                                 --profile all)
+        [[ $plan == 1 ]] || rm -rf "$work/results/fidelity-a-$slug" "$work/results/fidelity-b-$slug"
+        grid+=(--no-report)  # the fidelity report below is the one this stage is for
+        sweep "fidelity-a-$slug" sweep --preset first-light "${device[@]}" "${grid[@]}" "${tiny[@]}"
+        sweep "fidelity-b-$slug" sweep --preset first-light "${device[@]}" "${grid[@]}" "${tiny[@]}"
+        [[ $plan == 1 ]] && return 0
+        python3 -m attnbench fidelity "$work/results/fidelity-a-$slug" \
+            "$work/results/fidelity-b-$slug" --out "$work/reports/fidelity-$slug" 2>&1 |
+            tee "$work/logs/fidelity.log"
+        logs+=("logs/fidelity.log" "reports/fidelity-$slug")
+        ;;
+    race)
+        sweep "race-d128-$slug" race "${device[@]}" --head-dim 128 \
+            --seq-len 1024,2048,4096,8192,16384 \
+            --impls triton_flash,sdpa_flash,sdpa_cudnn,sdpa_efficient "${tiny[@]}"
+        ;;
+    race-full)
+        sweep "race-$slug" race "${device[@]}" "${tiny[@]}"
+        ;;
+    llama)
+        local grid=(--model llama3-8b --phase prefill,decode --seq-len-kv 4096,32768,131072
+                    --batch 1,32 --impls sdpa,sdpa_flash,sdpa_efficient,sdpa_cudnn,xformers,\
+triton_flash,flex,flex_paged)
+        [[ $dry == 1 ]] && grid=(--model llama3-8b --phase prefill,decode --kv-heads 1
+                                 --seq-len-kv 64,128 --impls naive,sdpa,flex_paged)
+        sweep "llama3-8b-$slug" sweep --preset gpu "${device[@]}" "${tiny[@]}" "${grid[@]}"
+        ;;
+    full)
+        sweep "gpu-$slug" sweep --preset gpu "${device[@]}" "${tiny[@]}"
+        ;;
+    esac
+    [[ $plan == 1 ]] && return 0
+    # pack: one archive per stage, files at the top of OUT (the device brings back 8 files)
+    local paths=("${logs[@]}") existing=() p id
+    for id in "${ids[@]}"; do paths+=("results/$id" "reports/$id"); done
+    for p in "${paths[@]}"; do [[ -e $work/$p ]] && existing+=("$p"); done
+    tar czf "$out/$stage.tgz" -C "$work" "${existing[@]}" 2>/dev/null
+    echo "stage $stage: packed ${#existing[@]} paths into $out/$stage.tgz in" \
+        "$((SECONDS - started)) s"
+}
 
-# pack: one tarball per stage (the device tool brings back few files, at most 2 folders deep)
-paths=("${logs[@]}")
-for id in "${ids[@]}"; do
-    paths+=("results/$id" "reports/$id")
+# Triton's and inductor's caches, for the next call's machine: whole if they pack small enough,
+# else Triton's alone, else not at all (said)
+pack_cache() {
+    local part mib
+    for part in .cache .cache/triton; do
+        [[ -n $(find "$work/$part" -type f -print -quit 2>/dev/null) ]] || continue
+        tar czf "$out/cache.tgz.part" -C "$work" "$part" 2>/dev/null
+        mib=$(($(stat -c %s "$out/cache.tgz.part") / 1048576))
+        if ((mib <= CACHE_MAX_MIB)); then
+            mv "$out/cache.tgz.part" "$out/cache.tgz"
+            echo "cache: $part packed into $out/cache.tgz ($mib MiB)"
+            return 0
+        fi
+        echo "cache: $part packs to $mib MiB, over the $CACHE_MAX_MIB MiB a returned file may hold"
+    done
+    rm -f "$out/cache.tgz.part"
+}
+
+for i in "${!stages[@]}"; do
+    s=${stages[i]}
+    later=$(((${#stages[@]} - i - 1) * 60))
+    avail=$((budget - (SECONDS - call_started) - later))
+    cap=${CAPS[$s]:-0}
+    b=$avail
+    ((i + 1 < ${#stages[@]} && cap > 0 && cap < avail)) && b=$cap
+    ((b < 30)) && b=30
+    if [[ $plan == 1 ]]; then
+        run_stage "$s" "$b"
+        continue
+    fi
+    (run_stage "$s" "$b") 2>&1 | tee "$out/$s.log"
+    pack_cache 2>&1 | tee -a "$out/$s.log"
 done
-[[ $stage == fidelity ]] && paths+=("reports/fidelity-$slug")
-existing=()
-for p in "${paths[@]}"; do [[ -e $work/$p ]] && existing+=("$p"); done
-tar czf "$out/$stage.tgz" -C "$work" "${existing[@]}" 2>/dev/null
-echo "stage $stage: packed ${#existing[@]} paths into $out/$stage.tgz in $((SECONDS - started)) s"
+[[ $plan == 1 ]] || echo "gpu_check.sh: ${stages[*]} done in $((SECONDS - call_started)) s"

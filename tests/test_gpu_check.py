@@ -1,42 +1,75 @@
 """scripts/gpu_check.sh in its CPU dry run: every stage runs, stays in its budget, prints one
-line per row, and packs what it made into OUT/<stage>.tgz, also when stopped early."""
+line per row, and packs what it made into OUT/<stage>.tgz, also when stopped early; a call's
+archives resume the run on a fresh copy of the working tree (as a GPU machine gets it); the
+row counts in docs/gpu.md are the script's grids."""
 
 import os
+import re
+import shlex
+import shutil
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+SCRIPT_IN_REPO = Path("scripts") / "gpu_check.sh"
+SCRIPT = ROOT / SCRIPT_IN_REPO
 
 
-def gpu_check(stage, tmp_path, *extra, budget=480, **env):
+def gpu_check(stage, tmp_path, *extra, budget=480, script=SCRIPT, out=None, **env):
+    """The script's dry run; its work folder is tmp_path/work unless ATTNBENCH_WORK is given
+    ("" = the checkout the script is in)."""
+    env = {"ATTNBENCH_WORK": str(tmp_path / "work"), **env}
+    if not env["ATTNBENCH_WORK"]:
+        del env["ATTNBENCH_WORK"]
+    base = {k: v for k, v in os.environ.items() if k != "ATTNBENCH_WORK"}
     return subprocess.run(
-        ["bash", str(SCRIPT), stage, str(tmp_path / "out"), *extra],
+        ["bash", str(script), stage, str(out or tmp_path / "out"), *extra],
         capture_output=True,
         text=True,
         timeout=900,
-        env={
-            **os.environ,
-            "ATTNBENCH_DRY_RUN": "1",
-            "ATTNBENCH_WORK": str(tmp_path / "work"),
-            "ATTNBENCH_BUDGET_S": str(budget),
-            **env,
-        },
+        env={**base, "ATTNBENCH_DRY_RUN": "1", "ATTNBENCH_BUDGET_S": str(budget), **env},
     )
 
 
-def packed(tmp_path, stage) -> list[str]:
-    with tarfile.open(tmp_path / "out" / f"{stage}.tgz") as tar:
+def packed(tmp_path, stage, out=None) -> list[str]:
+    with tarfile.open((out or tmp_path / "out") / f"{stage}.tgz") as tar:
         return tar.getnames()
 
 
-def test_unknown_stage_is_one_line_and_exit_2(tmp_path):
-    proc = gpu_check("everything", tmp_path)
-    assert proc.returncode == 2 and "unknown stage 'everything'" in proc.stderr
+def fresh_copy(dest: Path) -> Path:
+    """The working tree as a GPU call gets it: tracked and untracked-not-ignored files, no .git."""
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
+        text=True, check=True,
+    ).stdout.split("\0")  # fmt: skip
+    for name in filter(None, files):
+        if (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    return dest
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["everything"], "unknown stage 'everything'"),
+        (["env,race,nope"], "unknown stage 'nope'"),
+        (["env,tests,race,full"], "4 stages in one call; at most 3"),
+        (["--from", "/no/such.tgz", "env"], "--from /no/such.tgz: no such archive"),
+    ],
+)
+def test_bad_stages_are_one_line_and_exit_2(tmp_path, args, needle):
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), *args[:-1], args[-1], str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
 
 
@@ -71,17 +104,79 @@ def test_fidelity_stage_gives_a_verdict_per_check(tmp_path):
     assert any(n.endswith("fidelity.csv") for n in packed(tmp_path, "fidelity"))
 
 
-def test_a_stage_stopped_by_its_budget_packs_and_resumes(tmp_path):
-    plugin = ["--plugin", str(ROOT / "tests" / "plugins" / "slow.py"), "--impls", "slow,sdpa"]
+def test_a_call_stopped_by_its_budget_resumes_on_a_fresh_copy(tmp_path):
+    """Call 1 (env and first-light) on one copy of the working tree, stopped by its budget;
+    its archives brought to a fresh copy (.lease/, as docs/gpu.md says); call 2 finishes the
+    run there, measuring only the rows call 1 did not."""
+    first_copy = fresh_copy(tmp_path / "a")
+    plugin = ["--plugin", "tests/plugins/slow.py", "--impls", "slow,sdpa"]  # in the copy
+    out1, out2 = tmp_path / "out1", tmp_path / "out2"
+    started = time.monotonic()
     first = gpu_check(
-        "first-light", tmp_path, *plugin, budget=40, ATTNBENCH_RESERVE_S="0", ATTNBENCH_SLOW_S="1.0"
-    )
-    assert first.returncode == 0, first.stderr[-2000:]
-    assert "stopped early" in first.stdout
-    assert (tmp_path / "out" / "first-light.tgz").exists()
-    second = gpu_check("first-light", tmp_path, *plugin, ATTNBENCH_SLOW_S="0.001")
+        "env,first-light", tmp_path, *plugin, budget=100, script=first_copy / SCRIPT_IN_REPO,
+        out=out1, ATTNBENCH_WORK="", ATTNBENCH_SLOW_S="1.0",
+    )  # fmt: skip
+    took = time.monotonic() - started
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+    assert "stopped early" in first.stdout and took < 100 + 40, took  # the budget, kill-after
+    for name in ("env.log", "env.tgz", "first-light.log", "first-light.tgz"):
+        assert (out1 / name).exists(), name
+    assert "stopped early" in (out1 / "first-light.log").read_text()  # the log as it went
+    done_first = sum(line.startswith("[") for line in first.stdout.splitlines())
+    assert 0 < done_first < 16
+
+    second_copy = fresh_copy(tmp_path / "b")
+    lease = second_copy / ".lease"
+    lease.mkdir()
+    for archive in out1.glob("*.tgz"):
+        shutil.copy(archive, lease)
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    (lease / "source").write_text(f"sha={sha}\ndirty=0\nstamped_utc=now\n")
+    second = gpu_check(
+        "first-light", tmp_path, *plugin, script=second_copy / SCRIPT_IN_REPO, out=out2,
+        ATTNBENCH_WORK="", ATTNBENCH_SLOW_S="0.001",
+    )  # fmt: skip
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
-    csv = tmp_path / "work" / "results" / "first-light-dry-run" / "results.csv"
-    df = pd.read_csv(csv)
+    assert f"({done_first} rows already done)" in second.stdout
+    lines = [line for line in second.stdout.splitlines() if line.startswith("[")]
+    assert len(lines) == 16 - done_first and lines[-1].startswith(f"[{16 - done_first}/")
+    run = second_copy / "results" / "first-light-dry-run"
+    df = pd.read_csv(run / "results.csv")
     assert len(df) == 16 and not df.duplicated(["impl", "mode", "seq_q", "causal"]).any()
-    assert any(n.endswith("results.csv") for n in packed(tmp_path, "first-light"))
+    assert (df["status"] == "ok").all()
+    resumed_env = next(run.glob("env-resume-*.json")).read_text()
+    assert sha in resumed_env  # git_sha from the stamp: the copy has no .git
+    assert any(n.endswith("results.csv") for n in packed(tmp_path, "first-light", out2))
+
+
+def _doc_rows() -> dict[str, str]:
+    """docs/gpu.md's stage table: stage -> its rows cell."""
+    rows = {}
+    for line in (ROOT / "docs" / "gpu.md").read_text().splitlines():
+        m = re.match(r"\| `([a-z0-9-]+)` \|[^|]*\| ([^|]+) \|", line)
+        if m:
+            rows[m.group(1)] = m.group(2).strip()
+    return rows
+
+
+def test_the_row_counts_in_docs_gpu_md_are_the_scripts_grids(capsys):
+    from attnbench.cli import main
+
+    plan = subprocess.run(
+        ["bash", str(SCRIPT), "first-light,fidelity,race"], capture_output=True, text=True,
+        env={**os.environ, "ATTNBENCH_PLAN": "1"}, timeout=60,
+    ).stdout + subprocess.run(
+        ["bash", str(SCRIPT), "race-full,llama,full"], capture_output=True, text=True,
+        env={**os.environ, "ATTNBENCH_PLAN": "1"}, timeout=60,
+    ).stdout  # fmt: skip
+    counts: dict[str, list[int]] = {}
+    for line in plan.splitlines():
+        stage, _, *args = shlex.split(line.removeprefix("plan: "))
+        assert main([*args, "--plan"]) == 0
+        text = capsys.readouterr().out
+        counts.setdefault(stage, []).append(int(re.search(r"= (\d+) rows", text).group(1)))
+    assert set(counts) == {"first-light", "fidelity", "race", "race-full", "llama", "full"}
+    doc = _doc_rows()
+    for stage, ns in counts.items():
+        want = str(ns[0]) if len(ns) == 1 else f"{len(ns)} × {ns[0]}"
+        assert doc.get(stage) == want, (stage, doc.get(stage), ns)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -46,69 +45,25 @@ from attnbench.case import Case  # noqa: E402
 from attnbench.measure.accuracy import bound, error, failed, magnitude, reference  # noqa: E402
 
 if _IN_PROCESS:
-    import numpy as np  # noqa: E402
-    import triton  # noqa: E402
-    import triton.language as tl  # noqa: E402
+    from interpreter import broken_reason  # noqa: E402
 
+    _BROKEN = broken_reason()
     from attnbench.impls.triton_flash_fa2 import kernel as tf  # noqa: E402
-
-    @triton.jit
-    def _loop_bound_probe(X, N):
-        total = tl.zeros([1], tl.float32)
-        for _ in range(0, N):  # a runtime loop bound, as every kernel here has
-            total += 1.0
-        tl.store(X + tl.arange(0, 1), total)
-
-    def _interpreter_problem() -> str | None:
-        """None when the interpreter takes runtime loop bounds, else what goes wrong."""
-        x = torch.zeros(1)
-        try:
-            _loop_bound_probe[(1,)](x, 3)
-        except Exception as exc:  # noqa: BLE001 - any failure of the probe is the answer
-            return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-        return None if x.item() == 3.0 else f"the probe loop ran {x.item():g} times, not 3"
-
-    _PROBLEM = _interpreter_problem()
-    if _PROBLEM:
-        pytest.skip(
-            f"triton {triton.__version__}'s CPU interpreter cannot run a loop with a runtime "
-            f"bound under numpy {np.__version__} (a Triton bug fixed in triton 3.7; the kernels "
-            f"themselves are unaffected on a GPU): {_PROBLEM}",
-            allow_module_level=True,
-        )
 else:
     tf = None
+    _BROKEN = None
 
-interpreted = pytest.mark.skipif(not _IN_PROCESS, reason="run by test_interpreted_in_subprocess")
+interpreted = pytest.mark.skipif(
+    not _IN_PROCESS or _BROKEN is not None,
+    reason=_BROKEN or "run by test_interpreted_in_subprocess",
+)
 
 
 @pytest.mark.skipif(_IN_PROCESS, reason="kernel tests run in this process")
 def test_interpreted_in_subprocess():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "ATTNBENCH_INTERPRET_CHILD": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-rs",
-            "-n",
-            "0",
-            "-p",
-            "no:cacheprovider",
-            __file__,
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    last = proc.stdout.strip().splitlines()[-1]
-    if "passed" not in last:  # the whole module skipped itself: say why, never pass silently
-        reasons = [ln for ln in proc.stdout.splitlines() if ln.startswith("SKIPPED")]
-        pytest.skip(reasons[0] if reasons else last)
+    from interpreter import run_child
+
+    run_child(__file__)
 
 
 @interpreted

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -162,6 +163,7 @@ class _Writer:
         self.error: BaseException | None = None
         self._lock = threading.Lock()
         self._bar = tqdm(total=total, disable=not progress, unit="row", dynamic_ncols=True)
+        self._last_row = time.perf_counter()
 
     def __enter__(self) -> _Writer:
         self._out = row_writer(self.run_dir)
@@ -180,8 +182,14 @@ class _Writer:
             self.per_device[(row["device_name"], row["host"])] += 1
             self._bar.set_postfix_str(self._postfix(label), refresh=False)
             self._bar.update()
-            if self.row_lines:
-                print(f"[{len(self.rows)}/{self.total}] {label}: {_outcome(row)}", flush=True)
+            if self.row_lines:  # with the seconds since the last row (its whole cost)
+                now = time.perf_counter()
+                print(
+                    f"[{len(self.rows)}/{self.total}] {label}: {_outcome(row)} "
+                    f"({now - self._last_row:.1f} s)",
+                    flush=True,
+                )
+                self._last_row = now
 
     def _postfix(self, label: str) -> str:
         """The last row; with several executors, also the rows per device and host."""
