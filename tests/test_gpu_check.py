@@ -75,7 +75,8 @@ def test_bad_stages_are_one_line_and_exit_2(tmp_path, args, needle):
 
 @pytest.mark.parametrize(
     "stage",
-    ["env", *(pytest.param(s, marks=pytest.mark.slow) for s in ("tests", "race", "full"))],
+    # env alone: slow, since the resume test below runs it in a call of two stages
+    [pytest.param(s, marks=pytest.mark.slow) for s in ("env", "tests", "race", "full")],
 )
 def test_each_stage_runs_dry_and_packs_its_results(tmp_path, stage):
     proc = gpu_check(stage, tmp_path)
@@ -105,25 +106,29 @@ def test_fidelity_stage_gives_a_verdict_per_check(tmp_path):
 
 
 def test_a_call_stopped_by_its_budget_resumes_on_a_fresh_copy(tmp_path):
-    """Call 1 (env and first-light) on one copy of the working tree, stopped by its budget;
-    its archives brought to a fresh copy (.lease/, as docs/gpu.md says); call 2 finishes the
-    run there, measuring only the rows call 1 did not."""
+    """Call 1 (env and first-light) on one copy of the working tree, stopped by its budget
+    (the slow impl waits at the first case's longer length, after two rows); its archives
+    brought to a fresh copy (.lease/, as docs/gpu.md says); call 2 finishes the run there,
+    measuring only the rows call 1 did not."""
     first_copy = fresh_copy(tmp_path / "a")
     plugin = ["--plugin", "tests/plugins/slow.py", "--impls", "slow,sdpa"]  # in the copy
     out1, out2 = tmp_path / "out1", tmp_path / "out2"
     started = time.monotonic()
     first = gpu_check(
-        "env,first-light", tmp_path, *plugin, budget=100, script=first_copy / SCRIPT_IN_REPO,
-        out=out1, ATTNBENCH_WORK="", ATTNBENCH_SLOW_S="1.0",
+        "env,first-light", tmp_path, *plugin, budget=150, script=first_copy / SCRIPT_IN_REPO,
+        out=out1, ATTNBENCH_WORK="", ATTNBENCH_SLOW_S="600", ATTNBENCH_SLOW_MIN_SEQ="64",
+        ATTNBENCH_RESERVE_S="5",
     )  # fmt: skip
     took = time.monotonic() - started
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
-    assert "stopped early" in first.stdout and took < 100 + 40, took  # the budget, kill-after
+    assert "stopped early" in first.stdout and took < 150 + 40, took  # the budget, kill-after
     for name in ("env.log", "env.tgz", "first-light.log", "first-light.tgz"):
         assert (out1 / name).exists(), name
     assert "stopped early" in (out1 / "first-light.log").read_text()  # the log as it went
+    assert '"copy_gb_s"' in (out1 / "env.log").read_text()  # the env stage measured
+    assert "logs/env.log" in packed(tmp_path, "env", out1)
     done_first = sum(line.startswith("[") for line in first.stdout.splitlines())
-    assert 0 < done_first < 16
+    assert done_first == 2, first.stdout[-3000:]  # slow and sdpa at S32; slow at S64 waits
 
     second_copy = fresh_copy(tmp_path / "b")
     lease = second_copy / ".lease"

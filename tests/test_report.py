@@ -193,3 +193,27 @@ def test_impl_colours_are_stable_across_runs(impls):
     assert a["sdpa"] == b["sdpa"] and a["naive"] == b["naive"]
     assert b["aa_plugin"] != b["zz_plugin"]
     assert len({c for c, _ in b.values()}) == len(b)
+
+
+def test_report_lists_cross_checked_rows_and_flags_borrowed_kernels(tmp_path, stub_figures):
+    """CUDA rows: the profiler cross-checked a sample of them (profiler_ms on those alone), and
+    xformers ran PyTorch's kernels (backend pytorch:flash): the report says which rows were
+    cross-checked, and that xformers is no independent baseline, where it wins too."""
+    from synth import ok_row
+
+    from attnbench.case import Case
+
+    rows = []
+    for i, n in enumerate((1024, 2048, 4096)):
+        case = Case(2, 16, 16, n, n, 128, dtype="bfloat16", device="cuda")
+        sdpa = ok_row("gpu", "sdpa_flash", case, 2.0 * n / 1024, 10.0)
+        xf = ok_row("gpu", "xformers", case, 1.9 * n / 1024, 10.0)
+        sdpa.update(backend="flash", profiler_ms=sdpa["time_ms"] if i == 0 else None)
+        xf.update(backend="pytorch:flash", profiler_ms=xf["time_ms"] if i == 0 else None)
+        rows += [sdpa, xf]
+    run = write_run(tmp_path / "results", "gpu", rows, env_data=env(device="cuda"))
+    text = report.write_report(run, tmp_path / "reports").read_text()
+    assert "The profiler cross-checked 2 of 6 ok CUDA rows" in text
+    assert "| sdpa_flash | B2 H16 S1024 D128 bfloat16 full fwd |" in text
+    assert "**Not an independent baseline**: `xformers` in 3 of 3 ok rows (pytorch:flash)" in text
+    assert "**xformers (PyTorch's kernels)** 3/3" in text

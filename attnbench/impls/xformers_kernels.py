@@ -69,10 +69,12 @@ def _available(op) -> bool:
         return False
 
 
-def dispatched(run: Callable[[], object]) -> str | None:
+def dispatched(run: Callable[[], object], fmha=None) -> str | None:
     """Run ``run`` once and name the operators xformers dispatched it to (forward, and
-    backward when ``run`` includes one), as backend labels joined with '+'."""
-    from xformers.ops import fmha
+    backward when ``run`` includes one), as backend labels joined with '+'. ``fmha``: the
+    module whose dispatchers are watched (xformers.ops.fmha)."""
+    if fmha is None:
+        from xformers.ops import fmha
 
     seen: list[str] = []
     with _recording(fmha, "_dispatch_fw", seen), _recording(fmha, "_dispatch_bw", seen):

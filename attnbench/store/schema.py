@@ -86,7 +86,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "phase": ("string", "prefill, decode or train when the case comes from --phase, else blank"),
     "backend": (
         "string",
-        "SDPA backend that ran (flash, efficient, cudnn, math); blank for impls that are not SDPA",
+        "SDPA backend that ran (flash, efficient, cudnn, math); xformers: the operators it "
+        "dispatched to (pytorch:flash, pytorch:efficient when they were PyTorch's own kernels, "
+        "xformers:<operator> for its own); blank for other impls",
     ),
     "compile_ms": (
         "Float64",
@@ -111,7 +113,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "profiler_ms": (
         "Float64",
         "CUDA: the profiler's summed kernel time per call, to "
-        "cross-check time_ms (reason notes a >5% difference)",
+        "cross-check time_ms (reason notes a >5% difference); on the first and every tenth "
+        "row of each impl, every row with --profile; blank on the others",
     ),
     "sm_clock_mhz": ("Float64", "CUDA: median SM clock while timing (NVML)"),
     "power_w": ("Float64", "CUDA: median board power while timing, W (NVML)"),
