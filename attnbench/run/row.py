@@ -18,7 +18,7 @@ import torch
 from attnbench.case import MODE_FLOP_FACTOR, Case
 from attnbench.measure import accuracy
 from attnbench.measure.clocks import ClockSampler
-from attnbench.measure.compiling import compile_events
+from attnbench.measure.compiling import compile_events, isolate
 from attnbench.measure.memory import MemoryUnavailable, peak_mem_mib
 from attnbench.measure.profiling import mismatch_note, profile_fn
 from attnbench.measure.timing import NOISY_SPREAD, PAGE_FAULTS_FLAG, TimerConfig, time_fn
@@ -28,6 +28,9 @@ from attnbench.run.inputs import Inputs, make_inputs
 from attnbench.run.layer import layer_reference
 from attnbench.store.schema import COLUMNS
 
+# bound: an intensity within this factor of the ridge point is "balanced" (docs/method.md)
+RIDGE_BAND = 2.0
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -36,6 +39,7 @@ class Settings:
     timer: TimerConfig = TimerConfig()
     matmul_tflops: dict = field(default_factory=dict)  # dtype -> measured ceiling (pct_peak)
     copy_gb_s: float | None = None  # the measured copy bandwidth (pct_peak of memory-bound rows)
+    ceilings_contended: bool = False  # the ceilings waited for the CPU: no bound (roofline)
     profile: tuple[str, ...] | None = None  # None: off; (): every pair; else all must match
     traces_dir: Path | None = None  # where --profile writes one Chrome trace per pair
     malloc_tunables: bool = True  # CPU: keep the heap between timed calls (measure/allocator.py)
@@ -150,6 +154,8 @@ def measure(
         return failed(impl, case, "unsupported", "; ".join(reasons))
     notes = []
     try:
+        if impl.compiled:
+            isolate(impl.name)
         call = Call.prepare(impl, case, inputs)
         compiles = compile_events()
         (out, grads), first_ms = _once(call.check, case.device_type)
@@ -161,7 +167,7 @@ def measure(
         elif impl.compiled:
             row["compile_ms"] = 0.0
             notes.append(
-                "compile_ms 0: the first call compiled nothing (it reused code "
+                "compile_ms 0: the first call compiled nothing (it reused code it "
                 "compiled for an earlier row)"
             )
         row["backend"] = _backend(impl, call, case)
@@ -187,6 +193,11 @@ def measure(
                     f"allocator handed memory back to the OS between calls, so time_ms "
                     f"includes paging it back in and may move between identical runs"
                 )
+        if timing.contention is not None:
+            row["cpu_share"] = timing.contention.cpu_share
+            row["contended"] = timing.contention.contended
+            if row["contended"]:
+                notes.append(timing.contention.note())
         flops = case.flops(
             None if inputs.mask.kv_lens is None else inputs.mask.kv_lens.tolist(),
             inputs.mask.pattern,
@@ -229,7 +240,12 @@ def measure(
 def roofline(row: dict, case: Case, settings: Settings, notes: list[str]) -> dict:
     """pct_peak and bound: the row against the roof its arithmetic intensity meets. The roof
     is min(matmul rate, intensity x copy bandwidth), so the percentage of it is the larger of
-    tflops / matmul rate and gbps / copy bandwidth (whichever ceilings were measured)."""
+    tflops / matmul rate and gbps / copy bandwidth (whichever ceilings were measured).
+
+    ``bound`` names a roof only where the intensity is RIDGE_BAND or more away from the ridge
+    point (matmul rate / bandwidth): a ceiling measured up to that factor off cannot flip the
+    label. Within the band it is ``balanced``; with ceilings measured while the process waited
+    for the CPU (``ceilings_contended``, any factor off) it is blank."""
     peak_tflops = settings.matmul_tflops.get(case.dtype)
     shares = {
         "compute": row["tflops"] / peak_tflops if peak_tflops else None,
@@ -239,9 +255,14 @@ def roofline(row: dict, case: Case, settings: Settings, notes: list[str]) -> dic
     if not measured:
         return {}
     out = {"pct_peak": 100 * max(measured.values())}
-    if len(measured) == 2:  # the ridge point: matmul rate / bandwidth, in FLOP per byte
-        ridge = peak_tflops * 1e12 / (settings.copy_gb_s * 1e9)
-        out["bound"] = "memory" if row["flops"] / case.bytes_moved() < ridge else "compute"
+    if len(measured) == 2 and not settings.ceilings_contended:
+        ridge = peak_tflops * 1e12 / (settings.copy_gb_s * 1e9)  # FLOP per byte
+        intensity = row["flops"] / case.bytes_moved()
+        out["bound"] = "balanced"
+        if intensity * RIDGE_BAND <= ridge:
+            out["bound"] = "memory"
+        elif intensity >= ridge * RIDGE_BAND:
+            out["bound"] = "compute"
     if out["pct_peak"] > 100:
         notes.append(
             f"pct_peak {out['pct_peak']:.0f}% is above the measured ceilings: they were "
