@@ -9,6 +9,7 @@ import gc
 import math
 import re
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -26,8 +27,10 @@ from attnbench.registry import Impl, Unsupported
 from attnbench.run.call import BadOutput, Call
 from attnbench.run.inputs import Inputs, make_inputs
 from attnbench.run.layer import layer_reference
+from attnbench.store.rundir import ERRORS_FILE
 from attnbench.store.schema import COLUMNS
 
+REASON_CHARS = 500  # a failed row's reason keeps about this much of its error
 # bound: an intensity within this factor of the ridge point is "balanced" (docs/method.md)
 RIDGE_BAND = 2.0
 
@@ -53,6 +56,7 @@ class Measured(NamedTuple):
     row: dict
     times: list[float]  # the timing samples, ms
     kernels: list[dict]  # with --profile: the kernel (GPU) or op (CPU) table of the pair
+    error: str | None = None  # the full error (traceback) when the reason had to cut it short
 
 
 def base_row(impl: Impl, case: Case) -> dict:
@@ -231,7 +235,8 @@ def measure(
     except Exception as exc:  # noqa: BLE001 - an impl's failure is a row, never a crash
         if _is_cpu_oom(exc):
             return failed(impl, case, "oom", _oom_reason(case, exc))
-        return failed(impl, case, "error", f"{type(exc).__name__}: {one_line(exc)}")
+        reason, full = error_reason(exc)
+        return failed(impl, case, "error", reason)._replace(error=full)
     finally:
         call = None
         release(case)
@@ -437,6 +442,22 @@ def _legacy_accuracy(case: Case, got: list[torch.Tensor], truth: Truth, notes: l
         "err_bound": None if i is None else bounds[i][0],
         "agrees": not wrong,
     }
+
+
+def error_reason(exc: BaseException) -> tuple[str, str | None]:
+    """A failed row's reason, one line: the error's type and message, and when that is longer
+    than REASON_CHARS its start and its end (where compilers print the error, after their
+    command line) naming the run's errors log; then also the full error with its traceback,
+    for the log."""
+    text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    if len(text) <= REASON_CHARS:
+        return text, None
+    half = REASON_CHARS // 2
+    short = (
+        f"{text[:half]} [...] {text[-half:]} (cut short: the full error is in {ERRORS_FILE} "
+        f"in the run folder)"
+    )
+    return short, "".join(traceback.format_exception(exc))
 
 
 def one_line(exc: BaseException) -> str:
