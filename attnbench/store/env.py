@@ -33,18 +33,34 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _git(*args: str) -> str | None:
+REPO = Path(__file__).resolve().parent.parent.parent  # the checkout attnbench runs from
+# a run's outputs (the default --results-dir and --reports-dir): regenerating a committed run
+# rewrites them, which is not a change to the code that ran
+OUTPUT_DIRS = ("results", "reports")
+DIRTY_FILES_SHOWN = 20
+
+
+def _git(*args: str, cwd: Path = REPO) -> str | None:
     try:
-        out = subprocess.run(
-            ["git", *args],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            cwd=Path(__file__).resolve().parent.parent,
-        )
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, cwd=cwd)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    return out.stdout.rstrip() if out.returncode == 0 else None
+
+
+def git_state(root: Path = REPO) -> dict:
+    """The commit that ran and whether the checkout differs from it: tracked files changed,
+    added or deleted, and files git does not ignore or track (a drop-in impl, say), outside
+    OUTPUT_DIRS; None for each where ``root`` is not a git checkout. ``git_dirty_files``
+    names the first DIRTY_FILES_SHOWN."""
+    excluded = [f":(exclude){d}" for d in OUTPUT_DIRS]
+    status = _git("status", "--porcelain", "--untracked-files=all", "--", ".", *excluded, cwd=root)
+    files = None if status is None else [line[3:] for line in status.splitlines() if line]
+    return {
+        "git_sha": _git("rev-parse", "HEAD", cwd=root),
+        "git_dirty": None if files is None else bool(files),
+        "git_dirty_files": None if files is None else files[:DIRTY_FILES_SHOWN],
+    }
 
 
 def collect_env(argv: list[str], seed: int, device: str) -> dict:
@@ -52,7 +68,6 @@ def collect_env(argv: list[str], seed: int, device: str) -> dict:
 
     cuda = torch.cuda.is_available() and device.startswith("cuda")
     props = torch.cuda.get_device_properties(device) if cuda else None
-    status = _git("status", "--porcelain", "--untracked-files=no")
     return {
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join(argv),
@@ -75,8 +90,7 @@ def collect_env(argv: list[str], seed: int, device: str) -> dict:
         "cudnn": torch.backends.cudnn.version() if cuda else None,
         "triton": _version("triton"),
         "xformers": _version("xformers"),
-        "git_sha": _git("rev-parse", "HEAD"),
-        "git_dirty": None if status is None else bool(status),
+        **git_state(),
     }
 
 
