@@ -390,6 +390,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
             settings,
             matmul_tflops=env["ceilings"]["matmul_tflops"],
             copy_gb_s=env["ceilings"]["copy_gb_s"],
+            ceilings_contended=env["ceilings"]["contended"],
         )
         executors = [
             Subprocess(plugins, seed, settings, opts.get("timeout"))

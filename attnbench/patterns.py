@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnbench.seeds import generator
+
 PATTERN_MASKS = ("document", "block_sparse", "strided")
-DOCS_SEED_OFFSET = 104729  # document lengths: their own stream, q, k, v stay as they were
-SPARSE_SEED_OFFSET = 15485863  # random blocks: their own stream too
 DEFAULT_DOCS = "uniform:64-512"
 SPARSITY_DEFAULTS = {
     "block_sparse": {"block": 64, "local": 3, "global": 1, "random": 2},
@@ -133,7 +133,7 @@ def doc_lengths(spec: str, seq_len: int, gen: torch.Generator) -> list[int]:
 def random_blocks(nblocks: int, local: int, n_global: int, n_random: int, seed: int):
     """Per query block, ``n_random`` key blocks drawn among those neither in its window nor
     global (fewer when fewer are left): (nblocks, n_random) int64, -1 where none."""
-    gen = torch.Generator().manual_seed(seed + SPARSE_SEED_OFFSET)
+    gen = generator("sparse", seed)
     out = torch.full((nblocks, n_random), -1, dtype=torch.int64)
     half = (local - 1) // 2
     for a in range(nblocks):
@@ -162,24 +162,45 @@ class Pattern:
 
     @classmethod
     def make(cls, mask: str, spec: str, batch: int, seq_len: int, seed: int) -> Pattern:
+        """The pattern of a case, its data drawn from ``seed`` (streams "documents" and
+        "sparse", seeds.py)."""
         if mask == "document":
-            gen = torch.Generator().manual_seed(seed + DOCS_SEED_OFFSET)
+            gen = generator("documents", seed)
             lens = [doc_lengths(spec, seq_len, gen) for _ in range(batch)]
-            return cls(mask, seq_len, batch, doc_lens=lens)
+            return cls.from_draws(mask, spec, batch, seq_len, doc_lens=lens)
+        random = None
+        if mask == "block_sparse":
+            p = sparsity_params(spec)
+            nblocks = -(-seq_len // p["block"])
+            n_global = min(p["global"], nblocks)
+            random = random_blocks(nblocks, p["local"], n_global, p["random"], seed)
+        return cls.from_draws(mask, spec, batch, seq_len, random=random)
+
+    @classmethod
+    def from_draws(
+        cls,
+        mask: str,
+        spec: str,
+        batch: int,
+        seq_len: int,
+        doc_lens: list[list[int]] | None = None,
+        random: torch.Tensor | None = None,
+    ) -> Pattern:
+        """The pattern from its spec and its drawn data (``make``'s, or a run's draws file):
+        the document lengths of mask document, the random blocks of block_sparse."""
+        if mask == "document":
+            return cls(mask, seq_len, batch, doc_lens=doc_lens)
         p = sparsity_params(spec)
-        nblocks = -(-seq_len // p["block"])
         if mask == "strided":
             return cls(mask, seq_len, batch, block=p["block"], stride=p["stride"])
-        n_global = min(p["global"], nblocks)
-        drawn = random_blocks(nblocks, p["local"], n_global, p["random"], seed)
         return cls(
             mask,
             seq_len,
             batch,
             block=p["block"],
             local=p["local"],
-            n_global=n_global,
-            random=drawn,
+            n_global=min(p["global"], -(-seq_len // p["block"])),
+            random=torch.as_tensor(random, dtype=torch.int64),
         )
 
     @property

@@ -13,8 +13,9 @@ paged-attention servers keep them (run/inputs.py ``paged``).
 Impls come from four places: the built-ins (the package ``attnbench.impls``, shipped in the
 wheel), every module in a drop-in ``impls/`` folder (the checkout's, and the working folder's),
 each ``--plugin`` file or module, and the entry-point group ``attnbench.impls`` of installed
-packages. A plugin that fails to
-import, or needs a package that is missing, is still listed, as unavailable with a reason.
+packages. A built-in, drop-in or entry-point plugin that fails to import, or any plugin that
+needs a package that is missing (``requires``), is still listed, as unavailable with a reason;
+a ``--plugin`` that fails to import is bad input (the user asked for it by name).
 """
 
 from __future__ import annotations
@@ -237,8 +238,15 @@ def _importable(module: str) -> bool:
         return False
 
 
-def _load(source: str, loader: Callable[[], object], fallback_name: str) -> None:
-    """Run ``loader`` with ``source`` recorded; a failure becomes an unavailable impl."""
+class PluginImportError(RegistryError):
+    """A plugin the user named (``--plugin``) failed to import."""
+
+
+def _load(
+    source: str, loader: Callable[[], object], fallback_name: str, named: str | None = None
+) -> None:
+    """Run ``loader`` with ``source`` recorded; a failure becomes an unavailable impl, or,
+    for a plugin the user ``named`` (a --plugin value), PluginImportError."""
     global _current_source
     if source in _LOADED:
         return
@@ -249,6 +257,13 @@ def _load(source: str, loader: Callable[[], object], fallback_name: str) -> None
     except NameClash:
         raise  # bad input: the user must rename one of the two
     except Exception as exc:  # noqa: BLE001 - any other plugin failure is reported, not raised
+        if named is not None:
+            _LOADED.discard(source)
+            error = " ".join(f"{type(exc).__name__}: {exc}".split())
+            raise PluginImportError(
+                f"--plugin {named}: {source} failed to import ({error}); fix it or leave "
+                f"out this --plugin"
+            ) from None
         name = "".join(c if c.isalnum() else "_" for c in fallback_name.lower()) or "plugin"
         if name in _IMPLS:
             name = f"{name}_plugin"
@@ -309,9 +324,9 @@ def discover(
     for spec in plugins:
         src = plugin_source(spec)
         if isinstance(src, Path):
-            _load(str(src), lambda p=src: _load_file(p), src.stem)
+            _load(str(src), lambda p=src: _load_file(p), src.stem, named=spec)
         else:
-            _load(f"module {src}", lambda m=src: importlib.import_module(m), src)
+            _load(f"module {src}", lambda m=src: importlib.import_module(m), src, named=spec)
     return dict(_IMPLS)
 
 

@@ -273,11 +273,13 @@ class Spec:
                     f"{', '.join(SPARSITY_DEFAULTS['block_sparse'])}; strided: "
                     f"{', '.join(SPARSITY_DEFAULTS['strided'])})"
                 )
+        if case.mask not in PATTERN_MASKS:
+            return [case]
         if case.mask == "document":
             specs = self.docs
         else:
             specs = [spec for spec in self.sparsity or [] if fits(spec, case.mask)]
-        if case.mask not in PATTERN_MASKS or not specs:
+        if not specs:
             return [case]
         return [replace(case, pattern=spec) for spec in specs]
 

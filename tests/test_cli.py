@@ -288,6 +288,36 @@ def test_sweep_file_sets_the_grid_and_flags_override_it(tmp_path):
     assert df["causal"].all() and (df["mode"] == "fwd").all()
 
 
+def _unwritable(tmp_path):
+    """A folder this process cannot write in (as root: /proc, which no one can)."""
+    if os.geteuid() == 0:
+        return Path("/proc/attnbench-no-such-folder/rep")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    return ro / "rep"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--run-id", "../escape"], "no path separators"),
+        (["--resume", "--run-id", "never-ran"], "holds no results.csv to continue"),
+        (["--reports-dir", _unwritable], "cannot write in"),
+    ],
+    ids=["run-id-escape", "resume-missing", "unwritable-reports-dir"],
+)
+def test_a_refused_command_creates_no_folder(tmp_path, capsys, args, message):
+    """With the default results/ and reports/ (relative to the working folder, tmp_path)."""
+    args = [a(tmp_path) if callable(a) else a for a in args]
+    before = sorted(tmp_path.rglob("*"))
+    code = main(["sweep", "--preset", "smoke", "--impls", "naive", *map(str, args)])
+    assert code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+    assert sorted(tmp_path.rglob("*")) == before  # no results/, no reports/, nothing
+
+
 def test_reports_dir_that_is_a_file_is_refused(tmp_path, capsys):
     (tmp_path / "rep").write_text("not a folder")
     code = main(

@@ -148,6 +148,21 @@ def test_nested_runs_documents_and_says_why_not_causal(impls):
     assert "is_causal" in row["reason"] and row["time_ms"] is None
 
 
+def test_every_impl_declaring_gqa_runs_gqa_documents_or_says_why(impls):
+    """An impl that declares GQA and documents never errors on a GQA document case: it runs
+    (and agrees), or the library refuses it as unsupported in its own words."""
+    case = doc_case("uniform:10-40", heads=4, kv_heads=2)
+    for name, impl in impls.items():
+        if impl.compiled or impl.reasons(case):
+            continue  # torch.compile impls: tests/test_compiled.py
+        row = run(impl, case)
+        assert row["status"] in ("ok", "unsupported"), (name, row["reason"])
+        assert row["status"] == "unsupported" or row["agrees"] is True, (name, row["reason"])
+    assert impls["sdpa_nested"].reasons(case) == [
+        "kv_heads=2 < heads=4 (supported: kv_heads == heads)"
+    ]
+
+
 def test_work_counts_follow_each_impl_s_shapes(impls):
     case = doc_case("fixed:256", seq=512, batch=1)  # docs aligned with tiled's 128x256 tiles
     mask = make_inputs(case, 0).mask

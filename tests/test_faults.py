@@ -1,6 +1,7 @@
 """Fault injection: misbehaving plugins never stop a sweep, never lose a row, and each fault is
 recorded with the right status and a useful reason."""
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,7 +35,7 @@ GRID = [
 ]
 
 
-def sweep(*args, timeout=600):
+def sweep(*args, timeout=600, cwd=None):
     """scripts/sweep.py on the CPU (also on a machine with a GPU: these test fault handling)."""
     return subprocess.run(
         [
@@ -49,38 +50,50 @@ def sweep(*args, timeout=600):
         capture_output=True,
         text=True,
         timeout=timeout,
+        cwd=cwd,
     )
+
+
+FAULTY = ["naive", "f_raise", "f_nan", "f_shape", "f_oom", "f_abort", "f_long", "broken_import"]
 
 
 @pytest.fixture(scope="module")
 def faulty_run(tmp_path_factory):
+    """No --timeout: a healthy row may take any time on a busy machine (the hang has a run of
+    its own). The import that fails comes from a drop-in impls/ folder of the working folder,
+    where a failure is a row; a --plugin that fails to import is bad input."""
     res = tmp_path_factory.mktemp("faults")
+    (res / "impls").mkdir()
+    shutil.copy(PLUGINS / "broken_import.py", res / "impls")
     proc = sweep(
         *GRID,
         "--impls",
-        "naive,f_raise,f_nan,f_shape,f_oom,f_abort,f_hang,broken_import",
+        ",".join(FAULTY),
         "--plugin",
         str(PLUGINS / "faulty.py"),
-        "--plugin",
-        str(PLUGINS / "broken_import.py"),
-        "--timeout",
-        "5",
         "--results-dir",
         str(res),
         "--reports-dir",
         str(res / "reports"),
         "--run-id",
         "faults",
+        cwd=res,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     df = read_results(res / "faults")
-    return {name: g.set_index("seq_q") for name, g in df.groupby("impl")}
+    rows = _Rows({name: g.set_index("seq_q") for name, g in df.groupby("impl")})
+    rows.run_dir = res / "faults"
+    return rows
+
+
+class _Rows(dict):
+    """Impl -> its rows by seq_q, and the run folder."""
+
+    run_dir: Path
 
 
 def test_every_pair_has_exactly_one_row(faulty_run):
-    assert sorted(faulty_run) == sorted(
-        ["naive", "f_raise", "f_nan", "f_shape", "f_oom", "f_abort", "f_hang", "broken_import"]
-    )
+    assert sorted(faulty_run) == sorted(FAULTY)
     for rows in faulty_run.values():
         assert sorted(rows.index) == [64, 128, 256]
 
@@ -133,17 +146,66 @@ def test_abort_is_a_crash_with_the_workers_stderr(faulty_run):
     assert rows["reason"].str.contains("planted abort in f_abort").all()
 
 
-def test_hang_is_a_timeout(faulty_run):
-    rows = faulty_run["f_hang"]
-    assert (rows["status"] == "timeout").all()
-    assert rows["reason"].str.contains("no result after 5 s").all()
+def test_a_long_error_keeps_its_end_and_the_run_keeps_it_whole(faulty_run):
+    rows = faulty_run["f_long"]
+    assert (rows["status"] == "error").all()
+    reason = rows.loc[64, "reason"]
+    assert reason.startswith("RuntimeError: C++ compile error Command: g++ -I/very/long")
+    assert "Output: error: planted_x (cut short: the full error is in errors.log" in reason
+    assert len(reason) < 700
+    log = (faulty_run.run_dir / "errors.log").read_text()
+    assert log.count("== f_long: B1 H2 S") == 3
+    assert "-I/very/long/include/path/number/30 " in log and "error: planted_x" in log
+    assert "Traceback" in log and "tests/plugins/faulty.py" in log
+    assert "f_raise" not in log  # a short error is whole in its reason
 
 
-def test_import_failure_is_unsupported_naming_file_and_error(faulty_run):
+def test_hang_is_a_timeout_and_the_next_row_gets_a_fresh_worker(tmp_path):
+    """Only the hanging impl runs, so no healthy row can hit the short timeout."""
+    proc = sweep(
+        *GRID[:7],
+        "64,128",
+        *GRID[8:],
+        "--impls",
+        "f_hang",
+        "--plugin",
+        str(PLUGINS / "faulty.py"),
+        "--timeout",
+        "2",
+        "--results-dir",
+        str(tmp_path),
+        "--run-id",
+        "hang",
+        "--no-report",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_results(tmp_path / "hang")
+    assert list(rows["status"]) == ["timeout", "timeout"]
+    assert rows["reason"].str.contains("no result after 2 s").all()
+
+
+def test_import_failure_of_a_drop_in_file_is_unsupported_naming_file_and_error(faulty_run):
     rows = faulty_run["broken_import"]
     assert (rows["status"] == "unsupported").all()
     assert rows["reason"].str.contains("broken_import.py failed to import").all()
     assert rows["reason"].str.contains("this_module_does_not_exist_anywhere").all()
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("def broken(:\n", "SyntaxError"),
+        ("import this_module_does_not_exist_anywhere\n", "ModuleNotFoundError"),
+    ],
+)
+def test_a_plugin_file_that_fails_to_import_is_one_line_exit_2(tmp_path, text, needle):
+    plugin = tmp_path / "bad_plugin.py"
+    plugin.write_text(text)
+    proc = sweep(*GRID, "--plugin", str(plugin), "--results-dir", str(tmp_path / "res"))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(plugin) in lines[0] and needle in lines[0], lines
+    assert not (tmp_path / "res").exists()
 
 
 KILL_GRID = [

@@ -2,8 +2,11 @@
 counts, the grad mode of backend detection, sample-count bounds, and that a case's reference
 is made outside its rows' timeouts."""
 
+import math
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -91,6 +94,15 @@ def test_prepare_makes_inputs_and_reference_before_any_row():
 
 
 def test_a_slow_reference_does_not_count_against_the_row_timeout(tmp_path):
+    """The timeout is 40 times what one such row takes here and now (at least 5 s), so a busy
+    machine cannot make the row itself time out; the reference sleeps 2 s longer than it."""
+    case = Case(batch=1, heads=1, kv_heads=1, seq_q=16, seq_kv=16, head_dim=8)
+    impl = Impl(name="quick", fn=lambda q, k, v, *, causal, scale: q * scale)
+    started = time.perf_counter()
+    ex = InProcess(0, Settings(TimerConfig(rep_ms=2.0)))
+    ex.prepare(case, [impl])
+    assert ex.measure(impl).row["status"] == "ok"
+    timeout = max(5, math.ceil(40 * (time.perf_counter() - started)))
     proc = subprocess.run(
         [
             sys.executable,
@@ -120,7 +132,7 @@ def test_a_slow_reference_does_not_count_against_the_row_timeout(tmp_path):
             "--rep-ms",
             "2",
             "--timeout",
-            "3",
+            str(timeout),
             "--results-dir",
             str(tmp_path),
             "--run-id",
@@ -128,8 +140,9 @@ def test_a_slow_reference_does_not_count_against_the_row_timeout(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=300 + timeout,
+        env={**os.environ, "ATTNBENCH_REFERENCE_SLEEP_S": str(timeout + 2)},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     row = read_results(tmp_path / "r").iloc[0]
-    assert row["status"] == "ok", row["reason"]  # 4 s of reference, 3 s timeout: still ok
+    assert row["status"] == "ok", row["reason"]  # the reference outlasts the timeout: still ok

@@ -108,9 +108,20 @@ def test_entry_point_plugins_are_discovered(tmp_path, monkeypatch):
     assert impls["ep_attn"].source.startswith("entry point ep_attn")
 
 
-def test_plugin_that_fails_to_import_is_unavailable_with_file_and_error(tmp_path):
-    path = write(tmp_path / "broken_attn.py", "import not_a_real_module_xyz\n")
-    impls = registry.discover([str(path)], builtin=False, entry_points=False)
+def test_a_named_plugin_that_fails_to_import_is_bad_input_naming_file_and_error(tmp_path):
+    path = write(tmp_path / "broken_named.py", "def broken(:\n")
+    with pytest.raises(registry.PluginImportError) as exc:
+        registry.discover([str(path)], builtin=False, entry_points=False)
+    message = str(exc.value)
+    assert str(path.resolve()) in message and "SyntaxError" in message and "\n" not in message
+    with pytest.raises(registry.PluginImportError):  # asked for again: refused again
+        registry.discover([str(path)], builtin=False, entry_points=False)
+
+
+def test_a_dropped_in_plugin_that_fails_to_import_is_unavailable_with_file_and_error(tmp_path):
+    (tmp_path / "impls").mkdir()  # the tests run in tmp_path: a working folder's impls/
+    path = write(tmp_path / "impls" / "broken_attn.py", "import not_a_real_module_xyz\n")
+    impls = registry.discover(entry_points=False)
     impl = impls["broken_attn"]
     assert not impl.available
     assert str(path.resolve()) in impl.unavailable

@@ -80,6 +80,36 @@ def test_alignment_needs_a_causal_or_window_mask():
     assert windowed.shift == 4 and windowed.pairs() == 11
 
 
+def test_a_low_ceiling_cannot_flip_a_bound():
+    """A decode row with 4 queries (GQA 4:1, float32: 7.9 FLOP per byte). The committed
+    Llama-3-8B CPU run measured the matmul rate at 59 GFLOP/s, about 3x low (one thread alone
+    does 95 on that machine), so the ridge came out at 3.9 FLOP/B and the row was labelled
+    compute-bound. Ceilings measured while the process waited for the CPU now give no bound;
+    measured ones (about 0.19 TFLOP/s, 16 GB/s: ridge 12) put the row within 2x of the ridge,
+    balanced; and for every ceiling up to 2x low, no label turns into the other roof."""
+    case = Case(4, 32, 8, 4, 4096, 128, causal=True, causal_align="bottom_right")
+    row = {"tflops": 0.0148, "gbps": 1.86, "flops": case.flops()}
+    assert 7.8 < case.flops() / case.bytes_moved() < 8.0
+    low = dict(matmul_tflops={"float32": 0.0594}, copy_gb_s=15.18)
+    assert roofline(row, case, Settings(**low), [])["bound"] == "compute"  # 3x low: flipped
+    out = roofline(row, case, Settings(**low, ceilings_contended=True), [])
+    assert "bound" not in out and out["pct_peak"] > 0
+    measured = Settings(matmul_tflops={"float32": 0.19}, copy_gb_s=16.0)
+    assert roofline(row, case, measured, [])["bound"] == "balanced"
+    for q in (1, 4, 16, 64, 512):
+        c = Case(4, 32, 8, q, 4096, 128, causal=True, causal_align="bottom_right")
+        r = {"tflops": 0.01, "gbps": 1.0, "flops": c.flops()}
+        true = roofline(r, c, Settings(matmul_tflops={"float32": 0.19}, copy_gb_s=16.0), [])
+        for low in (1.0, 1.3, 1.7, 1.99):
+            for what in ("matmul", "copy"):
+                s = Settings(
+                    matmul_tflops={"float32": 0.19 / (low if what == "matmul" else 1)},
+                    copy_gb_s=16.0 / (low if what == "copy" else 1),
+                )
+                got = roofline(r, c, s, [])["bound"]
+                assert {got, true["bound"]} != {"compute", "memory"}, (q, low, what)
+
+
 def test_roofline_uses_the_ceiling_the_intensity_meets():
     case = Case(8, 32, 8, 1, 4096, 128, "bfloat16", causal=True, causal_align="bottom_right")
     settings = Settings(matmul_tflops={"bfloat16": 100.0}, copy_gb_s=1000.0)
@@ -91,6 +121,19 @@ def test_roofline_uses_the_ceiling_the_intensity_meets():
     row = {"tflops": 60.0, "gbps": 50.0, "flops": big.flops()}
     out = roofline(row, big, settings, [])
     assert out["bound"] == "compute" and out["pct_peak"] == pytest.approx(60.0)
+
+
+def test_forced_sdpa_backends_declare_their_work_with_a_bottom_right_mask(impls):
+    """Bottom-right causal reaches a forced backend as a dense boolean mask: the whole score
+    matrix is computed; top-left (is_causal) stays the backend's own choice, undeclared."""
+    decode = Case(2, 4, 2, 3, 40, 8, causal=True, causal_align="bottom_right")
+    square = Case(2, 4, 2, 40, 40, 8, causal=True, causal_align="bottom_right")  # shift 0
+    for name in ("sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn"):
+        assert impls[name].work(decode, None) == 2 * 3 * 40, name
+        assert impls[name].work(square, None) is None, name
+    assert impls["sdpa"].work(decode, None) is None  # causal_lower_right: PyTorch's choice
+    row = Prepared(decode, 0, QUICK).measure(impls["sdpa_math"]).row
+    assert row["status"] == "ok" and row["work_flops"] == 4.0 * 4 * 8 * 2 * 3 * 40
 
 
 def test_paged_cache_holds_every_key_in_its_page():

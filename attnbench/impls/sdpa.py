@@ -176,10 +176,19 @@ DEVICES = {
 
 
 def call_pairs(case, mask) -> int | None:
-    """The score matrix of the call, B·Sq·Skv, when nothing lets the kernel skip part of it
-    (no mask, or a boolean attn_mask, which backends apply to every tile); None with
-    is_causal alone, where skipping tiles past the diagonal is the backend's choice."""
+    """``sdpa``: the score matrix of the call, B·Sq·Skv, when nothing lets the kernel skip
+    part of it (no mask, or a boolean attn_mask, which backends apply to every tile); None with
+    causal and no other mask (is_causal, or bottom-right's causal_lower_right bias), where
+    skipping tiles past the diagonal is the backend's choice."""
     if case.causal and case.mask == "none":
+        return None
+    return case.batch * case.seq_q * case.seq_kv
+
+
+def forced_pairs(case, mask) -> int | None:
+    """A forced backend: as ``call_pairs``, but bottom-right causal with Sq != Skv reaches it
+    as a dense boolean attn_mask (``attention(bias=False)``), so the whole matrix."""
+    if case.causal and case.mask == "none" and case.shift == 0:
         return None
     return case.batch * case.seq_q * case.seq_kv
 
@@ -207,6 +216,6 @@ for _name, _devices in DEVICES.items():
         causal_align=ALIGNS,
         backend=_name,
         color=COLORS[_name],
-        work=call_pairs,
+        work=forced_pairs,
         description=f"F.scaled_dot_product_attention with only the {_name} backend",
     )(forced(_name))

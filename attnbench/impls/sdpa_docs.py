@@ -3,7 +3,9 @@
 ``sdpa_nested``: q, k, v viewed as jagged nested tensors, one entry per document (no copy:
 the packed (B * S, H, D) values with the documents' offsets), through SDPA, which attends
 within each entry. PyTorch refuses some cases (on the CPU: causal); the row is then
-``unsupported`` with the reasons PyTorch logs.
+``unsupported`` with the reasons PyTorch logs. No GQA: SDPA's nested path takes no
+``enable_gqa`` (its fused kernels want equal head counts, its math fallback cannot broadcast
+nested batches), so kv_heads < heads is declared unsupported.
 
 ``sdpa_padded``: every document copied into its own row of a padded batch
 (ndocs, H, Lmax, D), Lmax the longest document, keys past a document's end masked, then
@@ -70,6 +72,7 @@ def _nested_reasons(run) -> str:
     color="#17becf",
     layout="bshd",
     masks=("document",),
+    gqa=False,
     check=_documents_only,
     work=nested_pairs,
     description="SDPA over jagged nested tensors, one entry per packed document",
@@ -87,7 +90,7 @@ def sdpa_nested(q, k, v, *, causal, scale, mask):
 
     def run():
         return F.scaled_dot_product_attention(
-            nest(q), nest(k), nest(v), is_causal=causal, scale=scale, enable_gqa=Hq != k.shape[2]
+            nest(q), nest(k), nest(v), is_causal=causal, scale=scale
         )
 
     try:

@@ -4,6 +4,12 @@
 or inductor compiles a graph (including a backward graph, compiled lazily at the first
 backward). The sweep reads it around the first call (did it compile? -> compile_ms) and around
 the timing pass (did anything recompile while being timed? -> recompiled).
+
+``isolate(name)`` runs before each row of a torch.compile impl: when another compiled impl
+ran last in this process it resets dynamo (``torch._dynamo.reset()``), so that no impl runs,
+or is timed with, code compiled by another (two impls compiling the same function, e.g.
+``flex_attention``, would otherwise share dynamo's cache and its recompile state). An impl's
+own compiled code is kept from row to row.
 """
 
 from __future__ import annotations
@@ -38,3 +44,18 @@ def compile_static(fn: Callable) -> Callable:
     if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):
         dynamo_config.fail_on_recompile_limit_hit = True
     return torch.compile(fn, dynamic=False)
+
+
+_last_compiled: list[str] = []  # the compiled impl whose row ran last in this process
+
+
+def isolate(name: str) -> bool:
+    """Before a row of compiled impl ``name``: forget what other compiled impls compiled in
+    this process. Returns whether dynamo was reset."""
+    reset = bool(_last_compiled) and _last_compiled[0] != name
+    if reset:
+        import torch._dynamo
+
+        torch._dynamo.reset()
+    _last_compiled[:] = [name]
+    return reset

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import torch.utils.benchmark as tbench
 
+from attnbench.measure import contention
 from attnbench.measure.allocator import minor_faults
 
 L2_FLUSH_BYTES = 256 * 2**20  # larger than any GPU's L2 today, as do_bench uses
@@ -22,6 +23,7 @@ L2_FLUSH_BYTES = 256 * 2**20  # larger than any GPU's L2 today, as do_bench uses
 NOISY_SPREAD = 0.10
 CPU_WARMUP_CALLS = 2  # at least; more while calls still page-fault (the heap growing)
 CPU_WARMUP_MAX_CALLS = 8
+CPU_WARMUP_MAX_S = 4.0  # and at most about this long (or rep_ms), while calls still fault
 # a CPU row with at least this many minor page faults (4 KiB pages) per timed call is flagged:
 # its calls page memory back in (the allocator handed it to the OS), which makes time_ms
 # unstable; a few faults per call are the timer's own bookkeeping
@@ -32,6 +34,7 @@ PAGE_FAULTS_FLAG = 10.0
 class Timing:
     samples_ms: tuple[float, ...]
     page_faults: float | None = None  # CPU: minor page faults per timed call (getrusage)
+    contention: contention.Contention | None = None  # CPU: what the timed loop got of the CPU
 
     @property
     def median_ms(self) -> float:
@@ -74,30 +77,35 @@ def _time_cpu(fn: Callable[[], object], cfg: TimerConfig) -> Timing:
         calls += 1
         return fn()
 
-    faults = minor_faults()
-    timer = tbench.Timer(stmt="fn()", globals={"fn": counted}, num_threads=torch.get_num_threads())
+    faults, threads = minor_faults(), torch.get_num_threads()
+    before = contention.usage()
+    timer = tbench.Timer(stmt="fn()", globals={"fn": counted}, num_threads=threads)
     m = timer.blocked_autorange(min_run_time=cfg.rep_ms / 1e3)
     times = list(m.times)[: cfg.max_samples]  # seconds per call, one per block of calls
     while len(times) < cfg.min_samples:  # slow calls: top up with single-call samples
         start = time.perf_counter()
         counted()
         times.append(time.perf_counter() - start)
+    used = contention.between(before, contention.usage(), threads)
     faults = (minor_faults() - faults) / max(calls, 1)
-    return Timing(tuple(t * 1e3 for t in times), page_faults=faults)
+    return Timing(tuple(t * 1e3 for t in times), page_faults=faults, contention=used)
 
 
 def _warm_up_cpu(fn: Callable[[], object], cfg: TimerConfig) -> None:
-    """First-call allocations and lazy init, then the heap's growth: calls go on (up to
-    CPU_WARMUP_MAX_CALLS, and about max(rep_ms, 1 s)) until two calls in a row page-fault less
-    than PAGE_FAULTS_FLAG times (with the allocator's thresholds raised, the heap stops growing
-    after a few calls; without them every call faults and the cap ends the warm-up)."""
+    """First-call allocations and lazy init, then the heap's growth: calls go on until two
+    calls in a row page-fault less than PAGE_FAULTS_FLAG times, for at most
+    CPU_WARMUP_MAX_CALLS calls and about max(rep_ms, CPU_WARMUP_MAX_S). With the allocator's
+    thresholds raised the heap stops growing after a few calls (slow calls that allocate
+    hundreds of MiB, e.g. the math backend's decode at B4 Skv 4096, grow it now and then over
+    their first five or so; docs/method.md); without them every call faults and a cap ends
+    the warm-up."""
     start, quiet = time.perf_counter(), 0
     for i in range(CPU_WARMUP_MAX_CALLS):
         before = minor_faults()
         fn()
         quiet = quiet + 1 if minor_faults() - before < PAGE_FAULTS_FLAG else 0
         if i + 1 >= CPU_WARMUP_CALLS and (
-            quiet >= 2 or time.perf_counter() - start > max(cfg.rep_ms / 1e3, 1.0)
+            quiet >= 2 or time.perf_counter() - start > max(cfg.rep_ms / 1e3, CPU_WARMUP_MAX_S)
         ):
             return
 

@@ -121,7 +121,13 @@ def _header(run_id: str, df: pd.DataFrame, env: dict) -> list[str]:
             (
                 "ceilings (measured)",
                 f"matmul TFLOP/s: {rates} ({ceilings['matmul_n']}³); "
-                f"copy {ceilings['copy_gb_s']:.4g} GB/s",
+                f"copy {ceilings['copy_gb_s']:.4g} GB/s"
+                + (
+                    " (every try waited for the CPU: possibly low, so no row has a bound "
+                    "and pct_peak may be high)"
+                    if ceilings.get("contended")
+                    else ""
+                ),
             )
         )
     if env.get("load_avg_1m") is not None:
@@ -486,15 +492,19 @@ def _failures_section(df: pd.DataFrame) -> list[str]:
 
 def _checks_section(df: pd.DataFrame) -> list[str]:
     """Ok rows whose measurement is in doubt: a throttling GPU, a median that the profiler's
-    kernel time does not explain, a noisy row, a pct_peak over the ceiling, or CPU page faults
-    inside the timing."""
+    kernel time does not explain, a noisy row, a pct_peak over the ceiling, CPU page faults
+    inside the timing, or a CPU row whose threads waited for a CPU (contended)."""
     ok = analysis.ok_rows(df)
+    for name in ("cpu_share", "contended"):  # runs made before these columns existed
+        if name not in ok:
+            ok = ok.assign(**{name: pd.NA})
     lines = ["## Measurement checks", ""]
     throttled = ok[ok["throttle"].notna() & (ok["throttle"] != "none")]
     mismatch = ok[ok["reason"].fillna("").str.contains("profiler kernel time")]
     noisy = ok[analysis.noisy(ok)]
     over_peak = ok[ok["pct_peak"].gt(100).fillna(False).astype(bool)]
     faulting = ok[ok["page_faults"].ge(PAGE_FAULTS_FLAG).fillna(False).astype(bool)]
+    contended = ok[ok["contended"].eq(True).fillna(False).astype(bool)]
     lines += [
         f"{len(noisy)} of {len(ok)} ok rows are noisy (p20–p80 spread over "
         f"{100 * NOISY_SPREAD:.0f}% of the median; grey in the time plot): their medians can "
@@ -516,6 +526,14 @@ def _checks_section(df: pd.DataFrame) -> list[str]:
             f"(docs/method.md, CPU timing and the allocator).",
             "",
         ]
+    if ok["cpu_share"].notna().any():
+        lines += [
+            f"{len(contended)} CPU row(s) were contended: their threads waited for a CPU "
+            f"while being timed (another process was using it), so their times are inflated "
+            f"and may move between identical runs (docs/method.md, contention); lowest "
+            f"cpu_share {ok['cpu_share'].min():.2f}.",
+            "",
+        ]
     lines += _cross_check_lines(ok)
     if ok["sm_clock_mhz"].notna().any():
         lines += [
@@ -524,9 +542,8 @@ def _checks_section(df: pd.DataFrame) -> list[str]:
             f"{len(throttled)} row(s) saw the GPU slow its clocks.",
             "",
         ]
-    flagged = pd.concat([throttled, mismatch, noisy, over_peak, faulting]).drop_duplicates(
-        subset=list(analysis.CASE_KEY)
-    )
+    flagged = pd.concat([throttled, mismatch, noisy, over_peak, faulting, contended])
+    flagged = flagged.drop_duplicates(subset=list(analysis.CASE_KEY))
     if flagged.empty:
         return lines + ["No row was flagged.", ""]
     flagged = flagged.assign(case=[case_label(r) for _, r in flagged.iterrows()])
@@ -540,9 +557,15 @@ def _checks_section(df: pd.DataFrame) -> list[str]:
                 "time_ms": "time_ms",
                 "profiler_ms": "profiler_ms",
                 "page_faults": "faults/call",
+                "cpu_share": "cpu_share",
                 "reason": "reason",
             },
-            formats={"time_ms": ".4g", "profiler_ms": ".4g", "page_faults": ".0f"},
+            formats={
+                "time_ms": ".4g",
+                "profiler_ms": ".4g",
+                "page_faults": ".0f",
+                "cpu_share": ".2f",
+            },
         )
     ]
 

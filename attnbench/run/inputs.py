@@ -10,9 +10,8 @@ import torch
 from attnbench.case import Case
 from attnbench.masks import Mask
 from attnbench.patterns import PATTERN_MASKS, Pattern
+from attnbench.seeds import STREAMS, generator
 
-PADDING_SEED_OFFSET = 7919  # key lengths come from their own stream: q, k, v stay as they were
-PAGES_SEED_OFFSET = 104729  # the page order of a paged KV cache, a stream of its own
 DRAW_WHOLE = 2**28  # elements drawn in one piece; larger tensors per batch element
 PAGE_TOKENS = 128  # tokens per page of a paged KV cache (one FlexAttention key block)
 
@@ -36,7 +35,7 @@ def key_lengths(case: Case, seed: int) -> list[int] | None:
     with every key masked has no softmax), drawn from ``seed`` apart from q, k, v."""
     if case.mask != "padding":
         return None
-    gen = torch.Generator().manual_seed(seed + PADDING_SEED_OFFSET)
+    gen = generator("padding", seed)
     return torch.randint(1, case.seq_kv + 1, (case.batch,), generator=gen).tolist()
 
 
@@ -48,12 +47,72 @@ def pattern(case: Case, seed: int) -> Pattern | None:
     return Pattern.make(case.mask, case.pattern, case.batch, case.seq_q, seed)
 
 
+def draws(case: Case, seed: int, paged: bool = False) -> dict | None:
+    """What ``case`` draws beyond q, k, v, as stored in a run's draws file (JSON-ready), or
+    None when it draws nothing: the seed, the offsets of the streams used (seeds.py), and
+    ``key_lengths`` (padding), ``doc_lens`` (document), ``random_blocks`` (block_sparse,
+    -1 where fewer were left) and, with ``paged``, ``page_order`` (the block table)."""
+    out = {}
+    lens = key_lengths(case, seed)
+    if lens is not None:
+        out["key_lengths"] = lens
+    drawn = pattern(case, seed)
+    if drawn is not None and drawn.doc_lens is not None:
+        out["doc_lens"] = drawn.doc_lens
+    if drawn is not None and drawn.random is not None:
+        out["random_blocks"] = drawn.random.tolist()
+    if paged and case.level == "op":
+        out["page_order"] = page_order(case.batch, case.seq_kv, seed).tolist()
+    if not out:
+        return None
+    used = [s for s, k in DRAWN_BY.items() if k in out]
+    return {
+        "case": case.label(),
+        **case.as_dict(),
+        "seed": seed,
+        "streams": {s: STREAMS[s] for s in used},
+        **out,
+    }
+
+
+# stream (seeds.py) -> the draws-file field it fills
+DRAWN_BY = {
+    "padding": "key_lengths",
+    "documents": "doc_lens",
+    "sparse": "random_blocks",
+    "pages": "page_order",
+}
+
+
+def from_draws(record: dict) -> tuple[Case, list[int] | None, Pattern | None, torch.Tensor | None]:
+    """A draws-file record back to its case, key lengths, pattern and block table (each None
+    where the case does not draw it), without the seed."""
+    case = Case.from_row(record)
+    drawn = None
+    if case.mask in PATTERN_MASKS:
+        drawn = Pattern.from_draws(
+            case.mask,
+            case.pattern,
+            case.batch,
+            case.seq_q,
+            doc_lens=record.get("doc_lens"),
+            random=record.get("random_blocks"),
+        )
+    table = record.get("page_order")
+    return (
+        case,
+        record.get("key_lengths"),
+        drawn,
+        None if table is None else torch.tensor(table, dtype=torch.int32),
+    )
+
+
 def make_inputs(case: Case, seed: int) -> Inputs:
     """Standard-normal q, k, v (and dout) drawn on the CPU from ``seed`` in float32, then cast
     to the case's dtype and moved to its device, so every device sees the same numbers.
     Level layer draws x (B, S, d_model) and the projection weights instead (std 1/sqrt(d_in),
     so q, k, v come out near unit variance), the same for every impl."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = generator("qkv", seed)
     B, Hq, Hkv, D = case.batch, case.heads, case.kv_heads, case.head_dim
 
     def draw(*shape: int, std: float = 1.0) -> torch.Tensor:
@@ -100,6 +159,14 @@ def from_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t if layout == "bhsd" else t.transpose(1, 2)
 
 
+def page_order(batch: int, seq_kv: int, seed: int, page_tokens: int = PAGE_TOKENS) -> torch.Tensor:
+    """The block table of a paged KV cache: (B, P) int32, P = ceil(Skv / page_tokens), a
+    shuffle of the B * P pool pages drawn from ``seed`` (stream "pages")."""
+    P = -(-seq_kv // page_tokens)
+    order = torch.randperm(batch * P, generator=generator("pages", seed))
+    return order.view(batch, P).to(torch.int32)
+
+
 def paged(
     k: torch.Tensor, v: torch.Tensor, seed: int, page_tokens: int = PAGE_TOKENS
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -109,8 +176,7 @@ def paged(
     after many requests come and go; the tail of a last partial page is zero."""
     B, Hkv, Skv, D = k.shape
     P = -(-Skv // page_tokens)
-    order = torch.randperm(B * P, generator=torch.Generator().manual_seed(seed + PAGES_SEED_OFFSET))
-    table = order.view(B, P).to(device=k.device, dtype=torch.int32)  # (B, P)
+    table = page_order(B, Skv, seed, page_tokens).to(device=k.device)  # (B, P)
     pools = []
     for t in (k, v):
         pages = t.new_zeros(B, P * page_tokens, Hkv, D)

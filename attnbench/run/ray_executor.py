@@ -470,6 +470,7 @@ def measure_devices(
             proxy.settings,
             matmul_tflops=ceilings["matmul_tflops"],
             copy_gb_s=ceilings["copy_gb_s"],
+            ceilings_contended=ceilings.get("contended", False),
         )
     return devices
 
@@ -485,6 +486,7 @@ def _best(a: dict | None, b: dict) -> dict:
         d: max(a["matmul_tflops"].get(d, 0.0), t) for d, t in b["matmul_tflops"].items()
     }
     out["copy_gb_s"] = max(a["copy_gb_s"], b["copy_gb_s"])
+    out["contended"] = a.get("contended", False) and b.get("contended", False)
     return out
 
 

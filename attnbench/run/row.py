@@ -9,6 +9,7 @@ import gc
 import math
 import re
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -19,7 +20,7 @@ from attnbench.case import MODE_FLOP_FACTOR, Case
 from attnbench.impls.xformers_kernels import borrowed_note
 from attnbench.measure import accuracy
 from attnbench.measure.clocks import ClockSampler
-from attnbench.measure.compiling import compile_events
+from attnbench.measure.compiling import compile_events, isolate
 from attnbench.measure.memory import MemoryUnavailable, peak_mem_mib
 from attnbench.measure.profiling import cross_check_due, mismatch_note, profile_fn
 from attnbench.measure.timing import NOISY_SPREAD, PAGE_FAULTS_FLAG, TimerConfig, time_fn
@@ -27,7 +28,12 @@ from attnbench.registry import Impl, Unsupported
 from attnbench.run.call import BadOutput, Call
 from attnbench.run.inputs import Inputs, make_inputs
 from attnbench.run.layer import layer_reference
+from attnbench.store.rundir import ERRORS_FILE
 from attnbench.store.schema import COLUMNS
+
+REASON_CHARS = 500  # a failed row's reason keeps about this much of its error
+# bound: an intensity within this factor of the ridge point is "balanced" (docs/method.md)
+RIDGE_BAND = 2.0
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,7 @@ class Settings:
     timer: TimerConfig = TimerConfig()
     matmul_tflops: dict = field(default_factory=dict)  # dtype -> measured ceiling (pct_peak)
     copy_gb_s: float | None = None  # the measured copy bandwidth (pct_peak of memory-bound rows)
+    ceilings_contended: bool = False  # the ceilings waited for the CPU: no bound (roofline)
     profile: tuple[str, ...] | None = None  # None: off; (): every pair; else all must match
     traces_dir: Path | None = None  # where --profile writes one Chrome trace per pair
     malloc_tunables: bool = True  # CPU: keep the heap between timed calls (measure/allocator.py)
@@ -50,6 +57,7 @@ class Measured(NamedTuple):
     row: dict
     times: list[float]  # the timing samples, ms
     kernels: list[dict]  # with --profile: the kernel (GPU) or op (CPU) table of the pair
+    error: str | None = None  # the full error (traceback) when the reason had to cut it short
 
 
 def base_row(impl: Impl, case: Case) -> dict:
@@ -151,6 +159,8 @@ def measure(
         return failed(impl, case, "unsupported", "; ".join(reasons))
     notes = []
     try:
+        if impl.compiled:
+            isolate(impl.name)
         call = Call.prepare(impl, case, inputs)
         compiles = compile_events()
         (out, grads), first_ms = _once(call.check, case.device_type)
@@ -162,7 +172,7 @@ def measure(
         elif impl.compiled:
             row["compile_ms"] = 0.0
             notes.append(
-                "compile_ms 0: the first call compiled nothing (it reused code "
+                "compile_ms 0: the first call compiled nothing (it reused code it "
                 "compiled for an earlier row)"
             )
         row["backend"] = _backend(impl, call, case)
@@ -189,6 +199,11 @@ def measure(
                     f"allocator handed memory back to the OS between calls, so time_ms "
                     f"includes paging it back in and may move between identical runs"
                 )
+        if timing.contention is not None:
+            row["cpu_share"] = timing.contention.cpu_share
+            row["contended"] = timing.contention.contended
+            if row["contended"]:
+                notes.append(timing.contention.note())
         flops = case.flops(
             None if inputs.mask.kv_lens is None else inputs.mask.kv_lens.tolist(),
             inputs.mask.pattern,
@@ -222,7 +237,8 @@ def measure(
     except Exception as exc:  # noqa: BLE001 - an impl's failure is a row, never a crash
         if _is_cpu_oom(exc):
             return failed(impl, case, "oom", _oom_reason(case, exc))
-        return failed(impl, case, "error", f"{type(exc).__name__}: {one_line(exc)}")
+        reason, full = error_reason(exc)
+        return failed(impl, case, "error", reason)._replace(error=full)
     finally:
         call = None
         release(case)
@@ -231,7 +247,12 @@ def measure(
 def roofline(row: dict, case: Case, settings: Settings, notes: list[str]) -> dict:
     """pct_peak and bound: the row against the roof its arithmetic intensity meets. The roof
     is min(matmul rate, intensity x copy bandwidth), so the percentage of it is the larger of
-    tflops / matmul rate and gbps / copy bandwidth (whichever ceilings were measured)."""
+    tflops / matmul rate and gbps / copy bandwidth (whichever ceilings were measured).
+
+    ``bound`` names a roof only where the intensity is RIDGE_BAND or more away from the ridge
+    point (matmul rate / bandwidth): a ceiling measured up to that factor off cannot flip the
+    label. Within the band it is ``balanced``; with ceilings measured while the process waited
+    for the CPU (``ceilings_contended``, any factor off) it is blank."""
     peak_tflops = settings.matmul_tflops.get(case.dtype)
     shares = {
         "compute": row["tflops"] / peak_tflops if peak_tflops else None,
@@ -241,9 +262,14 @@ def roofline(row: dict, case: Case, settings: Settings, notes: list[str]) -> dic
     if not measured:
         return {}
     out = {"pct_peak": 100 * max(measured.values())}
-    if len(measured) == 2:  # the ridge point: matmul rate / bandwidth, in FLOP per byte
-        ridge = peak_tflops * 1e12 / (settings.copy_gb_s * 1e9)
-        out["bound"] = "memory" if row["flops"] / case.bytes_moved() < ridge else "compute"
+    if len(measured) == 2 and not settings.ceilings_contended:
+        ridge = peak_tflops * 1e12 / (settings.copy_gb_s * 1e9)  # FLOP per byte
+        intensity = row["flops"] / case.bytes_moved()
+        out["bound"] = "balanced"
+        if intensity * RIDGE_BAND <= ridge:
+            out["bound"] = "memory"
+        elif intensity >= ridge * RIDGE_BAND:
+            out["bound"] = "compute"
     if out["pct_peak"] > 100:
         notes.append(
             f"pct_peak {out['pct_peak']:.0f}% is above the measured ceilings: they were "
@@ -423,6 +449,22 @@ def _legacy_accuracy(case: Case, got: list[torch.Tensor], truth: Truth, notes: l
         "err_bound": None if i is None else bounds[i][0],
         "agrees": not wrong,
     }
+
+
+def error_reason(exc: BaseException) -> tuple[str, str | None]:
+    """A failed row's reason, one line: the error's type and message, and when that is longer
+    than REASON_CHARS its start and its end (where compilers print the error, after their
+    command line) naming the run's errors log; then also the full error with its traceback,
+    for the log."""
+    text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    if len(text) <= REASON_CHARS:
+        return text, None
+    half = REASON_CHARS // 2
+    short = (
+        f"{text[:half]} [...] {text[-half:]} (cut short: the full error is in {ERRORS_FILE} "
+        f"in the run folder)"
+    )
+    return short, "".join(traceback.format_exception(exc))
 
 
 def one_line(exc: BaseException) -> str:

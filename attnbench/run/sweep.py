@@ -5,10 +5,13 @@ length, so that an impl that runs out of memory at one length is not tried at la
 the same family. Families go to the executors (one, or one per device), the costliest first
 when there are several, and a family is never split: one executor runs it whole, so a scaling
 series comes from one device. This process alone writes the rows, each flushed and fsynced as
-soon as it exists, and stamps each with the ``host`` and ``device_name`` that ran it."""
+soon as it exists, and stamps each with the ``host`` and ``device_name`` that ran it. It also
+writes each case's drawn data to the draws file before the case's first row, and a failed
+row's full error to the errors log when its reason had to be cut short (store/rundir.py)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -21,9 +24,11 @@ from attnbench.case import Case
 from attnbench.registry import Impl
 from attnbench.run import heap
 from attnbench.run.executors import Executor
+from attnbench.run.inputs import draws
 from attnbench.run.row import Measured, base_row, failed, release
 from attnbench.store.env import device_name
 from attnbench.store.results import kernels_writer, row_key, row_writer, samples_writer
+from attnbench.store.rundir import DRAWS_FILE, ERRORS_FILE, append_line, read_draws
 
 Family = list[tuple[Case, list[Impl]]]  # (case, the impls still to run on it), by length
 
@@ -120,6 +125,7 @@ def _lane(executor: Executor, work: _Work, writer: _Writer, stop: threading.Even
         for case, case_impls in family:
             if stop.is_set():
                 return
+            writer.draws(case, case_impls)
             executor.prepare(case, case_impls)
             for impl in case_impls:
                 if stop.is_set():
@@ -169,12 +175,29 @@ class _Writer:
         self._out = row_writer(self.run_dir)
         self._samples = samples_writer(self.run_dir)
         self._kernels = kernels_writer(self.run_dir)
+        self._drawn = set(read_draws(self.run_dir))  # a resumed run's cases keep theirs
         return self
 
+    def draws(self, case: Case, impls: list[Impl]) -> None:
+        """The case's drawn data to the draws file, once per case (before its first row)."""
+        if case.label() in self._drawn:
+            return
+        paged = any(i.paged and not i.reasons(case) for i in impls)
+        record = draws(case, self.seed, paged=paged)
+        with self._lock:
+            if record is not None and case.label() not in self._drawn:
+                append_line(self.run_dir / DRAWS_FILE, json.dumps(record) + "\n")
+            self._drawn.add(case.label())
+
     def write(self, measured: Measured, label: str) -> None:
-        row, times, kernels = measured
+        row, times, kernels = measured.row, measured.times, measured.kernels
         row.update(run_id=self.run_id, seed=self.seed)
         with self._lock:
+            if measured.error:  # before the row, which names the file
+                append_line(
+                    self.run_dir / ERRORS_FILE,
+                    f"== {label} ({row['status']}) ==\n{measured.error.rstrip()}\n\n",
+                )
             self._samples.write([{**row, "sample": i, "time_ms": t} for i, t in enumerate(times)])
             self._kernels.write([{**row, **k} for k in kernels])
             self._out.write(row)

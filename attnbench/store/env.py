@@ -34,30 +34,44 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _git(*args: str) -> str | None:
+REPO = Path(__file__).resolve().parent.parent.parent  # the checkout attnbench runs from
+# a run's outputs (the default --results-dir and --reports-dir): regenerating a committed run
+# rewrites them, which is not a change to the code that ran
+OUTPUT_DIRS = ("results", "reports")
+DIRTY_FILES_SHOWN = 20
+
+
+def _git(*args: str, cwd: Path = REPO) -> str | None:
     try:
-        out = subprocess.run(
-            ["git", *args],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            cwd=Path(__file__).resolve().parent.parent,
-        )
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, cwd=cwd)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    return out.stdout.rstrip() if out.returncode == 0 else None
 
 
-def git_state() -> tuple[str | None, bool | None]:
-    """(commit, uncommitted changes) of the checkout; in a copy without ``.git`` (a GPU
-    machine's copy of the working tree) from ATTNBENCH_GIT_SHA and ATTNBENCH_GIT_DIRTY, which
-    scripts/gpu_check.sh sets from the stamp that scripts/lease_stamp.sh wrote beside it."""
-    sha = _git("rev-parse", "HEAD")
-    if sha is not None:
-        status = _git("status", "--porcelain", "--untracked-files=no")
-        return sha, None if status is None else bool(status)
-    dirty = os.environ.get("ATTNBENCH_GIT_DIRTY")
-    return os.environ.get("ATTNBENCH_GIT_SHA") or None, None if dirty is None else dirty == "1"
+def git_state(root: Path = REPO) -> dict:
+    """The commit that ran and whether the checkout differs from it: tracked files changed,
+    added or deleted, and files git does not ignore or track (a drop-in impl, say), outside
+    OUTPUT_DIRS; None for each where ``root`` is not a git checkout. ``git_dirty_files``
+    names the first DIRTY_FILES_SHOWN."""
+    excluded = [f":(exclude){d}" for d in OUTPUT_DIRS]
+    status = _git("status", "--porcelain", "--untracked-files=all", "--", ".", *excluded, cwd=root)
+    files = None if status is None else [line[3:] for line in status.splitlines() if line]
+    sha = _git("rev-parse", "HEAD", cwd=root)
+    if sha is None and os.environ.get("ATTNBENCH_GIT_SHA"):
+        # a copy without .git (a GPU machine's copy of the working tree): the stamp that
+        # scripts/lease_stamp.sh wrote beside it, exported by scripts/gpu_check.sh
+        dirty = os.environ.get("ATTNBENCH_GIT_DIRTY")
+        return {
+            "git_sha": os.environ["ATTNBENCH_GIT_SHA"],
+            "git_dirty": None if dirty is None else dirty == "1",
+            "git_dirty_files": None,
+        }
+    return {
+        "git_sha": sha,
+        "git_dirty": None if files is None else bool(files),
+        "git_dirty_files": None if files is None else files[:DIRTY_FILES_SHOWN],
+    }
 
 
 def collect_env(argv: list[str], seed: int, device: str) -> dict:
@@ -65,7 +79,6 @@ def collect_env(argv: list[str], seed: int, device: str) -> dict:
 
     cuda = torch.cuda.is_available() and device.startswith("cuda")
     props = torch.cuda.get_device_properties(device) if cuda else None
-    sha, dirty = git_state()
     return {
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join(argv),
@@ -90,8 +103,7 @@ def collect_env(argv: list[str], seed: int, device: str) -> dict:
         "triton": _version("triton"),
         "xformers": _version("xformers"),
         "xformers_kernels": xformers_kernels() if _version("xformers") else None,
-        "git_sha": sha,
-        "git_dirty": dirty,
+        **git_state(),
     }
 
 

@@ -1,9 +1,11 @@
-"""The run folder: its id and path, grid.json (what it sweeps, checked on resume), and loading
-results.csv + env.json for reporting, with errors that say how to fix the input."""
+"""The run folder: its id and path, grid.json (what it sweeps, checked on resume), the draws
+file (what each case drew from the seed) and the errors log (failed rows' full errors), and
+loading results.csv + env.json for reporting, with errors that say how to fix the input."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -52,6 +54,40 @@ def load_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
                 f"without environment details"
             ) from exc
     return df, env
+
+
+DRAWS_FILE = "draws.jsonl"  # one JSON line per case that draws data (run/inputs.py draws)
+ERRORS_FILE = "errors.log"  # the full error of each row whose reason had to be cut short
+
+
+def append_line(path: Path, text: str) -> None:
+    """``text`` (ending in a newline) appended to ``path``, flushed and fsynced; after a
+    torn last line (a killed write) on a line of its own."""
+    data = text.encode("utf-8")
+    with open(path, "a+b") as f:
+        if f.tell() > 0:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                data = b"\n" + data
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_draws(run_dir: Path) -> dict[str, dict]:
+    """The draws file of a run: case label -> its record (the last one, if written twice);
+    empty when the run drew nothing. A torn last line (a killed write) is skipped."""
+    path = Path(run_dir) / DRAWS_FILE
+    if not path.is_file():
+        return {}
+    out = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        out[record["case"]] = record
+    return out
 
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

@@ -55,6 +55,18 @@ COLUMNS: dict[str, tuple[str, str]] = {
         "CPU: minor page faults per timed call (getrusage); above zero means the allocator "
         "handed memory back to the OS between calls, and reason says so; blank on CUDA",
     ),
+    "cpu_share": (
+        "Float64",
+        "CPU: the process's CPU time over the timed loop / (wall time x torch threads); 1 / "
+        "threads (one busy thread) to 1 (all busy) on an idle machine, less when it waited "
+        "for a CPU; blank on CUDA (docs/method.md: contention)",
+    ),
+    "contended": (
+        "boolean",
+        "CPU: the timed threads waited for a CPU (run-queue delay over 10% of their time; "
+        "without it, cpu_share x threads under 0.8): another process was using the CPU, so "
+        "time_ms is inflated, and reason says so; blank on CUDA",
+    ),
     "seed": ("Int64", "seed of the inputs"),
     "mask": (
         "string",
@@ -108,7 +120,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "bound": (
         "string",
         "the ceiling that bounds the row by its arithmetic intensity (flops per byte moved): "
-        "compute (matmul rate) or memory (copy bandwidth); blank without measured ceilings",
+        "compute (matmul rate) or memory (copy bandwidth) where the intensity is 2x or more "
+        "above or below the ridge point, balanced within 2x of it; blank without measured "
+        "ceilings or when every try at them waited for the CPU (env.json ceilings.contended)",
     ),
     "profiler_ms": (
         "Float64",
@@ -147,6 +161,8 @@ METRICS = (  # blank in every row that is not ok
     "err_bound",
     "max_abs_bound",
     "page_faults",
+    "cpu_share",
+    "contended",
     "backend",
     "compile_ms",
     "recompiled",

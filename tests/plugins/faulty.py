@@ -46,3 +46,10 @@ def f_abort(q, k, v, *, causal, scale):
 @register("f_hang")
 def f_hang(q, k, v, *, causal, scale):
     time.sleep(3600)
+
+
+@register("f_long")
+def f_long(q, k, v, *, causal, scale):
+    """Fails as a compiler does: a long command line first, the error itself at the end."""
+    command = "g++ " + " ".join(f"-I/very/long/include/path/number/{i}" for i in range(60))
+    raise RuntimeError(f"C++ compile error\n\nCommand:\n{command}\n\nOutput:\nerror: planted_x")

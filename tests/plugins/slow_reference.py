@@ -1,6 +1,8 @@
-"""A correct impl, and a float64 reference made slow (4 s per case) in the worker that loads
-this plugin: a row's --timeout must not count the reference, which is made before the row."""
+"""A correct impl, and a float64 reference made slow (ATTNBENCH_REFERENCE_SLEEP_S seconds per
+case, default 4) in the worker that loads this plugin: a row's --timeout must not count the
+reference, which is made before the row."""
 
+import os
 import time
 
 import torch
@@ -12,7 +14,7 @@ _ground_truth = row.ground_truth
 
 
 def _slow_ground_truth(case, inputs):
-    time.sleep(4)
+    time.sleep(float(os.environ.get("ATTNBENCH_REFERENCE_SLEEP_S", "4")))
     return _ground_truth(case, inputs)
 
 
