@@ -107,6 +107,8 @@ def build_parser(command: str = "sweep") -> argparse.ArgumentParser:
                 const="false",
                 help=TOGGLES[name],
             )
+        elif name == "cuda_graph":
+            p.add_argument("--cuda-graph", action="store_const", const="true", help=opt.help)
         elif name == "malloc_tunables":
             p.add_argument("--malloc-tunables", action="store_const", const="true", help=opt.help)
             p.add_argument(
@@ -247,6 +249,11 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
     opts = resolve_options(args)
     executor = _check_executor(opts)
     device = _device(opts.get("device"), local=executor == "local")
+    if opts.get("cuda_graph") and not device.startswith("cuda"):
+        raise UsageError(
+            f"--cuda-graph replays CUDA graphs, but the device is {device}; use --device cuda "
+            f"or leave --cuda-graph out"
+        )
     plugins = opts.get("plugin", [])
     for text in plugins:
         registry.plugin_source(text)  # a missing plugin is bad input, before any work
@@ -305,7 +312,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
 
     isolate = opts.get("isolate", True) or "timeout" in opts
     settings = Settings(
-        timer=TimerConfig(rep_ms=spec.rep_ms[0]),
+        timer=TimerConfig(rep_ms=spec.rep_ms[0], cuda_graph=opts.get("cuda_graph", False)),
         profile=opts.get("profile"),
         traces_dir=run_dir / "traces",
         malloc_tunables=opts.get("malloc_tunables", True),

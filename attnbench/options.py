@@ -203,6 +203,11 @@ OPTIONS: dict[str, Option] = {
         "CPU: keep glibc from handing the heap back to the OS between timed calls "
         "(GLIBC_TUNABLES in workers, mallopt in process; default: true)",
     ),
+    "cuda_graph": Option(
+        _bool,
+        "CUDA: time each row by replaying a CUDA graph of its timed call, without the host's "
+        "launch cost (short kernels: decode); mode fwd only (default: false)",
+    ),
     "threads": Option(
         _positive_int,
         "CPU threads torch may use (default: torch's choice; with --executor ray on the CPU, "
