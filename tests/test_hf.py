@@ -119,3 +119,43 @@ def test_a_sweep_puts_transformers_next_to_naive_and_sdpa(tmp_path):
     rest = df[~flex_bwd]
     assert (rest["status"] == "ok").all(), rest[rest["status"] != "ok"][["impl", "reason"]]
     assert rest["agrees"].all()
+
+
+def test_recommendations_name_the_attn_implementation_from_the_hf_rows():
+    from synth import ok_row
+
+    from attnbench.report.analysis import recommendations
+
+    def llama(seq_kv):
+        return Case(1, 32, 8, 1, seq_kv, 128, causal=True, causal_align="bottom_right",
+                    model="llama3-8b", phase="decode")  # fmt: skip
+
+    rows = []
+    for seq_kv, (eager, sdpa, flex) in zip((1024, 2048, 4096), ((3, 2, 9), (5, 4, 1), (9, 6, 8))):
+        c = llama(seq_kv)
+        rows += [ok_row("r", "hf_eager", c, eager, 1), ok_row("r", "hf_sdpa", c, sdpa, 1)]
+        rows += [ok_row("r", "hf_flex", c, flex, 1), ok_row("r", "sdpa", c, 0.5, 1)]
+    rec = recommendations(pd.DataFrame(rows))
+    assert rec.loc[0, "impl"] == "sdpa" and rec.loc[0, "wins"] == 3  # the fastest of all
+    # among transformers' functions: sdpa wins 2 of 3, flex_attention 1
+    assert rec.loc[0, "attn_implementation"] == "sdpa" and rec.loc[0, "attn_wins"] == 2
+    without = recommendations(pd.DataFrame([r for r in rows if not r["impl"].startswith("hf")]))
+    assert without["attn_implementation"].isna().all()
+
+
+@pytest.mark.slow
+def test_a_llama_report_names_the_attn_implementation_to_use(tmp_path):
+    argv = ["sweep", "--model", "llama3-8b", "--phase", "prefill,decode", "--heads", "4"]
+    argv += ["--kv-heads", "2", "--head-dim", "16", "--seq-len", "64", "--seq-len-kv", "128"]
+    argv += ["--batch", "1", "--impls", "sdpa,hf_eager,hf_sdpa", "--rep-ms", "2"]
+    argv += ["--no-isolate", "--no-progress", "--run-id", "llama"]
+    argv += ["--results-dir", str(tmp_path / "results"), "--reports-dir", str(tmp_path / "rep")]
+    assert main(argv) == 0
+    df = pd.read_csv(tmp_path / "results" / "llama" / "results.csv")
+    assert (df["status"] == "ok").all() and df["agrees"].all()
+    report = (tmp_path / "rep" / "llama" / "report.md").read_text()
+    section = report.split("## Recommendations")[1].split("\n## ")[0]
+    assert "the `attn_implementation` to set" in section
+    for phase in ("prefill", "decode"):
+        line = next(x for x in section.splitlines() if x.startswith(f"| llama3-8b | {phase} |"))
+        assert "`eager` (" in line or "`sdpa` (" in line, line
