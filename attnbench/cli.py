@@ -618,6 +618,7 @@ def list_impls(impls: dict, device: str) -> str:
             "masks": ",".join(impl.masks),
             "bottom_right": "y" if "bottom_right" in impl.causal_align else "n",
             "paged": "y" if impl.paged else "",
+            "sm": "" if impl.sm is None else f"{impl.sm[0]}-{impl.sm[1] or ''}",
             "source": impl.source,
             "note": impl.unavailable
             or ("" if device in impl.devices else f"not on {device}; ") + impl.description,
