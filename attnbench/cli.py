@@ -1,4 +1,4 @@
-"""The command line: ``attnbench sweep | race | list | report | compare``.
+"""The command line: ``attnbench sweep | race | list | report | compare | fidelity | repro``.
 
 Every option (flag or sweep-file field) is checked before any work starts; bad input gets one
 line on stderr naming the value and what is allowed, exit code 2, and nothing written (see
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import math
 import os
 import sys
@@ -27,19 +28,20 @@ from attnbench.errors import UsageError
 from attnbench.measure import allocator, ceilings
 from attnbench.measure.timing import TimerConfig
 from attnbench.models import models_table
-from attnbench.options import OPTIONS, flag, load_config, parse_value
+from attnbench.options import OPTIONS, as_text, flag, load_config, parse_value
 from attnbench.run.executors import InProcess, Subprocess
 from attnbench.run.row import Settings
 from attnbench.run.sweep import run_sweep
 from attnbench.spec import Spec
 from attnbench.store.atomic import write_json_atomic
 from attnbench.store.env import collect_env, device_env, device_name
+from attnbench.store.repro import MEASURE_OPTIONS, repro_command
 from attnbench.store.results import done_keys, read_results
 from attnbench.store.rundir import GRID_FILE, load_run, run_folder
 from attnbench.store.schema import CASE_KEY
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
-COMMANDS = ("sweep", "race", "list", "report", "compare", "fidelity")
+COMMANDS = ("sweep", "race", "list", "report", "compare", "fidelity", "repro")
 TOGGLES = {  # boolean options with a --no- flag: the help of the --no- flag
     "isolate": "run impls in this process",
     "group_by_device_name": "let a device of any kind continue a family started on another",
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             "report": report,
             "compare": compare,
             "fidelity": fidelity,
+            "repro": repro,
         }[command](rest)
     except UsageError as exc:
         print(f"attnbench {command}: error: {exc}", file=sys.stderr)
@@ -107,6 +110,8 @@ def build_parser(command: str = "sweep") -> argparse.ArgumentParser:
                 const="false",
                 help=TOGGLES[name],
             )
+        elif name == "cuda_graph":
+            p.add_argument("--cuda-graph", action="store_const", const="true", help=opt.help)
         elif name == "malloc_tunables":
             p.add_argument("--malloc-tunables", action="store_const", const="true", help=opt.help)
             p.add_argument(
@@ -260,6 +265,11 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
     opts = resolve_options(args)
     executor = _check_executor(opts)
     device = _device(opts.get("device"), local=executor == "local" and not args.plan)
+    if opts.get("cuda_graph") and not device.startswith("cuda"):
+        raise UsageError(
+            f"--cuda-graph replays CUDA graphs, but the device is {device}; use --device cuda "
+            f"or leave --cuda-graph out"
+        )
     plugins = opts.get("plugin", [])
     for text in plugins:
         registry.plugin_source(text)  # a missing plugin is bad input, before any work
@@ -322,7 +332,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
 
     isolate = opts.get("isolate", True) or "timeout" in opts
     settings = Settings(
-        timer=TimerConfig(rep_ms=spec.rep_ms[0]),
+        timer=TimerConfig(rep_ms=spec.rep_ms[0], cuda_graph=opts.get("cuda_graph", False)),
         profile=opts.get("profile"),
         traces_dir=run_dir / "traces",
         malloc_tunables=opts.get("malloc_tunables", True),
@@ -370,6 +380,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         i.name: {"source": i.source, "baseline": i.baseline, "color": i.color} for i in selected
     }
     env["baseline"] = registry.baseline(selected)
+    env["options"] = {k: as_text(opts[k]) for k in MEASURE_OPTIONS if k in opts}  # repro
     env["malloc"] = allocator.describe(settings.malloc_tunables, isolate)
     if executor == "ray":  # each actor measures its own device; the driver's is one of them
         env["devices"] = ray_executor.measure_devices(executors, dtypes, device, quick)
@@ -539,6 +550,30 @@ def fidelity(argv: list[str]) -> int:
     return EXIT_OK
 
 
+def repro(argv: list[str]) -> int:
+    p = _Parser(
+        prog="attnbench repro",
+        description="Print the one-row command (impl, case, plugin, seed and measuring "
+        "options) that measures a row of a run again.",
+    )
+    p.add_argument("run_dir", type=Path, help="a sweep's run folder, e.g. results/<run-id>")
+    p.add_argument("row", type=int, help="the row's position in results.csv (0: the first)")
+    args = p.parse_args(argv)
+    df, env = load_run(args.run_dir)
+    if not 0 <= args.row < len(df):
+        raise UsageError(
+            f"row {args.row}: {args.run_dir / 'results.csv'} has rows 0 to {len(df) - 1}"
+            if len(df)
+            else f"row {args.row}: {args.run_dir / 'results.csv'} has no rows"
+        )
+    try:
+        grid = json.loads((args.run_dir / GRID_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        grid = {}  # the preset and rep_ms then come from the defaults
+    print(repro_command(df.iloc[args.row], env, grid))
+    return EXIT_OK
+
+
 def _percent(text: str) -> float:
     try:
         value = float(text)
@@ -605,6 +640,7 @@ def list_impls(impls: dict, device: str) -> str:
             "masks": ",".join(impl.masks),
             "bottom_right": "y" if "bottom_right" in impl.causal_align else "n",
             "paged": "y" if impl.paged else "",
+            "sm": "" if impl.sm is None else f"{impl.sm[0]}-{impl.sm[1] or ''}",
             "source": impl.source,
             "note": impl.unavailable
             or ("" if device in impl.devices else f"not on {device}; ") + impl.description,

@@ -16,6 +16,15 @@ import pandas as pd
 
 from attnbench.case import CaseError
 
+# transformers' attn_implementation values (what a model user sets), by the attnbench impl that
+# runs that attention function the way a model calls it (impls/hf.py)
+ATTN_IMPLEMENTATIONS = {
+    "hf_eager": "eager",
+    "hf_sdpa": "sdpa",
+    "hf_flex": "flex_attention",
+    "hf_flash2": "flash_attention_2",
+}
+
 
 @dataclass(frozen=True)
 class Model:

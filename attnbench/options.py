@@ -203,6 +203,11 @@ OPTIONS: dict[str, Option] = {
         "CPU: keep glibc from handing the heap back to the OS between timed calls "
         "(GLIBC_TUNABLES in workers, mallopt in process; default: true)",
     ),
+    "cuda_graph": Option(
+        _bool,
+        "CUDA: time each row by replaying a CUDA graph of its timed call, without the host's "
+        "launch cost (short kernels: decode); mode fwd only (default: false)",
+    ),
     "threads": Option(
         _positive_int,
         "CPU threads torch may use (default: torch's choice; with --executor ray on the CPU, "
@@ -248,11 +253,11 @@ def parse_value(name: str, text: str, where: str) -> Any:
         raise UsageError(f"{where} {text!r}: {exc}") from None
 
 
-def _as_text(value: Any) -> str:
+def as_text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):
-        return ",".join(_as_text(v) for v in value)
+        return ",".join(as_text(v) for v in value)
     if isinstance(value, (int, float, str)):
         return str(value)
     raise ValueError(f"{value!r} is not a number, string, boolean or list of them")
@@ -276,7 +281,7 @@ def load_config(path: Path) -> dict[str, Any]:
                 f"--config {path}: unknown field {key!r}{did} (allowed: {', '.join(OPTIONS)})"
             )
         try:
-            text = _as_text(value)
+            text = as_text(value)
         except ValueError as exc:
             raise UsageError(f"--config {path}: {key}: {exc}") from None
         out[key] = parse_value(key, text, f"--config {path}: {key} =")

@@ -8,7 +8,8 @@ called with ``mask=`` (a masks.Mask, whose ``align`` says where the diagonal sit
 never see it. An impl that declares ``paged=True`` gets its k and v as a paged KV cache:
 pools (pages, page_tokens, Hkv, D), ``block_table=`` (B, pages per sequence) int32 and
 ``seq_kv=`` (the keys per sequence; the last page's tail beyond it is padding), as
-paged-attention servers keep them (run/inputs.py ``paged``).
+paged-attention servers keep them (run/inputs.py ``paged``; 128-token pages unless the impl
+declares ``page_tokens``).
 
 Impls come from four places: the built-ins (the package ``attnbench.impls``, shipped in the
 wheel), every module in a drop-in ``impls/`` folder (the checkout's, and the working folder's),
@@ -28,6 +29,8 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import torch
 
 from attnbench.case import DEVICES, DTYPES, Case, CaseError
 from attnbench.errors import AttnbenchError, UsageError
@@ -63,6 +66,10 @@ class Impl:
     masks: tuple[str, ...] = ("none",)  # masks.MASKS it supports (combined with causal)
     causal_align: tuple[str, ...] = ("top_left",)  # masks.ALIGNS it supports
     paged: bool = False  # takes k, v as a paged KV cache (pools + block_table)
+    page_tokens: int | None = None  # tokens per page of its paged cache; None: inputs.PAGE_TOKENS
+    # CUDA compute capabilities it runs on, as major * 10 + minor (90: Hopper): (lowest,
+    # highest), highest None for no upper limit; None: any
+    sm: tuple[int, int | None] | None = None
     # the SDPA backend it runs: a fixed name, or a function (call, device_type) -> name|None
     # that finds out (one extra untimed call); None: not an SDPA impl
     backend: str | Callable | None = field(default=None, repr=False)
@@ -119,9 +126,25 @@ class Impl:
             out.append(f"level={case.level} (supported: op; a paged KV cache is an op input)")
         if self.paged and case.backward and self.backward:
             out.append(f"mode={case.mode} (supported: fwd; a paged KV cache is read-only)")
+        out.extend(self._sm_reasons(case))
         if not out and self.check is not None:
             out.extend(self.check(case))
         return out
+
+    def _sm_reasons(self, case: Case) -> list[str]:
+        """The GPU's compute capability against ``sm`` (only where CUDA is visible)."""
+        if self.sm is None or case.device_type != "cuda" or not _cuda_visible():
+            return []
+        major, minor = torch.cuda.get_device_capability(case.device)
+        have, (low, high) = major * 10 + minor, self.sm
+        if have >= low and (high is None or have <= high):
+            return []
+        span = f"sm_{low} to sm_{high}" if high is not None else f"sm_{low} and newer"
+        return [f"compute_capability=sm_{have} (supported: {span})"]
+
+
+def _cuda_visible() -> bool:
+    return torch.cuda.is_available()
 
 
 _IMPLS: dict[str, Impl] = {}
@@ -143,11 +166,14 @@ def register(
     masks: Iterable[str] = ("none",),
     causal_align: Iterable[str] = ("top_left",),
     paged: bool = False,
+    page_tokens: int | None = None,
+    sm: tuple[int, int | None] | None = None,
     backend: str | Callable | None = None,
     compiled: bool = False,
     baseline: bool = False,
     color: str | None = None,
     requires: dict[str, str] | None = None,
+    unavailable: str | None = None,
     check: Callable[[Case], list[str]] | None = None,
     description: str = "",
     work: Callable | None = None,
@@ -156,14 +182,17 @@ def register(
 
     ``masks``: the masks.MASKS it supports; "none" (no mask beyond causal) is implied. An impl
     declaring more, or ``causal_align`` with "bottom_right", is called with ``mask=`` (a
-    masks.Mask). ``paged``: it takes k and v as a paged KV cache (see the module's doc).
+    masks.Mask). ``paged``: it takes k and v as a paged KV cache (see the module's doc), with
+    pages of ``page_tokens`` tokens (default run/inputs.py PAGE_TOKENS). ``sm``: the CUDA
+    compute capabilities it runs on, (lowest, highest or None), as major * 10 + minor.
     ``backend``: the SDPA backend it forces, or a function ``(call, device_type) -> name``
     that detects it. ``compiled``: it uses torch.compile (its first call's compile time goes
     to compile_ms). ``baseline``: the impl that speedups are relative to (the run records
     it). ``color``: its colour in plots.
 
     ``requires`` maps importable module names to the command that installs them; if one is
-    missing the impl is registered as unavailable with that command in its reason.
+    missing the impl is registered as unavailable with that command in its reason;
+    ``unavailable`` is another reason it cannot run at all (e.g. an installed version too old).
     ``check(case) -> list[str]`` adds reasons that only the impl itself can know.
     ``work(case, mask) -> int | None``: the (query, key) pairs the impl's computation covers,
     masked ones included (per head, summed over the batch), from its tiling or call shapes;
@@ -172,12 +201,8 @@ def register(
 
     def decorate(fn: Callable) -> Callable:
         missing = [(mod, cmd) for mod, cmd in (requires or {}).items() if not _importable(mod)]
-        unavailable = (
-            "; ".join(
-                f"needs {mod}, which is not installed (install: {cmd})" for mod, cmd in missing
-            )
-            or None
-        )
+        why = [f"needs {mod}, which is not installed (install: {cmd})" for mod, cmd in missing]
+        why += [unavailable] if unavailable and not missing else []
         add(
             Impl(
                 name=name,
@@ -195,13 +220,15 @@ def register(
                     dict.fromkeys(("top_left", *_valid(name, "causal_align", causal_align, ALIGNS)))
                 ),
                 paged=paged,
+                page_tokens=page_tokens,
+                sm=sm,
                 backend=backend,
                 compiled=compiled,
                 baseline=baseline,
                 color=color,
                 description=description or (fn.__doc__ or "").strip().split("\n")[0],
                 source=_current_source,
-                unavailable=unavailable,
+                unavailable="; ".join(why) or None,
                 check=check,
                 work=work,
             )

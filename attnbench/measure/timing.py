@@ -15,6 +15,7 @@ import torch
 import torch.utils.benchmark as tbench
 
 from attnbench.measure import contention
+from attnbench.measure import cuda_graph
 from attnbench.measure.allocator import minor_faults
 
 L2_FLUSH_BYTES = 256 * 2**20  # larger than any GPU's L2 today, as do_bench uses
@@ -60,11 +61,14 @@ class TimerConfig:
     rep_ms: float = 100.0  # time spent measuring (CPU: blocked_autorange's min_run_time)
     min_samples: int = 5  # slow calls still get this many samples
     max_samples: int = 200  # fast calls get at most this many samples
+    cuda_graph: bool = False  # CUDA: time replays of a CUDA graph of fn (measure/cuda_graph.py)
 
 
 def time_fn(fn: Callable[[], object], device_type: str, cfg: TimerConfig = TimerConfig()) -> Timing:
     if device_type == "cuda":
-        return _time_cuda(fn, cfg)
+        return _time_cuda(cuda_graph.capture(fn) if cfg.cuda_graph else fn, cfg)
+    if cfg.cuda_graph:
+        raise ValueError("CUDA-graph timing needs a CUDA device")
     return _time_cpu(fn, cfg)
 
 

@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.case import MODES, Case, CaseError
+from attnbench.models import ATTN_IMPLEMENTATIONS
 from attnbench.store.schema import CASE_KEY
 
 SEQ_COLUMNS = ("seq_q", "seq_kv")
@@ -414,7 +415,12 @@ def recommendations(df: pd.DataFrame) -> pd.DataFrame:
     """Per (model, phase) of the rows from model presets: the impl that is fastest (and
     agrees with the reference) in the most cases, its wins, its median margin over the
     runner-up and median peak memory in the cases it won, and every other impl that was
-    not ok or disagreed somewhere, with why. Ties in wins go to the lower median time."""
+    not ok or disagreed somewhere, with why. Ties in wins go to the lower median time.
+
+    ``attn_implementation``: among the rows of transformers' attention functions (the hf_*
+    impls, models.ATTN_IMPLEMENTATIONS), the transformers setting whose function wins the
+    most cases by the same rule, and ``attn_wins`` its wins among them (NA without such
+    rows)."""
     columns = [
         "model",
         "phase",
@@ -425,21 +431,29 @@ def recommendations(df: pd.DataFrame) -> pd.DataFrame:
         "time_ms",
         "peak_mem_mib",
         "runner_up",
+        "attn_implementation",
+        "attn_wins",
         "not_run",
     ]
     rows_of_models = df[df["model"].fillna("").astype(str) != ""]
     if rows_of_models.empty:
         return pd.DataFrame(columns=columns)
     winners = fastest_agreeing(rows_of_models)
+    hf_rows = rows_of_models[rows_of_models["impl"].isin(ATTN_IMPLEMENTATIONS)]
+    hf_winners = fastest_agreeing(hf_rows)
     out = []
     for (model, phase), g in rows_of_models.groupby(["model", "phase"], dropna=False, sort=False):
-        w = winners[(winners["model"] == model) & (winners["phase"].fillna("") == (phase or ""))]
-        w = w[w["impl"].notna()]
         row = {"model": model, "phase": phase if isinstance(phase, str) else ""}
         row["cases"] = int(g[list(CASE_COLUMNS)].drop_duplicates().shape[0])
-        if not w.empty:
-            counts = w.groupby("impl").agg(wins=("impl", "size"), time=("time_ms", "median"))
-            best = counts.sort_values(["wins", "time"], ascending=[False, True]).index[0]
+        hf_best, hf_counts = _most_wins(_of(hf_winners, model, phase))
+        if hf_best is not None:
+            row.update(
+                attn_implementation=ATTN_IMPLEMENTATIONS[hf_best],
+                attn_wins=int(hf_counts.loc[hf_best, "wins"]),
+            )
+        w = _of(winners, model, phase)
+        best, counts = _most_wins(w)
+        if best is not None:
             won = w[w["impl"] == best]
             mem = g[(g["impl"] == best) & agreeing(g)]["peak_mem_mib"].dropna()
             row.update(
@@ -455,6 +469,23 @@ def recommendations(df: pd.DataFrame) -> pd.DataFrame:
         row["not_run"] = _not_run(g)
         out.append(row)
     return pd.DataFrame(out, columns=columns)
+
+
+def _of(winners: pd.DataFrame, model, phase) -> pd.DataFrame:
+    """The won cases (impl not NA) of one model and phase."""
+    if winners.empty:
+        return winners
+    w = winners[(winners["model"] == model) & (winners["phase"].fillna("") == (phase or ""))]
+    return w[w["impl"].notna()]
+
+
+def _most_wins(w: pd.DataFrame) -> tuple[str | None, pd.DataFrame | None]:
+    """The impl winning the most cases of ``w`` (ties: the lower median time), and the wins
+    and median time of each impl."""
+    if w.empty:
+        return None, None
+    counts = w.groupby("impl").agg(wins=("impl", "size"), time=("time_ms", "median"))
+    return counts.sort_values(["wins", "time"], ascending=[False, True]).index[0], counts
 
 
 def _not_run(g: pd.DataFrame) -> str:

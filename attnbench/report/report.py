@@ -212,24 +212,40 @@ def _recommendations_section(df: pd.DataFrame) -> list[str]:
         "Measured on this run's device only.",
         "",
     ]
+    labels = {
+        "model": "model",
+        "phase": "phase",
+        "impl": "use",
+        "wins": "fastest in",
+        "margin": "margin",
+        "runner_up": "runner-up",
+        "time_ms": "median ms",
+        "peak_mem_mib": "peak MiB",
+        "attn_implementation": "attn_implementation",
+        "not_run": "could not run / disagreed",
+    }
+    if rec["attn_implementation"].notna().any():
+        lines += [
+            "attn_implementation: for transformers users, the `attn_implementation` to set "
+            "for that model and phase on this machine: the one whose attention function "
+            "(the hf_* rows, called as a model calls it) is fastest, agreeing, in the most "
+            "cases, and in how many.",
+            "",
+        ]
+    else:
+        del labels["attn_implementation"]
     rec = rec.assign(
         wins=["" if pd.isna(w) else f"{int(w)}/{c}" for w, c in zip(rec["wins"], rec["cases"])],
         impl=["no impl agrees" if pd.isna(i) else f"**{i}**" for i in rec["impl"]],
+        attn_implementation=[
+            "" if pd.isna(a) else f"`{a}` ({int(n)}/{c})"
+            for a, n, c in zip(rec["attn_implementation"], rec["attn_wins"], rec["cases"])
+        ],
     )
     return lines + [
         table(
             rec,
-            {
-                "model": "model",
-                "phase": "phase",
-                "impl": "use",
-                "wins": "fastest in",
-                "margin": "margin",
-                "runner_up": "runner-up",
-                "time_ms": "median ms",
-                "peak_mem_mib": "peak MiB",
-                "not_run": "could not run / disagreed",
-            },
+            labels,
             formats={"margin": lambda m: f"{m:.2f}x", "time_ms": ".3g", "peak_mem_mib": ".4g"},
         ),
         "",

@@ -39,7 +39,8 @@ class Call:
             leaves = tuple(t.detach().requires_grad_(grad) for t in (inputs.x, *inputs.weights))
             return cls(impl, case, leaves, inputs.dout, inputs.scale, inputs.mask.fresh())
         if impl.paged:  # fwd only (registry): k, v become page pools, outside the timing
-            k_pool, v_pool, table = paged(inputs.k, inputs.v, inputs.seed)
+            pages = {"page_tokens": impl.page_tokens} if impl.page_tokens else {}
+            k_pool, v_pool, table = paged(inputs.k, inputs.v, inputs.seed, **pages)
             leaves = (to_layout(inputs.q, impl.layout), k_pool, v_pool)
             return cls(impl, case, leaves, None, inputs.scale, inputs.mask.fresh(), table)
         leaves = tuple(

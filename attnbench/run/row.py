@@ -21,6 +21,7 @@ from attnbench.impls.xformers_kernels import borrowed_note
 from attnbench.measure import accuracy
 from attnbench.measure.clocks import ClockSampler
 from attnbench.measure.compiling import compile_events, isolate
+from attnbench.measure.cuda_graph import GraphCaptureError
 from attnbench.measure.memory import MemoryUnavailable, peak_mem_mib
 from attnbench.measure.profiling import cross_check_due, mismatch_note, profile_fn
 from attnbench.measure.timing import NOISY_SPREAD, PAGE_FAULTS_FLAG, TimerConfig, time_fn
@@ -155,6 +156,10 @@ def measure(
     blank."""
     row = base_row(impl, case)
     reasons = impl.reasons(case)
+    if settings.timer.cuda_graph and case.backward:
+        reasons.append(
+            f"mode={case.mode} with --cuda-graph (supported: fwd; a backward is not captured)"
+        )
     if reasons:
         return failed(impl, case, "unsupported", "; ".join(reasons))
     notes = []
@@ -214,6 +219,7 @@ def measure(
             time_ms_p20=timing.p20_ms,
             time_ms_p80=timing.p80_ms,
             samples=len(times),
+            cuda_graph=settings.timer.cuda_graph,
             flops=flops,
             tflops=flops / seconds / 1e12,
             gbps=case.bytes_moved() / seconds / 1e9,
@@ -228,7 +234,7 @@ def measure(
         kernels = _profile(impl, case, call, settings, row, notes)
         row.update(status="ok", reason="; ".join(notes) or None)
         return Measured(row, times, kernels)
-    except Unsupported as exc:
+    except (Unsupported, GraphCaptureError) as exc:
         return failed(impl, case, "unsupported", str(exc))
     except BadOutput as exc:
         return failed(impl, case, "error", f"bad output: {exc}")

@@ -144,6 +144,11 @@ COLUMNS: dict[str, tuple[str, str]] = {
         "the device that ran the row: the GPU's name on CUDA, else the CPU model "
         "(env.json devices holds its versions and ceilings)",
     ),
+    "cuda_graph": (
+        "boolean",
+        "time_ms is the replay of a CUDA graph of the timed call (--cuda-graph: CUDA, mode "
+        "fwd), which leaves the host's launch cost out; false: calls launched one by one",
+    ),
 }
 METRICS = (  # blank in every row that is not ok
     "flops",
@@ -173,6 +178,7 @@ METRICS = (  # blank in every row that is not ok
     "power_w",
     "temp_c",
     "throttle",
+    "cuda_graph",
 )
 CASE_KEY = (
     "impl",

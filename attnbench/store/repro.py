@@ -1,0 +1,85 @@
+"""The reproducer of a row: the one-row ``attnbench sweep`` command that measures it again.
+
+Everything comes from the run folder: the case from the row's key columns, the seed and
+whether it was timed by CUDA-graph replay from the row, the preset and timing budget from
+grid.json, the plugin that registered the impl from env.json's ``impls`` (its source file or
+module), and the options that change how rows are measured (threads, timeout, worker
+isolation, the allocator's tunables) from env.json's ``options``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from attnbench.case import Case
+
+BUILTIN_PREFIX = "attnbench.impls."
+MEASURE_OPTIONS = ("threads", "timeout", "isolate", "malloc_tunables")  # kept in env.json
+
+
+def case_flags(case: Case) -> list[str]:
+    """The sweep flags that select exactly ``case``."""
+    flags = [
+        *("--batch", str(case.batch), "--heads", str(case.heads)),
+        *("--kv-heads", str(case.kv_heads), "--seq-len", str(case.seq_q)),
+        *("--seq-len-kv", str(case.seq_kv), "--head-dim", str(case.head_dim)),
+        *("--dtype", case.dtype, "--causal", "true" if case.causal else "false"),
+        *("--mode", case.mode, "--mask", case.mask),
+    ]
+    if case.window is not None:
+        flags += ["--window", str(case.window)]
+    if case.pattern is not None:
+        flags += ["--docs" if case.mask == "document" else "--sparsity", case.pattern]
+    flags += ["--causal-align", case.causal_align, "--level", case.level]
+    flags += ["--model", case.model] if case.model else []
+    flags += ["--phase", case.phase] if case.phase else []
+    return flags
+
+
+def plugin_flags(source: str | None) -> list[str]:
+    """--plugin for an impl that a file or a module registered (built-ins and entry points
+    load by themselves)."""
+    if not source or source.startswith(BUILTIN_PREFIX) or source.startswith("entry point "):
+        return []
+    if source.startswith("module "):
+        return ["--plugin", source.removeprefix("module ")]
+    return ["--plugin", str(Path(source))]
+
+
+def measure_flags(options: dict) -> list[str]:
+    """The run's options that change how a row is measured, as flags."""
+    flags = []
+    for name in ("threads", "timeout"):
+        if options.get(name) is not None:
+            flags += [f"--{name}", str(options[name])]
+    if str(options.get("isolate", "true")).lower() == "false":
+        flags.append("--no-isolate")
+    if str(options.get("malloc_tunables", "true")).lower() == "false":
+        flags.append("--no-malloc-tunables")
+    return flags
+
+
+def repro_argv(row, env: dict, grid: dict) -> list[str]:
+    """The command (argv, starting with ``attnbench``) that measures ``row`` again alone."""
+    case = Case.from_row(row)
+    impl = str(row["impl"])
+    argv = ["attnbench", "sweep"]
+    if grid.get("preset"):
+        argv += ["--preset", str(grid["preset"])]
+    argv += ["--device", case.device, "--impls", impl]
+    argv += plugin_flags((env.get("impls") or {}).get(impl, {}).get("source"))
+    argv += case_flags(case)
+    seed = row["seed"] if "seed" in row and str(row["seed"]) not in ("", "<NA>") else None
+    seed = grid.get("seed", 0) if seed is None else seed
+    argv += ["--seed", str(int(seed))]
+    if grid.get("rep_ms") is not None:
+        argv += ["--rep-ms", f"{float(grid['rep_ms']):g}"]
+    argv += measure_flags(env.get("options") or {})
+    if "cuda_graph" in row and str(row["cuda_graph"]) == "True":
+        argv.append("--cuda-graph")
+    return argv
+
+
+def repro_command(row, env: dict, grid: dict) -> str:
+    return shlex.join(repro_argv(row, env, grid))

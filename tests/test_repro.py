@@ -1,0 +1,86 @@
+"""attnbench repro RUN ROW: the printed one-row command measures that row again (the same key,
+plugin and seed included)."""
+
+from __future__ import annotations
+
+import shlex
+import textwrap
+
+import pytest
+
+from attnbench.cli import main
+from attnbench.store.results import read_results, row_key
+
+PLUGIN = textwrap.dedent(
+    """
+    import torch.nn.functional as F
+    from attnbench.registry import register
+
+    @register("plug_sdpa", masks=("window",))
+    def plug_sdpa(q, k, v, *, causal, scale, mask):
+        keep = mask.keep(q.shape[-2], k.shape[-2], causal, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale,
+                                              enable_gqa=True)
+    """
+)
+QUIET = ["--no-report", "--no-progress", "--no-isolate"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two small runs: a plugin next to naive under window and document masks, and a
+    Llama-3-8B decode step (labels model and phase)."""
+    root = tmp_path_factory.mktemp("repro")
+    plugin = root / "plug.py"
+    plugin.write_text(PLUGIN)
+    common = ["--batch", "1", "--kv-heads", "1", "--head-dim", "16", "--rep-ms", "2", *QUIET]
+    a = ["sweep", "--impls", "naive,plug_sdpa", "--plugin", str(plugin), "--heads", "2"]
+    a += ["--seq-len", "32", "--mask", "window,document", "--window", "8", "--docs", "fixed:16"]
+    a += ["--causal", "both", "--mode", "fwd", "--seed", "3", "--threads", "1"]
+    assert main([*a, *common, "--results-dir", str(root), "--run-id", "a"]) == 0
+    b = ["sweep", "--impls", "naive", "--model", "llama3-8b", "--phase", "decode"]
+    b += ["--seq-len-kv", "64", "--heads", "4"]
+    assert main([*b, *common, "--results-dir", str(root), "--run-id", "b"]) == 0
+    return root
+
+
+def printed(capsys, run_dir, row) -> list[str]:
+    capsys.readouterr()
+    assert main(["repro", str(run_dir), str(row)]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1
+    return shlex.split(out[0])
+
+
+@pytest.mark.parametrize(
+    "run_id,pick",
+    [
+        ("a", lambda df: (df["impl"] == "plug_sdpa") & (df["mask"] == "window")),
+        ("a", lambda df: (df["impl"] == "naive") & (df["mask"] == "document")),
+        ("b", lambda df: df["seq_q"] == 4),
+    ],
+    ids=["plugin-window", "document", "model-decode"],
+)
+def test_the_printed_command_measures_the_same_row_again(runs, capsys, tmp_path, run_id, pick):
+    df = read_results(runs / run_id)
+    index = int(df.index[pick(df)][0])
+    argv = printed(capsys, runs / run_id, index)
+    assert argv[:2] == ["attnbench", "sweep"]
+    assert argv[argv.index("--seed") + 1] == str(int(df.loc[index, "seed"]))
+    if df.loc[index, "impl"] == "plug_sdpa":
+        assert argv[argv.index("--plugin") + 1] == str(runs / "plug.py")
+    out = tmp_path / "again"
+    assert main([*argv[1:], "--results-dir", str(out), "--run-id", "r", *QUIET]) == 0
+    again = read_results(out / "r")
+    assert len(again) == 1
+    assert row_key(again.iloc[0].to_dict()) == row_key(df.loc[index].to_dict())
+    assert again.loc[0, "status"] == "ok"
+
+
+def test_a_row_outside_the_run_is_bad_input(runs, capsys):
+    n = len(read_results(runs / "a"))
+    assert main(["repro", str(runs / "a"), str(n)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"attnbench repro: error: row {n}: {runs / 'a' / 'results.csv'} has rows 0 to {n - 1}"
+    )
