@@ -14,8 +14,7 @@ import numpy as np
 import torch
 import torch.utils.benchmark as tbench
 
-from attnbench.measure import contention
-from attnbench.measure import cuda_graph
+from attnbench.measure import contention, cuda_graph
 from attnbench.measure.allocator import minor_faults
 
 L2_FLUSH_BYTES = 256 * 2**20  # larger than any GPU's L2 today, as do_bench uses
