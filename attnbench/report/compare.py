@@ -324,6 +324,10 @@ def write_compare(
             fail_above_pct=fail_above_pct,
             title=f"{b_name} / {a_name} time ratio",
             device_name=device_name(b_env, b_df),
+            colors=plots.run_colors(
+                {"impls": {**(a_env.get("impls") or {}), **(b_env.get("impls") or {})}},
+                cmp["impl"].dropna().unique(),
+            ),
         )
         plots.save_figure(fig, tmp / "ratio_vs_seq")
         cmp.to_csv(tmp / "compare.csv", index=False)

@@ -72,11 +72,16 @@ def impl_style(impls, colors: dict[str, str] | None = None) -> dict[str, tuple]:
     }
 
 
-def run_colors(env: dict) -> dict[str, str]:
-    """The colours the impls of a run declared (env.json ``impls``)."""
-    return {
+def run_colors(env: dict, impls=()) -> dict[str, object]:
+    """Every impl's colour for all the figures of a run: the colour it declared (env.json
+    ``impls``), else a palette colour picked once among the run's impls (``impls`` and those
+    env.json names), so that a figure drawing fewer impls (speedups leave the baseline out)
+    colours each one as the others do."""
+    declared = {
         name: info["color"] for name, info in (env.get("impls") or {}).items() if info.get("color")
     }
+    names = {*(env.get("impls") or {}), *(str(i) for i in impls if not pd.isna(i))}
+    return {name: colour for name, (colour, _) in impl_style(names, declared).items()}
 
 
 def save_figure(fig, stem: Path, svg: bool = False) -> list[Path]:
@@ -208,6 +213,12 @@ def _empty(title: str, why: str):
     return fig
 
 
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Two lines with the same values to 0.1% (relative only: errors near 1e-7 are not the
+    same because both are small)."""
+    return bool(np.allclose(a, b, rtol=1e-3, atol=0.0))
+
+
 def _line_figure(
     df: pd.DataFrame,
     y: str,
@@ -245,7 +256,7 @@ def _line_figure(
             v = pts[y].to_numpy(dtype=float)
             label = impl + (label_suffix(impl, gi) if label_suffix else "") + _fail_note(gi)
             twin = next(
-                (o for o, w in drawn.items() if len(w) == len(v) and np.allclose(w, v, rtol=1e-3)),
+                (o for o, w in drawn.items() if len(w) == len(v) and _same(w, v)),
                 None,
             )
             if twin:  # an identical line would hide under the other: dashed, and said so
@@ -478,6 +489,7 @@ def plot_error_vs_seq(
         ylabel="relative error (log)",
         device_name=device_name,
         draw_extra=bounds,
+        colors=colors,
     )
 
 
@@ -558,6 +570,7 @@ def plot_ratio_vs_seq(
     fail_above_pct: float | None = None,
     title: str = "B / A time ratio",
     device_name: str | None = None,
+    colors: dict | None = None,
 ):
     """compare.compare_runs output: time_B / time_A vs N per impl; above 1 is slower in B."""
     both = table[table["ratio"].notna()].copy()
@@ -588,6 +601,7 @@ def plot_ratio_vs_seq(
         ylabel="time_B / time_A (log)",
         device_name=device_name,
         draw_extra=lines,
+        colors=colors,
     )
     for ax in fig.axes:
         if ax.get_yscale() == "log":

@@ -630,7 +630,7 @@ def _device_part(
 ) -> list[str]:
     """Winners, speedups, scaling exponents, disagreements and figures of one device's rows
     (figure files named <figure><suffix>.png)."""
-    colors = plots.run_colors(env)
+    colors = plots.run_colors(env, df["impl"].dropna().unique())
     if busy_machine(env):
         name += f" · BUSY machine: load {env['load_avg_1m']} on {env['cpu_count']} cores"
     fits = analysis.scaling_exponents(df)
