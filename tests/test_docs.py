@@ -1,11 +1,13 @@
 """The examples the docs show are run, so they cannot drift from the code."""
 
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,3 +74,63 @@ def test_the_plugin_guide_examples_register_and_agree(tmp_path):
     assert ok["agrees"].all(), ok[~ok["agrees"]][["impl", "reason"]]
     fwd_only = df[df["impl"] == "fwd_only"]
     assert (fwd_only["status"] == "unsupported").all()  # CUDA only: said, not run
+
+
+def bash_commands(path: Path) -> list[str]:
+    """The command lines of a page's bash blocks: comments dropped, continued lines joined."""
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", path.read_text(), flags=re.S):
+        text = block.replace("\\\n", " ")
+        for line in text.splitlines():
+            line = line.split("  #")[0].strip()
+            if line and not line.startswith("#"):
+                lines.append(line)
+    return lines
+
+
+@pytest.mark.slow  # three pytest runs, each importing torch and every impl: about a minute
+def test_the_benchmark_commands_save_compare_and_list(tmp_path):
+    """docs/benchmarks.md's three commands, on one tiny benchmark, into a private storage."""
+    save, compare, listing = bash_commands(ROOT / "docs" / "benchmarks.md")
+    storage = f"file://{tmp_path / 'store'}"
+    quick = ["-k", "naive and not padding and not compiled", "-p", "no:cacheprovider"]
+    quick += [f"--benchmark-storage={storage}", "--benchmark-max-time=0.01"]
+
+    def pytest_run(line: str):
+        args = shlex.split(line)
+        assert args[0] == "pytest", line
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", *args[1:], *quick],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    first = pytest_run(save)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    saved = list((tmp_path / "store").rglob("*_before.json"))
+    assert len(saved) == 1, first.stdout[-2000:]
+    second = pytest_run(compare)
+    out = second.stdout + second.stderr
+    assert "Comparing against benchmarks from" in out, out[-2000:]
+    # its gate may trip on a busy machine; it must have compared, and said so if it failed
+    assert second.returncode == 0 or "Performance has regressed" in out, out[-2000:]
+    args = shlex.split(listing)
+    assert args[0] == "pytest-benchmark", listing
+    third = subprocess.run(
+        [sys.executable, "-m", "pytest_benchmark", "--storage", storage, *args[1:]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert third.returncode == 0 and "test_attention[naive" in third.stdout, third.stderr[-2000:]
+
+
+def test_a_benchmark_run_that_would_save_nothing_is_refused(tmp_path):
+    args = [sys.executable, "-m", "pytest", "benchmarks/", "--benchmark-enable"]
+    args += ["--benchmark-save=x", f"--benchmark-storage=file://{tmp_path}", "-p", "no:cacheprovider"]
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "add -n 0" in proc.stderr, proc.stderr[-2000:]
+    assert not list(tmp_path.rglob("*.json"))
