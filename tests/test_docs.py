@@ -130,7 +130,8 @@ def test_the_benchmark_commands_save_compare_and_list(tmp_path):
 
 def test_a_benchmark_run_that_would_save_nothing_is_refused(tmp_path):
     args = [sys.executable, "-m", "pytest", "benchmarks/", "--benchmark-enable"]
-    args += ["--benchmark-save=x", f"--benchmark-storage=file://{tmp_path}", "-p", "no:cacheprovider"]
+    args += ["--benchmark-save=x", f"--benchmark-storage=file://{tmp_path}"]
+    args += ["-p", "no:cacheprovider"]
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "add -n 0" in proc.stderr, proc.stderr[-2000:]
     assert not list(tmp_path.rglob("*.json"))
