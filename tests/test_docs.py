@@ -1,5 +1,6 @@
 """The examples the docs show are run, so they cannot drift from the code."""
 
+import importlib
 import re
 import shlex
 import subprocess
@@ -135,3 +136,68 @@ def test_a_benchmark_run_that_would_save_nothing_is_refused(tmp_path):
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "add -n 0" in proc.stderr, proc.stderr[-2000:]
     assert not list(tmp_path.rglob("*.json"))
+
+
+DOC_PAGES = [
+    ROOT / "README.md",
+    ROOT / "impls" / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+]
+
+
+def _resolve(dotted: str):
+    """Import the longest importable module prefix of ``dotted``; getattr the rest."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+def test_every_python_path_the_docs_name_exists():
+    named = set()
+    for page in DOC_PAGES:
+        text = page.read_text()
+        named |= {(page.name, m) for m in re.findall(r"\battnbench(?:\.[A-Za-z_]\w*)+", text)}
+        for module, names in re.findall(r"from (attnbench[\w.]*) import ([\w, ]+)", text):
+            named |= {(page.name, f"{module}.{n.strip()}") for n in names.split(",")}
+    assert len(named) > 5
+    missing = []
+    for page, dotted in sorted(named):
+        try:
+            _resolve(dotted)
+        except (ImportError, AttributeError):
+            missing.append(f"{page}: {dotted}")
+    assert not missing, missing
+
+
+def test_the_python_examples_on_results_run(tmp_path, capsys):
+    """The pandas examples of docs/method.md and docs/reports.md, on a run folder with op and
+    layer rows."""
+    from dataclasses import replace
+
+    from synth import env, ok_row, smoke_rows, write_run
+
+    from attnbench.case import Case
+
+    rows = smoke_rows("docs", seqs=(64, 128, 256))
+    for r in [r for r in rows if r["status"] == "ok" and r["mode"] == "fwd"]:
+        case = replace(Case.from_row(r), level="layer")
+        rows.append(ok_row("docs", r["impl"], case, 2 * r["time_ms"], 1.0))
+    run = write_run(tmp_path, "RUN", rows, env())
+    blocks = [
+        b
+        for page in ("method.md", "reports.md")
+        for b in python_blocks(ROOT / "docs" / page)
+        if "read_results" in b
+    ]
+    assert len(blocks) == 2
+    for block in blocks:
+        exec(compile(block.replace('"results/RUN"', repr(str(run))), "docs", "exec"), {})
+    out = capsys.readouterr().out
+    assert "attention share of the layer" in out and "slope" in out
