@@ -126,3 +126,15 @@ def test_missing_run_b(runs, capsys):
     err = capsys.readouterr().err
     assert err.startswith("attnbench compare: error: run B: ") and "does not exist" in err
     assert not (root / "x").exists()
+
+
+def test_a_gate_that_compared_nothing_fails(tmp_path, capsys):
+    a = write_run(tmp_path, "a", smoke_rows("a", seqs=(64, 128)))
+    b = write_run(tmp_path, "b", smoke_rows("b", seqs=(256, 512)))  # no case in common
+    code = main(["compare", str(a), str(b), "--fail-above", "5", "--out", str(tmp_path / "c")])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "gate: FAIL" in out and "nothing was compared" in out
+    assert "**FAIL**: no case is ok in both runs" in (tmp_path / "c" / "compare.md").read_text()
+    # without a gate, the same comparison is only a report
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "d")]) == 0

@@ -106,6 +106,18 @@ def regressions(cmp: pd.DataFrame, fail_above_pct: float) -> pd.DataFrame:
     return cmp[slower | broke]
 
 
+NOTHING_COMPARED = (
+    "no case is ok in both runs, so nothing was compared (A and B must share cases: the same "
+    "grid, impls and device)"
+)
+
+
+def gate_fails(cmp: pd.DataFrame, fail_above_pct: float) -> bool:
+    """The gate fails on a regression, and when it compared nothing: a gate that checked no
+    case cannot pass."""
+    return bool(len(regressions(cmp, fail_above_pct))) or not cmp["ratio"].notna().any()
+
+
 def within_noise(cmp: pd.DataFrame, fail_above_pct: float) -> pd.DataFrame:
     """Compared rows past the threshold whose change is inside the noise (not counted)."""
     past = (cmp["ratio"] - 1).abs() > fail_above_pct / 100
@@ -204,6 +216,8 @@ def render(
             f"**FAIL**: {len(reg)} case(s) slower, outside the noise, by more than "
             f"{fail_above_pct:g}% or newly failing"
             if len(reg)
+            else f"**FAIL**: {NOTHING_COMPARED}"
+            if gate_fails(cmp, fail_above_pct)
             else f"PASS: no case slower, outside the noise, by more than {fail_above_pct:g}%, "
             f"none newly failing"
         )
@@ -300,11 +314,14 @@ def summary_lines(cmp: pd.DataFrame, fail_above_pct: float | None) -> list[str]:
                 f"unchanged (within noise) {(r['ratio'] - 1) * 100:+.1f}%: {describe_case(r)} "
                 f"(p20-p80 ranges overlap; not counted)"
             )
-        lines.append(
-            f"gate: {'FAIL' if len(reg) else 'PASS'} (--fail-above "
-            f"{fail_above_pct:g}%: {len(reg)} case(s) slower, outside the noise, by more, "
-            f"or newly failing)"
-        )
+        if not len(reg) and gate_fails(cmp, fail_above_pct):
+            lines.append(f"gate: FAIL (--fail-above {fail_above_pct:g}%: {NOTHING_COMPARED})")
+        else:
+            lines.append(
+                f"gate: {'FAIL' if len(reg) else 'PASS'} (--fail-above "
+                f"{fail_above_pct:g}%: {len(reg)} case(s) slower, outside the noise, by more, "
+                f"or newly failing)"
+            )
     return lines
 
 
