@@ -71,6 +71,7 @@ class Impl:
     description: str = ""
     source: str = ""
     unavailable: str | None = None  # why it cannot run at all (missing dependency, import error)
+    requires: dict[str, str] = field(default_factory=dict, repr=False)  # module -> install command
     check: Callable[[Case], list[str]] | None = field(default=None, repr=False)
     # work(case, mask) -> the (query, key) pairs its computation covers, masked ones included,
     # per head and summed over the batch, or None where it cannot say (work_flops)
@@ -161,8 +162,9 @@ def register(
     to compile_ms). ``baseline``: the impl that speedups are relative to (the run records
     it). ``color``: its colour in plots.
 
-    ``requires`` maps importable module names to the command that installs them; if one is
-    missing the impl is registered as unavailable with that command in its reason.
+    ``requires`` maps importable module names to the command that installs them (the package
+    itself, ``pip install 'triton>=3.0'``, so that it works from a wheel as from a checkout);
+    if one is missing the impl is registered as unavailable with that command in its reason.
     ``check(case) -> list[str]`` adds reasons that only the impl itself can know.
     ``work(case, mask) -> int | None``: the (query, key) pairs the impl's computation covers,
     masked ones included (per head, summed over the batch), from its tiling or call shapes;
@@ -201,6 +203,7 @@ def register(
                 description=description or (fn.__doc__ or "").strip().split("\n")[0],
                 source=_current_source,
                 unavailable=unavailable,
+                requires=dict(requires or {}),
                 check=check,
                 work=work,
             )

@@ -202,7 +202,7 @@ def test_without_ray_the_error_names_the_extra(monkeypatch):
     from attnbench.run import ray_executor
 
     monkeypatch.setitem(sys.modules, "ray", None)
-    with pytest.raises(UsageError, match=r"pip install 'attnbench\[ray\]'"):
+    with pytest.raises(UsageError, match=r"pip install 'ray>=2.40'"):
         ray_executor._import_ray()
 
 

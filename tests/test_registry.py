@@ -1,5 +1,6 @@
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -230,3 +231,25 @@ def test_a_file_dropped_into_the_working_folders_impls_is_loaded(tmp_path):
     impls = registry.discover(entry_points=False)
     assert impls["dropped_in"].source == str(dropped.resolve())
     assert impls["naive"].source == "attnbench.impls.naive"  # the built-ins are still there
+
+
+def test_install_hints_name_packages_an_index_has(impls):
+    """Each hint installs the requirement of a pyproject extra by its own name: it works from a
+    wheel as from a checkout (attnbench itself is on no index)."""
+    import shlex
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    from attnbench.run.ray_executor import INSTALL_HINT
+
+    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    extras = {r for reqs in pyproject["project"]["optional-dependencies"].values() for r in reqs}
+    hints = [cmd for impl in impls.values() for cmd in impl.requires.values()] + [INSTALL_HINT]
+    assert len(hints) >= 4  # triton_flash, triton_flash_fa2, xformers, ray
+    for cmd in hints:
+        args = shlex.split(cmd)
+        assert args[:2] == ["pip", "install"] and "attnbench" not in cmd, cmd
+        assert set(args[2:]) <= extras, (cmd, sorted(extras))

@@ -29,7 +29,7 @@ from attnbench.errors import UsageError
 from attnbench.registry import Impl
 from attnbench.run.row import Measured, Settings, failed, one_line
 
-INSTALL_HINT = "pip install 'attnbench[ray]'"
+INSTALL_HINT = "pip install 'ray>=2.40'"  # the ray extra's own requirement: works from a wheel
 CONNECT_TIMEOUT_S = 30.0  # joining a cluster that never answers
 START_TIMEOUT_S = 300.0  # an actor's start-up: import torch (and a CUDA context)
 READ_TIMEOUT_S = 10.0  # fetching a dead actor's stderr from its node

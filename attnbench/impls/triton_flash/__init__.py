@@ -24,7 +24,7 @@ from attnbench.registry import register
     backward=True,
     causal_align=ALIGNS,
     layout="bhsd",
-    requires={"triton": "pip install 'attnbench[triton]'"},
+    requires={"triton": "pip install 'triton>=3.0'"},
     description="own Triton kernel for Hopper (TMA descriptors, persistent causal grid, "
     "fused backward with dQ atomics, GQA, head dims 16..256 step 8, autotuned; fp32 uses "
     "IEEE dot products, not tf32)",
