@@ -80,7 +80,8 @@ def test_bottom_right_alignment_with_nothing_to_align_is_refused(tmp_path, capsy
     assert not (tmp_path / "res").exists()
     # with causal both, the causal cases take it and the others stay top-left (docs/method.md)
     both = Spec.from_preset("smoke", "cpu", causal_align=["bottom_right"]).cases()
-    assert {(c.causal, c.causal_align) for c in both} == {(True, "bottom_right"), (False, "top_left")}
+    aligns = {(c.causal, c.causal_align) for c in both}
+    assert aligns == {(True, "bottom_right"), (False, "top_left")}
 
 
 def test_decode_is_causal_with_or_without_a_model():
