@@ -141,6 +141,7 @@ def register(
     backward: bool = True,
     layout: str = "bhsd",
     masks: Iterable[str] = ("none",),
+    unmasked: bool = True,
     causal_align: Iterable[str] = ("top_left",),
     paged: bool = False,
     backend: str | Callable | None = None,
@@ -154,7 +155,8 @@ def register(
 ):
     """Decorator registering an attention function with what it supports.
 
-    ``masks``: the masks.MASKS it supports; "none" (no mask beyond causal) is implied. An impl
+    ``masks``: the masks.MASKS it supports; "none" (no mask beyond causal) is implied unless
+    ``unmasked`` is False (an impl that needs a mask, e.g. one that unpacks documents). An impl
     declaring more, or ``causal_align`` with "bottom_right", is called with ``mask=`` (a
     masks.Mask). ``paged``: it takes k and v as a paged KV cache (see the module's doc).
     ``backend``: the SDPA backend it forces, or a function ``(call, device_type) -> name``
@@ -191,7 +193,7 @@ def register(
                 gqa=gqa,
                 backward=backward,
                 layout=_valid(name, "layout", [layout], LAYOUTS)[0],
-                masks=tuple(dict.fromkeys(("none", *_valid(name, "masks", masks, MASKS)))),
+                masks=_masks(name, masks, unmasked),
                 causal_align=tuple(
                     dict.fromkeys(("top_left", *_valid(name, "causal_align", causal_align, ALIGNS)))
                 ),
@@ -223,6 +225,16 @@ def add(impl: Impl) -> None:
             f"{impl.source or 'this process'}; rename one of them"
         )
     _IMPLS[impl.name] = impl
+
+
+def _masks(name: str, masks: Iterable[str], unmasked: bool) -> tuple[str, ...]:
+    """The masks an impl runs: "none" first unless it needs a mask, then those it declared."""
+    out = tuple(
+        dict.fromkeys((*(("none",) if unmasked else ()), *_valid(name, "masks", masks, MASKS)))
+    )
+    if not unmasked and out in ((), ("none",)):
+        raise RegistryError(f"impl {name!r}: unmasked=False needs the masks it runs (masks=...)")
+    return out
 
 
 def _valid(name: str, what: str, values: Iterable[str], allowed: Iterable[str]) -> tuple:

@@ -253,3 +253,12 @@ def test_install_hints_name_packages_an_index_has(impls):
         args = shlex.split(cmd)
         assert args[:2] == ["pip", "install"] and "attnbench" not in cmd, cmd
         assert set(args[2:]) <= extras, (cmd, sorted(extras))
+
+
+def test_an_impl_that_needs_a_mask_does_not_declare_none(impls):
+    case = Case(batch=1, heads=2, kv_heads=2, seq_q=64, seq_kv=64, head_dim=32)
+    for name in ("sdpa_nested", "sdpa_padded"):
+        assert impls[name].masks == ("document",)
+        assert impls[name].reasons(case) == ["mask=none (supported: document)"]
+    with pytest.raises(registry.RegistryError, match="unmasked=False needs"):
+        registry.register("needs_a_mask", unmasked=False)(lambda q, k, v, *, causal, scale: q)
