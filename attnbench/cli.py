@@ -433,8 +433,9 @@ def list_command(argv: list[str]) -> int:
     plugins = [x for text in args.plugin for x in parse_value("plugin", text, "--plugin")]
     for text in plugins:
         registry.plugin_source(text)
-    device = _device(
-        None if args.device is None else parse_value("device", args.device, "--device")
+    # what runs on a device is a question worth asking on a machine without one
+    device = (
+        _device(None) if args.device is None else parse_value("device", args.device, "--device")
     )
     print(list_impls(registry.discover(plugins), device.split(":")[0]))
     return EXIT_OK
@@ -569,27 +570,74 @@ def compare(argv: list[str]) -> int:
     return EXIT_OK
 
 
+LIST_WIDTH = 100  # attnbench list: lines no wider than this
+
+
+def _compact(values, every=(), short=None) -> str:
+    """A capability list in a few characters: 'all' when it is every allowed value, else
+    the values (abbreviated by ``short``), an evenly spaced run of numbers as 'a-b/step'."""
+    values = list(values)
+    if every and set(values) >= set(every):
+        return "all"
+    if len(values) > 3 and all(isinstance(v, int) for v in values):
+        steps = {b - a for a, b in zip(values, values[1:])}
+        if len(steps) == 1:
+            return f"{values[0]}-{values[-1]}/{steps.pop()}"
+    return ",".join((short or {}).get(v, str(v)) for v in values)
+
+
 def list_impls(impls: dict, device: str) -> str:
-    rows = [
-        {
-            "impl": impl.name,
-            "available": "yes" if impl.available else "no",
-            "devices": ",".join(impl.devices),
-            "dtypes": ",".join(impl.dtypes),
-            "head_dims": "any" if impl.head_dims is None else ",".join(map(str, impl.head_dims)),
-            "causal/cross/gqa/bwd": "/".join(
-                "y" if f else "n" for f in (impl.causal, impl.cross, impl.gqa, impl.backward)
-            ),
-            "masks": ",".join(impl.masks),
-            "bottom_right": "y" if "bottom_right" in impl.causal_align else "n",
-            "paged": "y" if impl.paged else "",
-            "source": impl.source,
-            "note": impl.unavailable
-            or ("" if device in impl.devices else f"not on {device}; ") + impl.description,
-        }
-        for impl in impls.values()
-    ]
-    return pd.DataFrame(rows).to_string(index=False)
+    """Every impl on one line each (what it supports, where it came from), then a note per
+    impl (what it is; why it cannot run here), every line within LIST_WIDTH characters."""
+    import textwrap
+
+    from attnbench.case import DTYPES
+    from attnbench.masks import MASKS
+
+    dtypes = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+    rows, notes = [], []
+    for impl in impls.values():
+        here = impl.available and device in impl.devices
+        rows.append(
+            {
+                "impl": impl.name,
+                "here": "yes" if here else "no",
+                "devices": ",".join(impl.devices),
+                "dtypes": _compact(impl.dtypes, DTYPES, dtypes),
+                "head_dims": "any" if impl.head_dims is None else _compact(impl.head_dims),
+                "c/x/g/b": "/".join(
+                    "y" if f else "n" for f in (impl.causal, impl.cross, impl.gqa, impl.backward)
+                ),
+                "masks": _compact(impl.masks, MASKS),
+                "br": "y" if "bottom_right" in impl.causal_align else "n",
+                "paged": "y" if impl.paged else "n",
+                "from": registry.origin(impl),
+            }
+        )
+        why = impl.unavailable or ("" if here else f"not on {device}")
+        where = "" if registry.origin(impl) == "built-in" else f" [{impl.source}]"
+        text = "; ".join(t for t in (why, impl.description) if t) + where
+        notes.append(
+            textwrap.fill(
+                f"{impl.name}: {text or '(no description)'}",
+                width=LIST_WIDTH,
+                subsequent_indent="    ",
+                break_on_hyphens=False,
+            )
+        )
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in rows[0]} if rows else {}
+    table = "\n".join(
+        " ".join(str(r[c]).ljust(w) for c, w in widths.items()).rstrip()
+        for r in [dict(zip(widths, widths)), *rows]
+    )
+    legend = textwrap.fill(
+        "here: runs on this device; c/x/g/b: causal / cross (seq_q != seq_kv) / GQA / "
+        "backward; br: bottom-right causal; from: built-in (attnbench.impls), impls/ (the "
+        "checkout's drop-in folder), --plugin, entry point",
+        width=LIST_WIDTH,
+        break_on_hyphens=False,
+    )
+    return "\n".join([table, "", legend, "", *notes])
 
 
 def summary_table(df: pd.DataFrame, impls: list[str] | None = None) -> str:

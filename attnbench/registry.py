@@ -11,10 +11,11 @@ pools (pages, page_tokens, Hkv, D), ``block_table=`` (B, pages per sequence) int
 paged-attention servers keep them (run/inputs.py ``paged``).
 
 Impls come from four places: the built-ins (the package ``attnbench.impls``, shipped in the
-wheel), every module in a drop-in ``impls/`` folder (the checkout's, and the working folder's),
-each ``--plugin`` file or module, and the entry-point group ``attnbench.impls`` of installed
-packages. A plugin that fails to
-import, or needs a package that is missing, is still listed, as unavailable with a reason.
+wheel), every module in the checkout's drop-in ``impls/`` folder (only when attnbench runs from
+its checkout: an installed wheel imports no folder it was not given), each ``--plugin`` file,
+folder (its modules) or module, and the entry-point group ``attnbench.impls`` of installed
+packages. A plugin that fails to import, or needs a package that is missing, is still listed,
+as unavailable with a reason. ``origin(impl)`` says which of the four it came from.
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attnbench import checkout
 from attnbench.case import DEVICES, DTYPES, Case, CaseError
 from attnbench.errors import AttnbenchError, UsageError
 from attnbench.masks import ALIGNS, MASKS
 
 BUILTIN_PACKAGE = "attnbench.impls"
-# drop-in folders of one-file plugins: the checkout's impls/ and the working folder's
-DROP_IN_DIRS = (Path(__file__).resolve().parent.parent / "impls", Path("impls"))
+DROP_IN = "impls"  # the checkout's folder of one-file plugins, loaded in a checkout only
 ENTRY_POINT_GROUP = "attnbench.impls"
 LAYOUTS = ("bhsd", "bshd")
 
@@ -286,12 +287,18 @@ def _load_file(path: Path) -> None:
 
 
 def plugin_source(spec: str) -> Path | str:
-    """A ``--plugin`` value as a file path or a module name; CaseError if it is neither."""
+    """A ``--plugin`` value as a file or folder path or a module name; CaseError if it is
+    none of them."""
     path = Path(spec)
     if path.suffix == ".py" or "/" in spec or path.exists():
+        if path.is_dir():
+            if not _folder_modules(path):
+                raise CaseError(f"--plugin {spec}: the folder holds no .py file to load")
+            return path.resolve()
         if not path.is_file():
             raise CaseError(
-                f"--plugin {spec}: no such file (give a .py file or an importable module name)"
+                f"--plugin {spec}: no such file (give a .py file, a folder of them or an "
+                f"importable module name)"
             )
         return path.resolve()
     if not all(part.isidentifier() for part in spec.split(".")):
@@ -315,19 +322,39 @@ def discover(
                 lambda m=module: importlib.import_module(m),
                 info.name,
             )
-        for folder in dict.fromkeys(d.resolve() for d in DROP_IN_DIRS if d.is_dir()):
-            for path in sorted(folder.glob("[!_]*.py")):
-                _load(str(path), lambda p=path: _load_file(p), path.stem)
+        root = checkout.root()
+        for path in _folder_modules(root / DROP_IN) if root else []:
+            _load(str(path), lambda p=path: _load_file(p), path.stem)
     if entry_points:
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             _load(f"entry point {ep.name} ({ep.value})", ep.load, ep.name)
     for spec in plugins:
         src = plugin_source(spec)
         if isinstance(src, Path):
-            _load(str(src), lambda p=src: _load_file(p), src.stem)
+            for path in _folder_modules(src) if src.is_dir() else [src]:
+                _load(str(path), lambda p=path: _load_file(p), path.stem)
         else:
             _load(f"module {src}", lambda m=src: importlib.import_module(m), src)
     return dict(_IMPLS)
+
+
+def _folder_modules(folder: Path) -> list[Path]:
+    """A plugin folder's modules: its .py files, but those named _*.py."""
+    return sorted(folder.resolve().glob("[!_]*.py")) if folder.is_dir() else []
+
+
+def origin(impl: Impl) -> str:
+    """Where an impl came from, in a word: built-in, impls/ (the checkout's drop-in folder),
+    --plugin (a file, folder or module given), or entry point."""
+    source = impl.source
+    if source.startswith(f"{BUILTIN_PACKAGE}."):
+        return "built-in"
+    if source.startswith("entry point "):
+        return "entry point"
+    root = checkout.root()
+    if root and Path(source).parent == (root / DROP_IN).resolve():
+        return f"{DROP_IN}/"
+    return "--plugin" if source else "this process"
 
 
 def baseline(impls: Iterable[Impl]) -> str | None:

@@ -138,3 +138,24 @@ def test_a_gate_that_compared_nothing_fails(tmp_path, capsys):
     assert "**FAIL**: no case is ok in both runs" in (tmp_path / "c" / "compare.md").read_text()
     # without a gate, the same comparison is only a report
     assert main(["compare", str(a), str(b), "--out", str(tmp_path / "d")]) == 0
+
+
+def test_an_installed_package_reports_its_version_not_git_none(tmp_path, monkeypatch):
+    from synth import env
+
+    from attnbench import checkout
+    from attnbench.store import env as env_module
+
+    monkeypatch.setattr(checkout, "root", lambda: None)  # a wheel: no checkout, no git
+    monkeypatch.setattr(env_module.checkout, "root", lambda: None)
+    collected = env_module.collect_env(["attnbench", "sweep"], 0, "cpu")
+    assert collected["git_sha"] is None and collected["checkout"] is False
+    assert collected["attnbench"] == checkout.version()
+    wheel_env = {**env(), "git_sha": None, "git_dirty": None, "attnbench": "0.1.0"}
+    wheel_env["checkout"] = False
+    a = write_run(tmp_path, "a", smoke_rows("a", seqs=SEQS), wheel_env)
+    b = write_run(tmp_path, "b", smoke_rows("b", seqs=SEQS), wheel_env)
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "c")]) == 0
+    md = (tmp_path / "c" / "compare.md").read_text()
+    git_row = next(line for line in md.splitlines() if line.startswith("| git"))
+    assert "None" not in git_row and "attnbench 0.1.0 (an installed package" in git_row

@@ -23,6 +23,7 @@ from attnbench.report import plots
 from attnbench.report.markdown import MISSING, table
 from attnbench.report.report import busy_machine, case_label, device_name
 from attnbench.store.atomic import atomic_dir
+from attnbench.store.env import code_version
 from attnbench.store.schema import CASE_KEY
 
 WITHIN_NOISE = "unchanged (within noise)"
@@ -176,10 +177,7 @@ def render(
             ("date (UTC)", envs[0].get("time_utc"), envs[1].get("time_utc")),
             (
                 "git",
-                *(
-                    f"{e.get('git_sha')}" + (" (uncommitted changes)" if e.get("git_dirty") else "")
-                    for e in envs
-                ),
+                *(code_version(e) or MISSING for e in envs),
             ),
             ("torch", envs[0].get("torch"), envs[1].get("torch")),
             ("command", f"`{envs[0].get('command')}`", f"`{envs[1].get('command')}`"),

@@ -13,6 +13,7 @@ from attnbench.report import analysis, plots
 from attnbench.report.markdown import MISSING, table
 from attnbench.report.patterns import sections as pattern_sections
 from attnbench.store.atomic import atomic_dir
+from attnbench.store.env import code_version
 from attnbench.store.rundir import load_run
 from attnbench.store.schema import STATUSES
 
@@ -87,9 +88,7 @@ def _header(run_id: str, df: pd.DataFrame, env: dict) -> list[str]:
             "the numbers below cannot be tied to a machine.",
             "",
         ]
-    git = v("git_sha")
-    if env.get("git_dirty"):
-        git += " (uncommitted changes)"
+    git = code_version(env) or MISSING
     versions = " · ".join(
         f"{k} {v(k)}" for k in ("python", "torch", "cuda", "cudnn", "triton", "xformers")
     )

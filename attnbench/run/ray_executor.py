@@ -22,8 +22,8 @@ import socket
 import sys
 import tempfile
 import threading
-from pathlib import Path
 
+from attnbench import checkout
 from attnbench.case import Case
 from attnbench.errors import UsageError
 from attnbench.registry import Impl
@@ -320,9 +320,9 @@ def _actor_env() -> dict:
         for k, v in os.environ.items()
         if k.startswith("ATTNBENCH_") or k == "TORCHINDUCTOR_CACHE_DIR"
     }
-    root = str(Path(__file__).resolve().parent.parent.parent)
-    if "site-packages" not in root and "dist-packages" not in root:
-        paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    root = checkout.root()
+    if root is not None:
+        paths = [str(root), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return {"env_vars": env}
 

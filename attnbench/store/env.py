@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
+from attnbench import checkout
 from attnbench.measure.clocks import driver_version
 
 
@@ -34,13 +35,18 @@ def cpu_name() -> str:
 
 
 def _git(*args: str) -> str | None:
+    """git's answer in attnbench's checkout; None for an installed package (its folder's git,
+    if any, would be another project's) or without git."""
+    root = checkout.root()
+    if root is None:
+        return None
     try:
         out = subprocess.run(
             ["git", *args],
             capture_output=True,
             text=True,
             timeout=10,
-            cwd=Path(__file__).resolve().parent.parent,
+            cwd=root,
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -75,9 +81,23 @@ def collect_env(argv: list[str], seed: int, device: str) -> dict:
         "cudnn": torch.backends.cudnn.version() if cuda else None,
         "triton": _version("triton"),
         "xformers": _version("xformers"),
+        "attnbench": checkout.version(),
+        "checkout": checkout.root() is not None,
         "git_sha": _git("rev-parse", "HEAD"),
         "git_dirty": None if status is None else bool(status),
     }
+
+
+def code_version(env: dict) -> str | None:
+    """Which attnbench made a run, in words: the commit of a checkout (and whether it had
+    uncommitted changes), or the version of an installed package; None when env.json says
+    neither (written before it recorded them)."""
+    if env.get("git_sha"):
+        return env["git_sha"] + (" (uncommitted changes)" if env.get("git_dirty") else "")
+    if env.get("attnbench"):
+        where = "a checkout without git" if env.get("checkout") else "an installed package"
+        return f"attnbench {env['attnbench']} ({where}: no git commit)"
+    return None
 
 
 @functools.cache
