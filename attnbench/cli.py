@@ -31,7 +31,7 @@ from attnbench.options import OPTIONS, flag, load_config, parse_value
 from attnbench.run.executors import InProcess, Subprocess
 from attnbench.run.row import Settings
 from attnbench.run.sweep import run_sweep
-from attnbench.spec import Spec
+from attnbench.spec import GPU_PRESETS, Spec
 from attnbench.store.atomic import write_json_atomic
 from attnbench.store.env import collect_env, device_env, device_name
 from attnbench.store.results import done_keys, read_results
@@ -185,11 +185,31 @@ def _check_executor(opts: dict) -> str:
     return executor
 
 
-def _select_impls(names: list[str] | None, impls: dict, spec: Spec) -> list:
-    if names is None and spec.impls is not None:  # the preset's own: those registered
-        return [impls[n] for n in spec.impls if n in impls]
+def _select_impls(
+    names: list[str] | None, impls: dict, spec: Spec, cases: list[Case]
+) -> tuple[list, dict[str, str]]:
+    """The impls to run, and those left out (name -> why). Named impls all run (their rows
+    say what they cannot do); without names, the preset's impls (or every impl) that can run
+    some case of the grid, so that no preset fills its rows with 'unsupported'."""
     if names is None:
-        return [i for i in impls.values() if spec.compiled or not i.compiled]
+        if spec.impls is not None:  # the preset's own
+            pool = [impls[n] for n in spec.impls if n in impls]
+            left_out = {n: "not registered here" for n in spec.impls if n not in impls}
+        else:
+            pool = [i for i in impls.values() if spec.compiled or not i.compiled]
+            left_out = {
+                i.name: "uses torch.compile (a compile per shape): name it in --impls"
+                for i in impls.values()
+                if i not in pool
+            }
+        selected = []
+        for impl in pool:
+            reasons = [impl.reasons(c) for c in cases]
+            if all(reasons):
+                left_out[impl.name] = "; ".join(reasons[0])
+            else:
+                selected.append(impl)
+        return selected, left_out
     for name in names:
         if name not in impls:
             close = difflib.get_close_matches(name, list(impls), n=1)
@@ -198,7 +218,12 @@ def _select_impls(names: list[str] | None, impls: dict, spec: Spec) -> list:
                 f"--impls: unknown impl {name!r}{did} "
                 f"(known: {', '.join(impls)}; see attnbench list)"
             )
-    return [impls[n] for n in names]
+    return [impls[n] for n in names], {}
+
+
+def _left_out_text(left_out: dict[str, str]) -> str:
+    lines = ["not run (no case of this grid fits them; name them in --impls to record their rows):"]
+    return "\n".join(lines + [f"  {name}: {why}" for name, why in left_out.items()])
 
 
 def _check_folders(*pairs: tuple[str, Path]) -> None:
@@ -282,8 +307,21 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         },
         rep_ms=[opts["rep_ms"]] if "rep_ms" in opts else None,
     )
+    if preset in GPU_PRESETS and device == "cpu" and "device" not in opts:
+        what = f"the {preset} preset" if command != "sweep" else f"--preset {preset}"
+        size = f"{len(spec.cases())} cases" + (f" x {len(spec.impls)} impls" if spec.impls else "")
+        raise UsageError(
+            f"{what} is a GPU grid ({size} of {'/'.join(spec.dtype)}, N up to "
+            f"{max(spec.seq_len)}) and no CUDA device is visible to torch "
+            f"{torch.__version__}; run it on a GPU, or add --device cpu to run it here anyway"
+        )
     cases = spec.cases()
-    selected = _select_impls(opts.get("impls"), impls, spec)
+    selected, left_out = _select_impls(opts.get("impls"), impls, spec, cases)
+    if not selected:
+        raise UsageError(
+            f"no impl can run any case of this grid on {device}; name impls with --impls "
+            f"(see attnbench list)"
+        )
     _check_profile_filter(opts.get("profile"), selected, cases)
     seed = opts.get("seed", 0)
     grid = {
@@ -343,12 +381,15 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         f"{len(cases)} cases x {len(selected)} impls on {device} -> {run_dir}"
         + (f" ({len(done)} rows already done)" if done else "")
     )
+    if left_out:
+        print(_left_out_text(left_out))
     _warn_if_busy(device)
     env = collect_env(["attnbench", command, *argv], seed, device)
     env["impls"] = {
         i.name: {"source": i.source, "baseline": i.baseline, "color": i.color} for i in selected
     }
     env["baseline"] = registry.baseline(selected)
+    env["not_run"] = left_out
     env["malloc"] = allocator.describe(settings.malloc_tunables, isolate)
     if executor == "ray":  # each actor measures its own device; the driver's is one of them
         env["devices"] = ray_executor.measure_devices(executors, dtypes, device, quick)

@@ -105,6 +105,9 @@ PRESETS: dict[str, dict] = {
 }
 
 
+# presets sized for a GPU: on a CPU they run only when --device cpu asks for it
+GPU_PRESETS = ("gpu", "first-light", "race")
+
 # --phase decode: new tokens per step (1, and 4 as speculative decoding verifies), cache
 # lengths (up to a model's context) and batch sizes
 DECODE_TOKENS = [1, 4]

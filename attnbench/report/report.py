@@ -424,9 +424,16 @@ def _disagreement_section(df: pd.DataFrame) -> list[str]:
     return lines
 
 
-def _failures_section(df: pd.DataFrame) -> list[str]:
+def _failures_section(df: pd.DataFrame, not_run: dict | None = None) -> list[str]:
     bad = analysis.failures(df)
     lines = ["## Non-ok rows", ""]
+    if not_run:  # impls the sweep left out: no case of its grid fits them (env.json not_run)
+        lines += [
+            "Not run, so without rows: "
+            + "; ".join(f"`{name}` ({why})" for name, why in not_run.items())
+            + ".",
+            "",
+        ]
     if bad.empty:
         return lines + ["Every row is ok.", ""]
     bad = bad.assign(
@@ -586,7 +593,7 @@ def render(
             )
     lines += _checks_section(df)
     lines += _kernels_section(kernels)
-    lines += _failures_section(df)
+    lines += _failures_section(df, env.get("not_run"))
     return "\n".join(lines).rstrip() + "\n"
 
 
