@@ -390,6 +390,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
     }
     env["baseline"] = registry.baseline(selected)
     env["not_run"] = left_out
+    env["profile"] = None if opts.get("profile") is None else list(opts["profile"])
     env["malloc"] = allocator.describe(settings.malloc_tunables, isolate)
     if executor == "ray":  # each actor measures its own device; the driver's is one of them
         env["devices"] = ray_executor.measure_devices(executors, dtypes, device, quick)
@@ -545,13 +546,14 @@ def fidelity(argv: list[str]) -> int:
         help="folder for fidelity.csv and fidelity.txt (default: reports/fidelity/<A>_vs_<B>)",
     )
     args = p.parse_args(argv)
-    _load_runs(args.run_a, args.run_b)
+    from attnbench.report.fidelity import check_runs, write_fidelity
+
+    runs = _load_runs(args.run_a, args.run_b)
+    check_runs([(path, df, env) for path, (_, df, env) in zip((args.run_a, args.run_b), runs)])
     out = args.out or (
         Path("reports") / "fidelity" / f"{args.run_a.resolve().name}_vs_{args.run_b.resolve().name}"
     )
     _check_folders(("--out", out))
-    from attnbench.report.fidelity import write_fidelity
-
     _, lines = write_fidelity(args.run_a, args.run_b, out)
     for line in lines:
         print(f"fidelity: {line}")
