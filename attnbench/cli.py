@@ -369,7 +369,8 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
             command=command,
         )
         print(
-            f"ray: {len(executors)} actors up in {time.perf_counter() - started:.1f} s "
+            f"ray: {len(executors)} actor{'s' if len(executors) > 1 else ''} up in "
+            f"{time.perf_counter() - started:.1f} s "
             f"({', '.join(sorted({f'{e.device_name}@{e.host}' for e in executors}))})"
         )
     if "threads" in opts and executor == "local":
@@ -413,7 +414,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
             copy_gb_s=env["ceilings"]["copy_gb_s"],
         )
         executors = [
-            Subprocess(plugins, seed, settings, opts.get("timeout"))
+            Subprocess(plugins, seed, settings, opts.get("timeout"), opts.get("threads"))
             if isolate
             else InProcess(seed, settings)
         ]

@@ -412,3 +412,49 @@ def test_a_gpu_preset_runs_on_a_cpu_when_asked(tmp_path, capsys):
     rows = read_results(tmp_path / "res" / "r")
     assert set(rows["impl"]) == {"sdpa_flash"} and (rows["status"] == "ok").all()
     assert "triton_flash: device=cpu (supported: cuda)" in out  # named once, not as rows
+
+
+SEMAPHORE_PLUGIN = """
+import multiprocessing
+
+import torch.nn.functional as F
+from attnbench import register
+
+HELD = []
+
+
+@register("holds_a_lock", backward=False)
+def holds_a_lock(q, k, v, *, causal, scale):
+    # a semaphore of multiprocessing's, as torch.compile's worker pools hold: a worker
+    # killed at the end of the sweep leaks it, one that exits on its own releases it
+    HELD.append(multiprocessing.get_context("spawn").Lock())
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+"""
+
+
+def test_the_worker_exits_cleanly_and_leaks_no_semaphore(tmp_path):
+    plugin = tmp_path / "holds.py"
+    plugin.write_text(SEMAPHORE_PLUGIN)
+    args = [sys.executable, str(ROOT / "scripts" / "sweep.py"), "--device", "cpu"]
+    args += ["--plugin", str(plugin), "--impls", "holds_a_lock", "--preset", "smoke"]
+    args += ["--seq-len", "32", "--mode", "fwd", "--causal", "false", "--rep-ms", "2"]
+    args += ["--no-progress", "--no-report", "--results-dir", str(tmp_path / "res")]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "leaked semaphore" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_threads_reach_the_worker_process(tmp_path, capsys):
+    plugin = tmp_path / "threads.py"
+    plugin.write_text(
+        "import torch\nfrom attnbench import Unsupported, register\n\n\n"
+        "@register('says_threads')\ndef says_threads(q, k, v, *, causal, scale):\n"
+        "    raise Unsupported(f'threads={torch.get_num_threads()}')\n"
+    )
+    args = ["sweep", "--device", "cpu", "--plugin", str(plugin), "--impls", "says_threads"]
+    args += ["--preset", "smoke", "--seq-len", "32", "--mode", "fwd", "--causal", "false"]
+    args += ["--threads", "1", "--no-progress", "--no-report", "--run-id", "t"]
+    assert main([*args, "--results-dir", str(tmp_path / "res")]) == 0
+    capsys.readouterr()
+    assert read_results(tmp_path / "res" / "t")["reason"].tolist() == ["threads=1"]

@@ -327,11 +327,41 @@ def _actor_env() -> dict:
     return {"env_vars": env}
 
 
+_AUTH_FAILURE = re.compile(r"InvalidAuthToken|Unauthenticated|AuthenticationError")
+
+
+def _auth_problem(address: str, exc: BaseException, logged: str) -> str | None:
+    """The cause and the fix when joining failed on Ray's token authentication (Ray >= 2.52:
+    a cluster started where a token exists, ~/.ray/auth_token, requires one; Ray sends it to
+    an address it is given only with RAY_AUTH_MODE=token), else None."""
+    chain, seen = [], exc
+    while seen is not None and len(chain) < 10:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    text = logged + " ".join(f"{type(e).__name__}: {e}" for e in chain)
+    if not _AUTH_FAILURE.search(text):
+        return None
+    where = "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token"
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+        return (
+            f"--ray-address {address}: the cluster refused this process's Ray token "
+            f"(RAY_AUTH_MODE=token): the token here ({where}) is missing or is not the "
+            f"cluster's; copy the head's (`ray get-auth-token` on the head prints it)"
+        )
+    return (
+        f"--ray-address {address}: the cluster requires Ray's token authentication and this "
+        f"process sent no token; run with RAY_AUTH_MODE=token and the cluster's token in "
+        f"{where} (`ray get-auth-token` on the head prints it; docs/distributed.md)"
+    )
+
+
 def connect(address: str | None, command: str = "sweep"):
     """Start a local Ray instance (``address`` None) or join a cluster (``auto``, host:port,
-    ray://host:port). Bad or unreachable addresses are a UsageError, and a cluster that does
-    not answer within CONNECT_TIMEOUT_S ends this process with one line and exit code 2
-    (nothing has been written by then)."""
+    ray://host:port). Bad or unreachable addresses are a UsageError (a token the cluster
+    requires and did not get, with the fix), and a cluster that does not answer within
+    CONNECT_TIMEOUT_S ends this process with one line and exit code 2 (nothing has been
+    written by then). While joining, Ray's own log lines (one per failed attempt, from its C++
+    client) are held back: they are shown if the join succeeds, read for the cause if not."""
     if address:
         os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "1")  # one attempt, not 20
     ray = _import_ray()
@@ -340,29 +370,47 @@ def connect(address: str | None, command: str = "sweep"):
     if ray.is_initialized():  # already connected (a program that drives sweeps itself)
         return ray
     _quiet_raylet_notices()
+    kwargs = dict(log_to_driver=False, logging_level=logging.ERROR)
+    if not address:
+        ray.init(include_dashboard=False, **kwargs)
+        _connected_here.append(True)
+        return ray
+    sys.stderr.flush()
+    stderr = os.dup(2)
+    held = tempfile.TemporaryFile()
 
     def give_up() -> None:
-        print(
+        line = (
             f"attnbench {command}: error: --ray-address {address}: no Ray cluster answered "
-            f"within {CONNECT_TIMEOUT_S:g} s",
-            file=sys.stderr,
-            flush=True,
+            f"within {CONNECT_TIMEOUT_S:g} s\n"
         )
+        os.write(stderr, line.encode())
         os._exit(2)
 
     watchdog = threading.Timer(CONNECT_TIMEOUT_S, give_up)
     watchdog.daemon = True
-    kwargs = dict(log_to_driver=False, logging_level=logging.ERROR)
-    if not address:
-        kwargs["include_dashboard"] = False
-    if address:
-        watchdog.start()
+    failure = None
+    os.dup2(held.fileno(), 2)
+    watchdog.start()
+    refused = (ConnectionError, ValueError, RuntimeError, TimeoutError, ray.exceptions.RayError)
     try:
         ray.init(address=address, **kwargs)
-    except (ConnectionError, ValueError, RuntimeError, TimeoutError) as exc:
-        raise UsageError(f"--ray-address {address}: cannot connect ({one_line(exc)})") from None
+    except refused as exc:
+        failure = exc
     finally:
         watchdog.cancel()
+        sys.stderr.flush()
+        os.dup2(stderr, 2)
+        os.close(stderr)
+    held.seek(0)
+    logged = held.read().decode(errors="replace")
+    held.close()
+    if failure is not None:
+        raise UsageError(
+            _auth_problem(address, failure, logged)
+            or f"--ray-address {address}: cannot connect ({one_line(failure)})"
+        ) from None
+    sys.stderr.write(logged)
     _connected_here.append(True)
     return ray
 
