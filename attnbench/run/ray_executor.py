@@ -2,11 +2,12 @@
 machines of a Ray cluster, behind the executor protocol of ``executors.py``.
 
 ``RayActor`` is the proxy the sweep drives, one per device; it owns one ``_Actor`` at a time,
-which runs whole cases on its device (inputs and the float64 reference made once per case, as
-in the subprocess worker) and sends back rows. Impls travel by name: each actor loads the
-registry itself. An actor that dies costs its row in flight (status crash) and is replaced; a
-row that exceeds the timeout kills its actor (status timeout). Nothing is retried by Ray, so
-no row runs twice.
+which runs whole cases on its device in a worker process of its own (the local executor's
+``Subprocess``: inputs and the float64 reference made once per case) and sends back rows.
+Impls travel by name: each actor loads the registry itself. An impl that crashes or hangs
+costs its row, as on one machine (status crash with the signal, or timeout), and a fresh
+worker; an actor that dies itself (its node lost, killed from outside) costs the row in
+flight and is replaced. Nothing is retried by Ray, so no row runs twice.
 
 ``start`` starts or joins Ray and returns the proxies; ``measure_devices`` has every actor
 measure its device's ceilings and returns env.json's ``devices``. ``ray`` is imported only
@@ -27,6 +28,7 @@ from attnbench import checkout
 from attnbench.case import Case
 from attnbench.errors import UsageError
 from attnbench.registry import Impl
+from attnbench.run.executors import CLOSE_WAIT_S, Subprocess
 from attnbench.run.row import Measured, Settings, failed, one_line
 
 INSTALL_HINT = "pip install 'ray>=2.40'"  # the ray extra's own requirement: works from a wheel
@@ -54,11 +56,20 @@ def _import_ray():
 
 
 class _Actor:
-    """Runs inside a Ray worker process and owns one device. Its stderr (faulthandler's
-    report of a fatal signal included) goes to a file of its own, emptied before each row, so
-    that a crash row can say how the actor died."""
+    """Runs inside a Ray worker process and owns one device. It measures rows in a worker
+    process of its own (the local executor's ``Subprocess``), so an impl that crashes or
+    hangs costs its row, named as on one machine (the signal, the worker's stderr), and the
+    actor lives on. Its own stderr goes to a file, emptied before each row, so that a crash
+    row can say how the actor died, if it does (its node lost, killed from outside)."""
 
-    def __init__(self, plugins: list[str], seed: int, device: str, threads: int | None):
+    def __init__(
+        self,
+        plugins: list[str],
+        seed: int,
+        device: str,
+        threads: int | None,
+        timeout_s: float | None = None,
+    ):
         self.err_path = os.path.join(
             tempfile.gettempdir(), f"attnbench-ray-actor-{os.getpid()}.err"
         )
@@ -72,8 +83,9 @@ class _Actor:
         from attnbench import registry
 
         self.impls = registry.discover(plugins)
-        self.seed, self.device = seed, device
-        self.prepared = None
+        self.plugins, self.seed, self.device = plugins, seed, device
+        self.threads, self.timeout_s = threads, timeout_s
+        self.worker: Subprocess | None = None
 
     def info(self) -> dict:
         import ray
@@ -93,19 +105,25 @@ class _Actor:
         return ceilings.measure(dtypes, self.device, quick=quick)
 
     def prepare(self, case: Case, build: bool, settings: Settings) -> None:
-        from attnbench.run.row import Prepared
-
-        self.prepared = Prepared(case, self.seed, settings)
-        if build:
-            self.prepared.build()
+        if self.worker is None or self.worker.settings != settings:  # the ceilings came in
+            self.close()
+            self.worker = Subprocess(
+                self.plugins, self.seed, settings, self.timeout_s, self.threads
+            )
+        self.worker.start_case(case, build)
 
     def measure(self, name: str) -> Measured:
         from attnbench.store.env import device_name
 
         os.ftruncate(2, 0)  # the file holds this row's output only
-        measured = self.prepared.measure(self.impls[name])
+        measured = self.worker.measure(self.impls[name])
         measured.row.update(host=socket.gethostname(), device_name=device_name(self.device))
         return measured
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+        self.worker = None
 
 
 def _read_and_remove(path: str) -> str:
@@ -227,16 +245,19 @@ class RayActor:
                 f"no replacement actor could be started ({type(exc).__name__})",
             )
         ref = self.actor.measure.remote(impl.name)
+        # the actor's worker process enforces --timeout itself (a timeout row, the actor
+        # lives on); this wait only ends an actor that stopped answering altogether
+        backstop = None if self.timeout_s is None else self.timeout_s + START_TIMEOUT_S
         try:
-            return self.ray.get(ref, timeout=self.timeout_s)
+            return self.ray.get(ref, timeout=backstop)
         except exceptions.GetTimeoutError:
             self._drop()
             return failed(
                 impl,
                 self.case,
                 "timeout",
-                f"no result after {self.timeout_s:g} s; the actor was killed; "
-                f"stderr: {self._stderr_tail()}",
+                f"no answer from the actor after {backstop:g} s (--timeout plus a worker "
+                f"start); the actor was killed; stderr: {self._stderr_tail()}",
             )
         except exceptions.RayActorError as exc:  # died: segfault, abort, killed, node lost
             reason = f"actor died ({_exit_detail(exc)}); stderr: {self._stderr_tail()}"
@@ -244,6 +265,11 @@ class RayActor:
             return failed(impl, self.case, "crash", reason)
 
     def close(self) -> None:
+        if self.actor is not None:  # its worker process exits on its own, then the actor
+            try:
+                self.ray.get(self.actor.close.remote(), timeout=CLOSE_WAIT_S + 5)
+            except Exception:  # noqa: BLE001 - dead, or not answering: killed below
+                pass
         self._drop()
         self._stderr_tail()  # removes the file
 
@@ -454,7 +480,7 @@ def start(
         options = dict(num_cpus=threads)
     options["runtime_env"] = _actor_env()
     n = max(1, min(n, actors or n))
-    args = ([str(p) for p in plugins], seed, device, threads)
+    args = ([str(p) for p in plugins], seed, device, threads, timeout_s)
     proxies = [RayActor(ray, options, args, settings, timeout_s) for _ in range(n)]
     for proxy in proxies:  # all start at once
         proxy.launch()
