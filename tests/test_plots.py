@@ -1,7 +1,10 @@
 """The figures' shared promises: one colour per impl in every figure, '(same as X)' only on
 lines that are the same, one tick format per figure, titles without missing values."""
 
+import re
+
 import matplotlib.colors as mcolors
+import numpy as np
 import pandas as pd
 from synth import env, ok_row, smoke_rows
 
@@ -100,3 +103,35 @@ def test_same_as_only_for_lines_that_are_the_same():
     labels = _labels(fig)
     plots.plt.close(fig)
     assert "sdpa (same as naive)" in labels
+
+
+def test_every_panel_of_the_error_plot_labels_its_ticks_alike():
+    rows = []
+    for causal, (lo, hi) in ((False, (3e-7, 4e-7)), (True, (1e-8, 1e-4))):  # < and > a decade
+        for n, err in zip(SEQS, np.geomspace(lo, hi, len(SEQS))):
+            case = Case(1, 4, 4, n, n, 64, "float32", causal, "fwd", "cpu")
+            rows.append(ok_row("t", "naive", case, 1.0, 1.0, rel_err=float(err), bound=1e-3))
+    fig = plots.plot_error_vs_seq(pd.DataFrame(rows))
+    fig.canvas.draw()
+    labels = [
+        [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+        for ax in fig.axes
+        if ax.get_visible()
+    ]
+    plots.plt.close(fig)
+    assert len(labels) == 2 and all(labels), labels
+    for panel in labels:
+        assert all(re.fullmatch(r"\d(\.\d+)?e[-+]\d+", text) for text in panel), labels
+
+
+def test_titles_leave_out_values_that_are_missing():
+    rows = []
+    for n in SEQS:
+        case = Case(1, 4, 4, n, n, 64, "float32", False, "fwd", "cpu")
+        rows.append({**ok_row("t", "naive", case, 1.0, 1.0), "mask": "padding"})
+    df = pd.DataFrame(rows)
+    assert df["window"].isna().all()
+    fig = plots.plot_time_vs_seq(df)
+    title = fig._suptitle.get_text()
+    plots.plt.close(fig)
+    assert "mask=padding" in title and "<NA>" not in title and "W=" not in title, title

@@ -119,8 +119,12 @@ def _title(what: str, df: pd.DataFrame, device_name: str | None) -> str:
         skip.add("kv_heads")  # plain multi-head attention: Hkv = H says nothing
     if len(df) and (df["mask"] == "none").all() and (df["level"] == "op").all():
         skip |= {"mask", "window", "level"}  # the defaults say nothing either
-    held = (
-        ", ".join(f"{CONFIG_LABELS[c]}{df[c].iloc[0]}" for c in fixed if c not in skip)
+    held = (  # a value held fixed at "missing" (W of a mask without a window) says nothing
+        ", ".join(
+            f"{CONFIG_LABELS[c]}{df[c].iloc[0]}"
+            for c in fixed
+            if c not in skip and not pd.isna(df[c].iloc[0])
+        )
         if len(df)
         else ""
     )
@@ -455,6 +459,7 @@ def plot_error_vs_seq(
     def bounds(ax, g):
         ok = analysis.ok_rows(g).dropna(subset=["err_bound"])
         if ok.empty:
+            _readable_log_y(ax)
             return
         spread = ok.groupby("seq_q")["err_bound"].agg(["min", "max"])
         if (spread["max"] <= spread["min"] * 1.01).all():  # one bound for every impl
@@ -494,13 +499,14 @@ def plot_error_vs_seq(
 
 
 def _readable_log_y(ax) -> None:
-    """On a log y axis spanning under a decade, label the minor ticks too (as 4e-07)."""
+    """Log y ticks as 4e-07 on every panel (one format per figure); on a panel spanning under
+    a decade, the minor ticks are labelled too."""
     ax.autoscale_view()
     lo, hi = ax.get_ylim()
+    fmt = FuncFormatter(lambda v, _: f"{v:.0e}")
+    ax.yaxis.set_major_formatter(fmt)
     if lo > 0 and hi / lo < 10:
-        fmt = FuncFormatter(lambda v, _: f"{v:.0e}")
         ax.yaxis.set_minor_formatter(fmt)
-        ax.yaxis.set_major_formatter(fmt)
 
 
 def plot_support_matrix(df: pd.DataFrame, *, device_name: str | None = None):

@@ -208,8 +208,9 @@ def _winners_section(df: pd.DataFrame) -> list[str]:
         "### Who wins where",
         "",
         "Fastest impl per case among the ok rows that agree with the reference, counted "
-        "per case family (N: the seq_q range of its wins; margin: median of runner-up "
-        "time / winner time).",
+        "per case family (N: the lengths it won, a–b where it won every length between; "
+        "ties: wins within the noise of the runner-up, whose p20–p80 range overlaps the "
+        "winner's; margin: median of runner-up time / winner time).",
         "",
     ]
     if winners.empty:
@@ -219,9 +220,10 @@ def _winners_section(df: pd.DataFrame) -> list[str]:
     for fam, g in sorted(winners.groupby("family"), key=lambda t: order.get(t[0], 0)):
         w = wins[wins["family"] == fam]
         text = [
-            f"**{r.impl}** {r.wins}/{r.cases} (N {r.seq_min}–{r.seq_max})"
-            if i == 0
-            else f"{r.impl} {r.wins}/{r.cases} (N {r.seq_min}–{r.seq_max})"
+            ("**{}**" if i == 0 else "{}").format(r.impl)
+            + f" {r.wins}/{r.cases} (N {r.spans}"
+            + (f"; {r.ties} tie{'s' if r.ties > 1 else ''}" if r.ties else "")
+            + ")"
             for i, r in enumerate(w.itertuples())
         ]
         none = int(g["impl"].isna().sum())
