@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from attnbench import registry
+from attnbench import checkout, registry
 from attnbench.case import Case
 from attnbench.errors import UsageError
 from attnbench.measure import allocator, ceilings
@@ -39,7 +39,14 @@ from attnbench.store.rundir import GRID_FILE, load_run, run_folder
 from attnbench.store.schema import CASE_KEY
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
-COMMANDS = ("sweep", "race", "list", "report", "compare", "fidelity")
+COMMANDS = {  # command -> what it does, for attnbench --help
+    "sweep": "sweep impls over a grid of cases: results.csv, samples.csv, env.json, a report",
+    "race": "the kernel race: the race preset (a GPU grid) as a sweep",
+    "list": "every impl, available or not: what it supports, where it came from, why not",
+    "report": "regenerate a run's report from its results.csv and env.json",
+    "compare": "run B against run A, per case; --fail-above PCT is a regression gate",
+    "fidelity": "can the numbers be trusted: timer vs profiler, repeatability, backend labels",
+}
 TOGGLES = {  # boolean options with a --no- flag: the help of the --no- flag
     "isolate": "run impls in this process",
     "group_by_device_name": "let a device of any kind continue a family started on another",
@@ -51,14 +58,34 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
+def _usage() -> str:
+    lines = [
+        f"usage: attnbench {{{','.join(COMMANDS)}}} [options]   |   attnbench --version",
+        "",
+        "Benchmark and profile attention implementations: time, TFLOP/s, memory, scaling and",
+        "agreement with a float64 reference, one CSV row per case and impl.",
+        "",
+        "commands:",
+        *(f"  {name:<9} {what}" for name, what in COMMANDS.items()),
+        "",
+        "attnbench COMMAND --help lists a command's options (docs/cli.md in the source tree).",
+    ]
+    return "\n".join(lines)
+
+
+def _version() -> str:
+    root = checkout.root()
+    return f"attnbench {checkout.version()}" + (f" (checkout {root})" if root else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(
-            f"usage: attnbench {{{','.join(COMMANDS)}}} ...   (attnbench COMMAND --help)",
-            file=sys.stdout if argv else sys.stderr,
-        )
+        print(_usage(), file=sys.stdout if argv else sys.stderr)
         return EXIT_OK if argv else EXIT_USAGE
+    if argv[0] in ("-V", "--version"):
+        print(_version())
+        return EXIT_OK
     command, rest = argv[0], argv[1:]
     try:
         if command not in COMMANDS:

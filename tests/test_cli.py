@@ -458,3 +458,26 @@ def test_threads_reach_the_worker_process(tmp_path, capsys):
     assert main([*args, "--results-dir", str(tmp_path / "res")]) == 0
     capsys.readouterr()
     assert read_results(tmp_path / "res" / "t")["reason"].tolist() == ["threads=1"]
+
+
+def test_help_names_every_command_and_version_says_which_attnbench(capsys):
+    from attnbench import checkout
+    from attnbench.cli import COMMANDS
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name, what in COMMANDS.items():
+        assert f"  {name:<9} {what}" in out
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith(f"attnbench {checkout.version()}")
+    assert checkout.version() != "unknown"
+
+
+def test_row_lines_shorten_a_long_reason_between_words():
+    from attnbench.run.sweep import _outcome
+
+    reason = " ".join(f"word{i:03d}" for i in range(60))  # 479 characters, cut anywhere
+    line = _outcome({"status": "error", "reason": reason})
+    kept = line.removeprefix("error (").removesuffix(")")
+    assert kept.endswith(" ...") and len(kept) < len(reason)
+    assert all(word in reason.split() for word in kept.removesuffix(" ...").split())

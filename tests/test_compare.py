@@ -159,3 +159,14 @@ def test_an_installed_package_reports_its_version_not_git_none(tmp_path, monkeyp
     md = (tmp_path / "c" / "compare.md").read_text()
     git_row = next(line for line in md.splitlines() if line.startswith("| git"))
     assert "None" not in git_row and "attnbench 0.1.0 (an installed package" in git_row
+
+
+def test_the_terminal_summary_names_a_few_one_sided_cases_and_counts_the_rest(tmp_path, capsys):
+    a = write_run(tmp_path, "a", smoke_rows("a", seqs=(64, 128)))
+    b = write_run(tmp_path, "b", smoke_rows("b", seqs=(64, 128, 256, 512, 1024)))
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    only_b = [line for line in out.splitlines() if line.startswith("  only in B:")]
+    assert len(only_b) == 5
+    assert "  ... and 55 more only in B (compare.md lists every case)" in out  # 60 in all
+    assert (tmp_path / "c" / "compare.md").read_text().count("| only in B |") == 60

@@ -193,3 +193,15 @@ def test_impl_colours_are_stable_across_runs(impls):
     assert a["sdpa"] == b["sdpa"] and a["naive"] == b["naive"]
     assert b["aa_plugin"] != b["zz_plugin"]
     assert len({c for c, _ in b.values()}) == len(b)
+
+
+def test_measurement_checks_say_no_row_page_faulted_instead_of_zero_rows(tmp_path):
+    from attnbench.store.results import read_results
+
+    rows = smoke_rows("pf", seqs=(64, 128, 256))
+    for r in rows:
+        r["page_faults"] = 2.0 if r["status"] == "ok" else None
+    df = read_results(write_run(tmp_path, "pf", rows))
+    text = "\n".join(report._checks_section(df))
+    assert "0 CPU row(s)" not in text
+    assert "No CPU row page-faulted inside the timing (at most 2 minor faults" in text

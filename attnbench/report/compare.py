@@ -27,6 +27,7 @@ from attnbench.store.env import code_version
 from attnbench.store.schema import CASE_KEY
 
 WITHIN_NOISE = "unchanged (within noise)"
+SHOWN_PER_OUTCOME = 5  # the terminal summary names this many cases per outcome; compare.md all
 SIDE_COLUMNS = ("status", "reason", "time_ms", "time_ms_p20", "time_ms_p80")
 OUTCOMES = ("compared", "not ok in B", "not ok in A", "not ok in both", "only in A", "only in B")
 ENV_FIELDS = (
@@ -294,12 +295,18 @@ def summary_lines(cmp: pd.DataFrame, fail_above_pct: float | None) -> list[str]:
             f"(min {r.min:.3f}, max {r.max:.3f})"
         )
     for outcome in ("not ok in B", "not ok in A", "only in A", "only in B"):
-        for _, r in cmp[cmp["outcome"] == outcome].iterrows():
+        rows = cmp[cmp["outcome"] == outcome]
+        for _, r in rows.head(SHOWN_PER_OUTCOME).iterrows():
             status = (
                 f" [A {r['status_a'] if pd.notna(r['status_a']) else MISSING}, "
                 f"B {r['status_b'] if pd.notna(r['status_b']) else MISSING}]"
             )
             lines.append(f"  {outcome}: {describe_case(r)}{status}")
+        if len(rows) > SHOWN_PER_OUTCOME:
+            lines.append(
+                f"  ... and {len(rows) - SHOWN_PER_OUTCOME} more {outcome} "
+                f"(compare.md lists every case)"
+            )
     if fail_above_pct is not None:
         reg = regressions(cmp, fail_above_pct)
         for _, r in reg.iterrows():

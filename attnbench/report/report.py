@@ -486,12 +486,19 @@ def _checks_section(df: pd.DataFrame) -> list[str]:
             f"in this run.",
             "",
         ]
-    if ok["page_faults"].notna().any():
+    if len(faulting):
         lines += [
             f"{len(faulting)} CPU row(s) page-faulted inside the timing ({PAGE_FAULTS_FLAG:g} "
             f"or more minor faults per timed call; most {ok['page_faults'].max():.0f}): their "
             f"times include paging memory back in and may move between identical runs "
             f"(docs/method.md, CPU timing and the allocator).",
+            "",
+        ]
+    elif ok["page_faults"].notna().any():
+        lines += [
+            f"No CPU row page-faulted inside the timing (at most "
+            f"{ok['page_faults'].max():.0f} minor faults per timed call; "
+            f"{PAGE_FAULTS_FLAG:g} or more would be flagged).",
             "",
         ]
     if ok["profiler_ms"].notna().any():

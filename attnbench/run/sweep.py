@@ -10,6 +10,7 @@ soon as it exists, and stamps each with the ``host`` and ``device_name`` that ra
 from __future__ import annotations
 
 import socket
+import textwrap
 import threading
 from collections import Counter
 from pathlib import Path
@@ -22,6 +23,8 @@ from attnbench.run.executors import Executor
 from attnbench.run.row import Measured, base_row, failed, release
 from attnbench.store.env import device_name
 from attnbench.store.results import kernels_writer, row_key, row_writer, samples_writer
+
+REASON_CHARS = 160  # --row-lines: a failed row's reason, shortened between words
 
 Family = list[tuple[Case, list[Impl]]]  # (case, the impls still to run on it), by length
 
@@ -197,8 +200,9 @@ def _short(name: str, chars: int = 20) -> str:
 
 
 def _outcome(row: dict) -> str:
-    if row["status"] != "ok":
-        return f"{row['status']} ({(row['reason'] or '')[:120]})"
+    if row["status"] != "ok":  # a long reason shortened between words (the CSV has it whole)
+        reason = textwrap.shorten(row["reason"] or "", REASON_CHARS, placeholder=" ...")
+        return f"{row['status']} ({reason})"
     agrees = {True: "agrees", False: "DISAGREES", None: "not checked"}[row["agrees"]]
     return f"ok {row['time_ms']:.4g} ms, {agrees}"
 
