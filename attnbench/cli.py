@@ -106,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"attnbench {command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # the reader left early (attnbench list | head): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 def build_parser(command: str = "sweep") -> argparse.ArgumentParser:
@@ -157,6 +160,12 @@ def build_parser(command: str = "sweep") -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list every impl and exit")
     p.add_argument(
         "--list-models", action="store_true", help="list the model presets (--model) and exit"
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check every option, print the cases and impls the sweep would run, and exit "
+        "without running or writing anything",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
@@ -251,6 +260,20 @@ def _select_impls(
 def _left_out_text(left_out: dict[str, str]) -> str:
     lines = ["not run (no case of this grid fits them; name them in --impls to record their rows):"]
     return "\n".join(lines + [f"  {name}: {why}" for name, why in left_out.items()])
+
+
+def _plan_text(cases: list, selected: list, left_out: dict, device: str, run_dir: Path) -> str:
+    shown = [f"  {c.label()}" for c in cases[:DRY_RUN_CASES]]
+    more = len(cases) - len(shown)
+    lines = [
+        f"dry run: {len(cases)} cases x {len(selected)} impls = {len(cases) * len(selected)} "
+        f"rows on {device} -> {run_dir} (nothing run, nothing written)",
+        f"impls: {', '.join(i.name for i in selected)}",
+        "cases:",
+        *shown,
+        *([f"  ... and {more} more"] if more > 0 else []),
+    ]
+    return "\n".join(lines + ([_left_out_text(left_out)] if left_out else []))
 
 
 def _check_folders(*pairs: tuple[str, Path]) -> None:
@@ -367,6 +390,9 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         grid=grid,
         default_id=f"{datetime.now():%Y%m%d-%H%M%S}-{device.split(':')[0]}-{preset}",
     )
+    if args.dry_run:
+        print(_plan_text(cases, selected, left_out, device, run_dir))
+        return EXIT_OK
 
     isolate = opts.get("isolate", True) or "timeout" in opts
     settings = Settings(
@@ -642,6 +668,7 @@ def compare(argv: list[str]) -> int:
 
 
 LIST_WIDTH = 100  # attnbench list: lines no wider than this
+DRY_RUN_CASES = 10  # --dry-run names this many cases, then counts the rest
 
 
 def _compact(values, every=(), short=None) -> str:

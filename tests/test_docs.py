@@ -201,3 +201,109 @@ def test_the_python_examples_on_results_run(tmp_path, capsys):
         exec(compile(block.replace('"results/RUN"', repr(str(run))), "docs", "exec"), {})
     out = capsys.readouterr().out
     assert "attention share of the layer" in out and "slope" in out
+
+
+SWEEPS = ("python scripts/sweep.py", "attnbench sweep", "attnbench race")
+
+
+def _documented(prefixes) -> list[tuple[str, str]]:
+    """(page, command) for each documented command line that starts with one of ``prefixes``
+    (after a leading 'pip install ... &&'); synopses with [optional] parts are left out."""
+    out = []
+    for page in DOC_PAGES:
+        for line in bash_commands(page):
+            line = line.split("&&")[-1].strip()
+            if line.startswith(prefixes) and "[" not in line:
+                out.append((page.name, line))
+    return out
+
+
+def _argv(line: str, tmp_path: Path) -> list[str]:
+    line = line.replace("$i", "1").replace("/tmp/r", str(tmp_path / "r"))
+    line = line.replace("/tmp/spread", str(tmp_path / "spread"))
+    args = shlex.split(line)
+    if args[:2] == ["python", "scripts/sweep.py"]:
+        return ["sweep", *args[2:]]
+    assert args[0] == "attnbench", line
+    return args[1:]
+
+
+def test_every_documented_sweep_command_is_valid(tmp_path, capsys):
+    """Each sweep command of README.md and docs/ passes every check of its options and plans
+    its grid (--dry-run: nothing is run or written). GPU presets get --device cpu on a
+    machine without CUDA (refusing them there is tested in test_cli)."""
+    import torch
+
+    from attnbench.cli import main
+    from attnbench.spec import GPU_PRESETS
+
+    (tmp_path / "my_attn.py").write_text(python_blocks(ROOT / "README.md")[0])  # --plugin
+    toml = re.search(r"```toml\n(# sweep.toml.*?)```", (ROOT / "docs" / "cli.md").read_text(), re.S)
+    (tmp_path / "sweep.toml").write_text(toml.group(1))  # --config sweep.toml
+    commands = _documented(SWEEPS)
+    assert len(commands) >= 15
+    failed = []
+    for page, line in commands:
+        argv = _argv(line, tmp_path)
+        gpu = argv[0] == "race" or any(p in argv for p in GPU_PRESETS) or "sweep.toml" in line
+        if gpu and "--device" not in argv and not torch.cuda.is_available():
+            argv += ["--device", "cpu"]
+        code = main([*argv, "--dry-run"])
+        out = capsys.readouterr()
+        if code != 0 or "dry run:" not in out.out:
+            failed.append(f"{page}: {line}: {out.err.strip()}")
+    assert not failed, failed
+    written = {p.name for p in tmp_path.iterdir()}
+    assert written == {"my_attn.py", "sweep.toml"}, written
+
+
+def test_the_documented_report_list_and_compare_commands_run(tmp_path, capsys, monkeypatch):
+    """Each report, list and compare command of README.md and docs/, on synthetic runs; the
+    figures are stubbed (tests/test_plots.py and test_report.py draw them)."""
+    from synth import smoke_rows, write_run
+
+    from attnbench.cli import main
+    from attnbench.report import plots
+
+    def save(fig, stem, svg=False):
+        stem.with_suffix(".png").write_bytes(b"png")
+        return [stem.with_suffix(".png")]
+
+    for name in dir(plots):
+        if name.startswith("plot_"):
+            monkeypatch.setattr(plots, name, lambda *a, **k: None)
+    monkeypatch.setattr(plots, "save_figure", save)
+
+    a = write_run(tmp_path / "results", "run-a", smoke_rows("run-a", seqs=(64, 128, 256)))
+    b = write_run(tmp_path / "results", "run-b", smoke_rows("run-b", seqs=(64, 128, 256)))
+    placeholders = {"<run-id>": "run-a", "<a>": "run-a", "<b>": "run-b"}
+    placeholders |= {"<run-a>": "run-a", "<run-b>": "run-b"}
+    commands = _documented(("attnbench list", "attnbench report", "attnbench compare"))
+    commands = list(dict.fromkeys((p, c) for p, c in commands if "/tmp/r/" not in c))
+    assert len(commands) >= 5
+    for page, line in commands:
+        for key, value in placeholders.items():
+            line = line.replace(key, value)
+        code = main(_argv(line, tmp_path))
+        out = capsys.readouterr()
+        assert code == 0, f"{page}: {line}: {out.err}"
+    assert (tmp_path / "reports" / "run-a" / "report.md").exists()
+    assert (tmp_path / "out" / "run-a" / "report.md").exists()
+    assert (tmp_path / "reports" / "compare" / "run-a_vs_run-b" / "compare.md").exists()
+    assert a.exists() and b.exists()
+
+
+@pytest.mark.slow  # two smoke sweeps: minutes on 2 CPU cores
+def test_the_documented_ci_gate_runs(tmp_path, capsys):
+    """docs/reports.md's CI use: two smoke sweeps, then compare with the gate."""
+    from attnbench.cli import main
+
+    commands = [line for _, line in _documented(SWEEPS) if "/tmp/r" in line]
+    commands += [line for _, line in _documented(("attnbench compare",)) if "/tmp/r/" in line]
+    assert len(commands) == 3
+    for line in commands[:2]:
+        assert main([*_argv(line, tmp_path), "--no-report"]) == 0, line
+    code = main(_argv(commands[2], tmp_path))
+    out = capsys.readouterr().out
+    assert "gate: PASS" in out if code == 0 else (code == 1 and "REGRESSION" in out), out
+    assert (tmp_path / "r" / "cmp" / "compare.md").exists()
