@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from attnbench import registry
+from attnbench import checkout, registry
 from attnbench.case import Case
 from attnbench.errors import UsageError
 from attnbench.measure import allocator, ceilings
@@ -32,7 +32,7 @@ from attnbench.options import OPTIONS, as_text, flag, load_config, parse_value
 from attnbench.run.executors import InProcess, Subprocess
 from attnbench.run.row import Settings
 from attnbench.run.sweep import run_sweep
-from attnbench.spec import Spec
+from attnbench.spec import GPU_PRESETS, Spec
 from attnbench.store.atomic import write_json_atomic
 from attnbench.store.env import collect_env, device_env, device_name
 from attnbench.store.repro import MEASURE_OPTIONS, repro_command
@@ -41,7 +41,15 @@ from attnbench.store.rundir import GRID_FILE, load_run, run_folder
 from attnbench.store.schema import CASE_KEY
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
-COMMANDS = ("sweep", "race", "list", "report", "compare", "fidelity", "repro")
+COMMANDS = {  # command -> what it does, for attnbench --help
+    "sweep": "sweep impls over a grid of cases: results.csv, samples.csv, env.json, a report",
+    "race": "the kernel race: the race preset (a GPU grid) as a sweep",
+    "list": "every impl, available or not: what it supports, where it came from, why not",
+    "report": "regenerate a run's report from its results.csv and env.json",
+    "compare": "run B against run A, per case; --fail-above PCT is a regression gate",
+    "fidelity": "can the numbers be trusted: timer vs profiler, repeatability, backend labels",
+    "repro": "print the one-row command that measures a row of a run again",
+}
 TOGGLES = {  # boolean options with a --no- flag: the help of the --no- flag
     "isolate": "run impls in this process",
     "group_by_device_name": "let a device of any kind continue a family started on another",
@@ -53,14 +61,34 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
+def _usage() -> str:
+    lines = [
+        f"usage: attnbench {{{','.join(COMMANDS)}}} [options]   |   attnbench --version",
+        "",
+        "Benchmark and profile attention implementations: time, TFLOP/s, memory, scaling and",
+        "agreement with a float64 reference, one CSV row per case and impl.",
+        "",
+        "commands:",
+        *(f"  {name:<9} {what}" for name, what in COMMANDS.items()),
+        "",
+        "attnbench COMMAND --help lists a command's options (docs/cli.md in the source tree).",
+    ]
+    return "\n".join(lines)
+
+
+def _version() -> str:
+    root = checkout.root()
+    return f"attnbench {checkout.version()}" + (f" (checkout {root})" if root else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(
-            f"usage: attnbench {{{','.join(COMMANDS)}}} ...   (attnbench COMMAND --help)",
-            file=sys.stdout if argv else sys.stderr,
-        )
+        print(_usage(), file=sys.stdout if argv else sys.stderr)
         return EXIT_OK if argv else EXIT_USAGE
+    if argv[0] in ("-V", "--version"):
+        print(_version())
+        return EXIT_OK
     command, rest = argv[0], argv[1:]
     try:
         if command not in COMMANDS:
@@ -82,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"attnbench {command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # the reader left early (attnbench list | head): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 def build_parser(command: str = "sweep") -> argparse.ArgumentParser:
@@ -134,13 +165,14 @@ def build_parser(command: str = "sweep") -> argparse.ArgumentParser:
     p.add_argument("--reports-dir", default="reports", type=Path)
     p.add_argument("--list", action="store_true", help="list every impl and exit")
     p.add_argument(
-        "--plan",
-        action="store_true",
-        help="print the grid's size (cases x impls = rows) and exit, running and writing "
-        "nothing (also for --device cuda on a machine without a GPU)",
+        "--list-models", action="store_true", help="list the model presets (--model) and exit"
     )
     p.add_argument(
-        "--list-models", action="store_true", help="list the model presets (--model) and exit"
+        "--dry-run",
+        action="store_true",
+        help="check every option, print the grid's size (cases x impls = rows), its cases and "
+        "impls, and exit without running or writing anything (also for --device cuda on a "
+        "machine without a GPU)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
@@ -203,11 +235,31 @@ def _check_executor(opts: dict) -> str:
     return executor
 
 
-def _select_impls(names: list[str] | None, impls: dict, spec: Spec) -> list:
-    if names is None and spec.impls is not None:  # the preset's own: those registered
-        return [impls[n] for n in spec.impls if n in impls]
+def _select_impls(
+    names: list[str] | None, impls: dict, spec: Spec, cases: list[Case]
+) -> tuple[list, dict[str, str]]:
+    """The impls to run, and those left out (name -> why). Named impls all run (their rows
+    say what they cannot do); without names, the preset's impls (or every impl) that can run
+    some case of the grid, so that no preset fills its rows with 'unsupported'."""
     if names is None:
-        return [i for i in impls.values() if spec.compiled or not i.compiled]
+        if spec.impls is not None:  # the preset's own
+            pool = [impls[n] for n in spec.impls if n in impls]
+            left_out = {n: "not registered here" for n in spec.impls if n not in impls}
+        else:
+            pool = [i for i in impls.values() if spec.compiled or not i.compiled]
+            left_out = {
+                i.name: "uses torch.compile (a compile per shape): name it in --impls"
+                for i in impls.values()
+                if i not in pool
+            }
+        selected = []
+        for impl in pool:
+            reasons = [impl.reasons(c) for c in cases]
+            if all(reasons):
+                left_out[impl.name] = "; ".join(reasons[0])
+            else:
+                selected.append(impl)
+        return selected, left_out
     for name in names:
         if name not in impls:
             close = difflib.get_close_matches(name, list(impls), n=1)
@@ -216,7 +268,26 @@ def _select_impls(names: list[str] | None, impls: dict, spec: Spec) -> list:
                 f"--impls: unknown impl {name!r}{did} "
                 f"(known: {', '.join(impls)}; see attnbench list)"
             )
-    return [impls[n] for n in names]
+    return [impls[n] for n in names], {}
+
+
+def _left_out_text(left_out: dict[str, str]) -> str:
+    lines = ["not run (no case of this grid fits them; name them in --impls to record their rows):"]
+    return "\n".join(lines + [f"  {name}: {why}" for name, why in left_out.items()])
+
+
+def _plan_text(cases: list, selected: list, left_out: dict, device: str) -> str:
+    shown = [f"  {c.label()}" for c in cases[:DRY_RUN_CASES]]
+    more = len(cases) - len(shown)
+    lines = [
+        f"dry run: {len(cases)} cases x {len(selected)} impls = {len(cases) * len(selected)} "
+        f"rows on {device} (nothing run, nothing written)",
+        f"impls: {', '.join(i.name for i in selected)}",
+        "cases:",
+        *shown,
+        *([f"  ... and {more} more"] if more > 0 else []),
+    ]
+    return "\n".join(lines + ([_left_out_text(left_out)] if left_out else []))
 
 
 def _check_folders(*pairs: tuple[str, Path]) -> None:
@@ -264,7 +335,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         return EXIT_OK
     opts = resolve_options(args)
     executor = _check_executor(opts)
-    device = _device(opts.get("device"), local=executor == "local" and not args.plan)
+    device = _device(opts.get("device"), local=executor == "local" and not args.dry_run)
     if opts.get("cuda_graph") and not device.startswith("cuda"):
         raise UsageError(
             f"--cuda-graph replays CUDA graphs, but the device is {device}; use --device cuda "
@@ -305,12 +376,24 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         },
         rep_ms=[opts["rep_ms"]] if "rep_ms" in opts else None,
     )
+    if preset in GPU_PRESETS and device == "cpu" and "device" not in opts:
+        what = f"the {preset} preset" if command != "sweep" else f"--preset {preset}"
+        size = f"{len(spec.cases())} cases" + (f" x {len(spec.impls)} impls" if spec.impls else "")
+        raise UsageError(
+            f"{what} is a GPU grid ({size} of {'/'.join(spec.dtype)}, N up to "
+            f"{max(spec.seq_len)}) and no CUDA device is visible to torch "
+            f"{torch.__version__}; run it on a GPU, or add --device cpu to run it here anyway"
+        )
     cases = spec.cases()
-    selected = _select_impls(opts.get("impls"), impls, spec)
+    selected, left_out = _select_impls(opts.get("impls"), impls, spec, cases)
+    if not selected:
+        raise UsageError(
+            f"no impl can run any case of this grid on {device}; name impls with --impls "
+            f"(see attnbench list)"
+        )
     _check_profile_filter(opts.get("profile"), selected, cases)
-    if args.plan:
-        rows = len(cases) * len(selected)
-        print(f"{len(cases)} cases x {len(selected)} impls = {rows} rows")
+    if args.dry_run:
+        print(_plan_text(cases, selected, left_out, device))
         return EXIT_OK
     seed = opts.get("seed", 0)
     grid = {
@@ -329,7 +412,6 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         grid=grid,
         default_id=f"{datetime.now():%Y%m%d-%H%M%S}-{device.split(':')[0]}-{preset}",
     )
-
     isolate = opts.get("isolate", True) or "timeout" in opts
     settings = Settings(
         timer=TimerConfig(rep_ms=spec.rep_ms[0], cuda_graph=opts.get("cuda_graph", False)),
@@ -362,7 +444,8 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
             command=command,
         )
         print(
-            f"ray: {len(executors)} actors up in {time.perf_counter() - started:.1f} s "
+            f"ray: {len(executors)} actor{'s' if len(executors) > 1 else ''} up in "
+            f"{time.perf_counter() - started:.1f} s "
             f"({', '.join(sorted({f'{e.device_name}@{e.host}' for e in executors}))})"
         )
     if "threads" in opts and executor == "local":
@@ -374,6 +457,8 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         f"{len(cases)} cases x {len(selected)} impls on {device} -> {run_dir}"
         + (f" ({len(done)} rows already done)" if done else "")
     )
+    if left_out:
+        print(_left_out_text(left_out))
     _warn_if_busy(device)
     env = collect_env(["attnbench", command, *argv], seed, device)
     env["impls"] = {
@@ -381,6 +466,8 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
     }
     env["baseline"] = registry.baseline(selected)
     env["options"] = {k: as_text(opts[k]) for k in MEASURE_OPTIONS if k in opts}  # repro
+    env["not_run"] = left_out
+    env["profile"] = None if opts.get("profile") is None else list(opts["profile"])
     env["malloc"] = allocator.describe(settings.malloc_tunables, isolate)
     if executor == "ray":  # each actor measures its own device; the driver's is one of them
         env["devices"] = ray_executor.measure_devices(executors, dtypes, device, quick)
@@ -404,7 +491,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
             ceilings_contended=env["ceilings"]["contended"],
         )
         executors = [
-            Subprocess(plugins, seed, settings, opts.get("timeout"))
+            Subprocess(plugins, seed, settings, opts.get("timeout"), opts.get("threads"))
             if isolate
             else InProcess(seed, settings)
         ]
@@ -466,8 +553,9 @@ def list_command(argv: list[str]) -> int:
     plugins = [x for text in args.plugin for x in parse_value("plugin", text, "--plugin")]
     for text in plugins:
         registry.plugin_source(text)
-    device = _device(
-        None if args.device is None else parse_value("device", args.device, "--device")
+    # what runs on a device is a question worth asking on a machine without one
+    device = (
+        _device(None) if args.device is None else parse_value("device", args.device, "--device")
     )
     print(list_impls(registry.discover(plugins), device.split(":")[0]))
     return EXIT_OK
@@ -536,13 +624,14 @@ def fidelity(argv: list[str]) -> int:
         help="folder for fidelity.csv and fidelity.txt (default: reports/fidelity/<A>_vs_<B>)",
     )
     args = p.parse_args(argv)
-    _load_runs(args.run_a, args.run_b)
+    from attnbench.report.fidelity import check_runs, write_fidelity
+
+    runs = _load_runs(args.run_a, args.run_b)
+    check_runs([(path, df, env) for path, (_, df, env) in zip((args.run_a, args.run_b), runs)])
     out = args.out or (
         Path("reports") / "fidelity" / f"{args.run_a.resolve().name}_vs_{args.run_b.resolve().name}"
     )
     _check_folders(("--out", out))
-    from attnbench.report.fidelity import write_fidelity
-
     _, lines = write_fidelity(args.run_a, args.run_b, out)
     for line in lines:
         print(f"fidelity: {line}")
@@ -602,7 +691,7 @@ def compare(argv: list[str]) -> int:
         default=None,
         metavar="PCT",
         help="exit 1 when any case ok in both is more than PCT%% slower in B, "
-        "or ok in A and not ok in B",
+        "or ok in A and not ok in B, or no case is ok in both (nothing compared)",
     )
     p.add_argument(
         "--out",
@@ -615,39 +704,86 @@ def compare(argv: list[str]) -> int:
     runs = _load_runs(args.run_a, args.run_b)
     out = args.out or Path("reports") / "compare" / f"{runs[0][0]}_vs_{runs[1][0]}"
     _check_folders(("--out", out))
-    from attnbench.report.compare import regressions, summary_lines, write_compare
+    from attnbench.report.compare import gate_fails, summary_lines, write_compare
 
     cmp, path = write_compare(runs[0], runs[1], out, args.fail_above)
     for line in summary_lines(cmp, args.fail_above):
         print(line)
     print(path)
-    if args.fail_above is not None and len(regressions(cmp, args.fail_above)):
+    if args.fail_above is not None and gate_fails(cmp, args.fail_above):
         return EXIT_REGRESSION
     return EXIT_OK
 
 
+LIST_WIDTH = 100  # attnbench list: lines no wider than this
+DRY_RUN_CASES = 10  # --dry-run names this many cases, then counts the rest
+
+
+def _compact(values, every=(), short=None) -> str:
+    """A capability list in a few characters: 'all' when it is every allowed value, else
+    the values (abbreviated by ``short``), an evenly spaced run of numbers as 'a-b/step'."""
+    values = list(values)
+    if every and set(values) >= set(every):
+        return "all"
+    if len(values) > 3 and all(isinstance(v, int) for v in values):
+        steps = {b - a for a, b in zip(values, values[1:])}
+        if len(steps) == 1:
+            return f"{values[0]}-{values[-1]}/{steps.pop()}"
+    return ",".join((short or {}).get(v, str(v)) for v in values)
+
+
 def list_impls(impls: dict, device: str) -> str:
-    rows = [
-        {
-            "impl": impl.name,
-            "available": "yes" if impl.available else "no",
-            "devices": ",".join(impl.devices),
-            "dtypes": ",".join(impl.dtypes),
-            "head_dims": "any" if impl.head_dims is None else ",".join(map(str, impl.head_dims)),
-            "causal/cross/gqa/bwd": "/".join(
-                "y" if f else "n" for f in (impl.causal, impl.cross, impl.gqa, impl.backward)
-            ),
-            "masks": ",".join(impl.masks),
-            "bottom_right": "y" if "bottom_right" in impl.causal_align else "n",
-            "paged": "y" if impl.paged else "",
-            "sm": "" if impl.sm is None else f"{impl.sm[0]}-{impl.sm[1] or ''}",
-            "source": impl.source,
-            "note": impl.unavailable
-            or ("" if device in impl.devices else f"not on {device}; ") + impl.description,
-        }
-        for impl in impls.values()
-    ]
-    return pd.DataFrame(rows).to_string(index=False)
+    """Every impl on one line each (what it supports, where it came from), then a note per
+    impl (what it is; why it cannot run here), every line within LIST_WIDTH characters."""
+    import textwrap
+
+    from attnbench.case import DTYPES
+    from attnbench.masks import MASKS
+
+    dtypes = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+    rows, notes = [], []
+    for impl in impls.values():
+        here = impl.available and device in impl.devices
+        rows.append(
+            {
+                "impl": impl.name,
+                "here": "yes" if here else "no",
+                "devices": ",".join(impl.devices),
+                "dtypes": _compact(impl.dtypes, DTYPES, dtypes),
+                "head_dims": "any" if impl.head_dims is None else _compact(impl.head_dims),
+                "c/x/g/b": "/".join(
+                    "y" if f else "n" for f in (impl.causal, impl.cross, impl.gqa, impl.backward)
+                ),
+                "masks": _compact(impl.masks, MASKS),
+                "br": "y" if "bottom_right" in impl.causal_align else "n",
+                "paged": "y" if impl.paged else "n",
+                "from": registry.origin(impl),
+            }
+        )
+        why = impl.unavailable or ("" if here else f"not on {device}")
+        where = "" if registry.origin(impl) == "built-in" else f" [{impl.source}]"
+        text = "; ".join(t for t in (why, impl.description) if t) + where
+        notes.append(
+            textwrap.fill(
+                f"{impl.name}: {text or '(no description)'}",
+                width=LIST_WIDTH,
+                subsequent_indent="    ",
+                break_on_hyphens=False,
+            )
+        )
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in rows[0]} if rows else {}
+    table = "\n".join(
+        " ".join(str(r[c]).ljust(w) for c, w in widths.items()).rstrip()
+        for r in [dict(zip(widths, widths)), *rows]
+    )
+    legend = textwrap.fill(
+        "here: runs on this device; c/x/g/b: causal / cross (seq_q != seq_kv) / GQA / "
+        "backward; br: bottom-right causal; from: built-in (attnbench.impls), impls/ (the "
+        "checkout's drop-in folder), --plugin, entry point",
+        width=LIST_WIDTH,
+        break_on_hyphens=False,
+    )
+    return "\n".join([table, "", legend, "", *notes])
 
 
 def summary_table(df: pd.DataFrame, impls: list[str] | None = None) -> str:

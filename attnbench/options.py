@@ -190,7 +190,11 @@ OPTIONS: dict[str, Option] = {
         _positive_float, "time spent measuring each row, ms (default 100; smoke preset 10)"
     ),
     "seed": Option(lambda t: int(t), "seed of the inputs (default 0)"),
-    "plugin": Option(_list(str), "a .py file or module registering impls (repeatable)"),
+    "plugin": Option(
+        _list(str),
+        "a .py file, a folder of them (every *.py but _*.py) or a module registering impls "
+        "(repeatable)",
+    ),
     "timeout": Option(
         _positive_float,
         "seconds one row may take before its worker is killed (status timeout; implies --isolate)",

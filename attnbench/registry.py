@@ -12,11 +12,11 @@ paged-attention servers keep them (run/inputs.py ``paged``; 128-token pages unle
 declares ``page_tokens``).
 
 Impls come from four places: the built-ins (the package ``attnbench.impls``, shipped in the
-wheel), every module in a drop-in ``impls/`` folder (the checkout's, and the working folder's),
-each ``--plugin`` file or module, and the entry-point group ``attnbench.impls`` of installed
-packages. A built-in, drop-in or entry-point plugin that fails to import, or any plugin that
-needs a package that is missing (``requires``), is still listed, as unavailable with a reason;
-a ``--plugin`` that fails to import is bad input (the user asked for it by name).
+wheel), every module in the checkout's drop-in ``impls/`` folder (only when attnbench runs from
+its checkout: an installed wheel imports no folder it was not given), each ``--plugin`` file,
+folder (its modules) or module, and the entry-point group ``attnbench.impls`` of installed
+packages. A plugin that fails to import, or needs a package that is missing, is still listed,
+as unavailable with a reason. ``origin(impl)`` says which of the four it came from.
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from pathlib import Path
 
 import torch
 
+from attnbench import checkout
 from attnbench.case import DEVICES, DTYPES, Case, CaseError
 from attnbench.errors import AttnbenchError, UsageError
 from attnbench.masks import ALIGNS, MASKS
 
 BUILTIN_PACKAGE = "attnbench.impls"
-# drop-in folders of one-file plugins: the checkout's impls/ and the working folder's
-DROP_IN_DIRS = (Path(__file__).resolve().parent.parent / "impls", Path("impls"))
+DROP_IN = "impls"  # the checkout's folder of one-file plugins, loaded in a checkout only
 ENTRY_POINT_GROUP = "attnbench.impls"
 LAYOUTS = ("bhsd", "bshd")
 
@@ -79,6 +79,7 @@ class Impl:
     description: str = ""
     source: str = ""
     unavailable: str | None = None  # why it cannot run at all (missing dependency, import error)
+    requires: dict[str, str] = field(default_factory=dict, repr=False)  # module -> install command
     check: Callable[[Case], list[str]] | None = field(default=None, repr=False)
     # work(case, mask) -> the (query, key) pairs its computation covers, masked ones included,
     # per head and summed over the batch, or None where it cannot say (work_flops)
@@ -164,6 +165,7 @@ def register(
     backward: bool = True,
     layout: str = "bhsd",
     masks: Iterable[str] = ("none",),
+    unmasked: bool = True,
     causal_align: Iterable[str] = ("top_left",),
     paged: bool = False,
     page_tokens: int | None = None,
@@ -180,7 +182,8 @@ def register(
 ):
     """Decorator registering an attention function with what it supports.
 
-    ``masks``: the masks.MASKS it supports; "none" (no mask beyond causal) is implied. An impl
+    ``masks``: the masks.MASKS it supports; "none" (no mask beyond causal) is implied unless
+    ``unmasked`` is False (an impl that needs a mask, e.g. one that unpacks documents). An impl
     declaring more, or ``causal_align`` with "bottom_right", is called with ``mask=`` (a
     masks.Mask). ``paged``: it takes k and v as a paged KV cache (see the module's doc), with
     pages of ``page_tokens`` tokens (default run/inputs.py PAGE_TOKENS). ``sm``: the CUDA
@@ -190,8 +193,9 @@ def register(
     to compile_ms). ``baseline``: the impl that speedups are relative to (the run records
     it). ``color``: its colour in plots.
 
-    ``requires`` maps importable module names to the command that installs them; if one is
-    missing the impl is registered as unavailable with that command in its reason;
+    ``requires`` maps importable module names to the command that installs them (the package
+    itself, ``pip install 'triton>=3.0'``, so that it works from a wheel as from a checkout);
+    if one is missing the impl is registered as unavailable with that command in its reason;
     ``unavailable`` is another reason it cannot run at all (e.g. an installed version too old).
     ``check(case) -> list[str]`` adds reasons that only the impl itself can know.
     ``work(case, mask) -> int | None``: the (query, key) pairs the impl's computation covers,
@@ -215,7 +219,7 @@ def register(
                 gqa=gqa,
                 backward=backward,
                 layout=_valid(name, "layout", [layout], LAYOUTS)[0],
-                masks=tuple(dict.fromkeys(("none", *_valid(name, "masks", masks, MASKS)))),
+                masks=_masks(name, masks, unmasked),
                 causal_align=tuple(
                     dict.fromkeys(("top_left", *_valid(name, "causal_align", causal_align, ALIGNS)))
                 ),
@@ -229,6 +233,7 @@ def register(
                 description=description or (fn.__doc__ or "").strip().split("\n")[0],
                 source=_current_source,
                 unavailable="; ".join(why) or None,
+                requires=dict(requires or {}),
                 check=check,
                 work=work,
             )
@@ -248,6 +253,16 @@ def add(impl: Impl) -> None:
             f"{impl.source or 'this process'}; rename one of them"
         )
     _IMPLS[impl.name] = impl
+
+
+def _masks(name: str, masks: Iterable[str], unmasked: bool) -> tuple[str, ...]:
+    """The masks an impl runs: "none" first unless it needs a mask, then those it declared."""
+    out = tuple(
+        dict.fromkeys((*(("none",) if unmasked else ()), *_valid(name, "masks", masks, MASKS)))
+    )
+    if not unmasked and out in ((), ("none",)):
+        raise RegistryError(f"impl {name!r}: unmasked=False needs the masks it runs (masks=...)")
+    return out
 
 
 def _valid(name: str, what: str, values: Iterable[str], allowed: Iterable[str]) -> tuple:
@@ -313,12 +328,18 @@ def _load_file(path: Path) -> None:
 
 
 def plugin_source(spec: str) -> Path | str:
-    """A ``--plugin`` value as a file path or a module name; CaseError if it is neither."""
+    """A ``--plugin`` value as a file or folder path or a module name; CaseError if it is
+    none of them."""
     path = Path(spec)
     if path.suffix == ".py" or "/" in spec or path.exists():
+        if path.is_dir():
+            if not _folder_modules(path):
+                raise CaseError(f"--plugin {spec}: the folder holds no .py file to load")
+            return path.resolve()
         if not path.is_file():
             raise CaseError(
-                f"--plugin {spec}: no such file (give a .py file or an importable module name)"
+                f"--plugin {spec}: no such file (give a .py file, a folder of them or an "
+                f"importable module name)"
             )
         return path.resolve()
     if not all(part.isidentifier() for part in spec.split(".")):
@@ -342,19 +363,39 @@ def discover(
                 lambda m=module: importlib.import_module(m),
                 info.name,
             )
-        for folder in dict.fromkeys(d.resolve() for d in DROP_IN_DIRS if d.is_dir()):
-            for path in sorted(folder.glob("[!_]*.py")):
-                _load(str(path), lambda p=path: _load_file(p), path.stem)
+        root = checkout.root()
+        for path in _folder_modules(root / DROP_IN) if root else []:
+            _load(str(path), lambda p=path: _load_file(p), path.stem)
     if entry_points:
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             _load(f"entry point {ep.name} ({ep.value})", ep.load, ep.name)
     for spec in plugins:
         src = plugin_source(spec)
         if isinstance(src, Path):
-            _load(str(src), lambda p=src: _load_file(p), src.stem, named=spec)
+            for path in _folder_modules(src) if src.is_dir() else [src]:
+                _load(str(path), lambda p=path: _load_file(p), path.stem, named=spec)
         else:
             _load(f"module {src}", lambda m=src: importlib.import_module(m), src, named=spec)
     return dict(_IMPLS)
+
+
+def _folder_modules(folder: Path) -> list[Path]:
+    """A plugin folder's modules: its .py files, but those named _*.py."""
+    return sorted(folder.resolve().glob("[!_]*.py")) if folder.is_dir() else []
+
+
+def origin(impl: Impl) -> str:
+    """Where an impl came from, in a word: built-in, impls/ (the checkout's drop-in folder),
+    --plugin (a file, folder or module given), or entry point."""
+    source = impl.source
+    if source.startswith(f"{BUILTIN_PACKAGE}."):
+        return "built-in"
+    if source.startswith("entry point "):
+        return "entry point"
+    root = checkout.root()
+    if root and Path(source).parent == (root / DROP_IN).resolve():
+        return f"{DROP_IN}/"
+    return "--plugin" if source else "this process"
 
 
 def baseline(impls: Iterable[Impl]) -> str | None:

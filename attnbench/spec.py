@@ -105,6 +105,9 @@ PRESETS: dict[str, dict] = {
 }
 
 
+# presets sized for a GPU: on a CPU they run only when --device cpu asks for it
+GPU_PRESETS = ("gpu", "first-light", "race")
+
 # --phase decode: new tokens per step (1, and 4 as speculative decoding verifies), cache
 # lengths (up to a model's context) and batch sizes
 DECODE_TOKENS = [1, 4]
@@ -162,11 +165,20 @@ class Spec:
         """All cases, sequence length varying fastest so one impl's growth is contiguous;
         with models or phases, one grid per (model, phase) in the order given."""
         if not self.model and not self.phase:
-            return self._grid()
-        out = []
-        for name in self.model or [""]:
-            for phase in self.phase or [""]:
-                out += self.scoped(name, phase)._grid(name, phase)
+            out = self._grid()
+        else:
+            out = []
+            for name in self.model or [""]:
+                for phase in self.phase or [""]:
+                    out += self.scoped(name, phase)._grid(name, phase)
+        if "causal_align" in self.explicit:
+            for align in self.causal_align:
+                if not any(c.causal_align == align for c in out):
+                    raise CaseError(
+                        f"--causal-align {align}: no case of this grid is causal or has a "
+                        f"window mask, so the alignment would change nothing; add --causal "
+                        f"true (or both) or --mask window, or leave --causal-align out"
+                    )
         return list(dict.fromkeys(out))
 
     def scoped(self, name: str, phase: str) -> Spec:
@@ -203,15 +215,25 @@ class Spec:
                     f"model {m.name} is an encoder: it has no decode phase (use --phase "
                     f"prefill or train)"
                 )
+            # without a model, decoding is self-attention over a cache: causal (each new token
+            # sees the cache and the tokens before it); a model says what its decoder does
+            causal = [m.causal] if m else [True]
+            if not m and not mixed and "causal" in self.explicit and False in self.causal:
+                raise CaseError(
+                    "--phase decode is causal (each new token sees the cache and the tokens "
+                    "before it): leave --causal out, or add another --phase for the "
+                    "non-causal cases"
+                )
             fields.update(
                 mode=["fwd"],
                 seq_len=list(DECODE_TOKENS),
                 batch=list(DECODE_BATCH),
+                causal=causal,
                 causal_align=["bottom_right"],
             )
             if not (m and m.seq_kv):  # a cross-attention cache is the encoder's length
                 fields["seq_len_kv"] = [s for s in DECODE_CACHE if not m or s <= m.context]
-            keep |= {"seq_len"} if mixed else set()
+            keep |= ({"seq_len"} if mixed else set()) | (set() if m else {"causal"})
         if phase in ("prefill", "train") and not (m and m.seq_kv):
             fields["seq_len_kv"] = None  # self-attention
         for name_ in self.explicit - keep:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The installed package is the product: build the wheel, install it into a fresh venv, and from
-# outside the checkout list the impls and run a smoke sweep with the built-ins.
+# outside the checkout list the impls and run a smoke sweep with the built-ins. The working
+# folder holds an impls/ folder of another project: it is imported only with --plugin.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
@@ -11,7 +12,17 @@ python3 -m venv --system-site-packages "$work/venv"  # torch from this machine, 
 cd "$work"
 "$work/venv/bin/python" -c "import attnbench, sys; f = attnbench.__file__; \
 assert f.startswith('$work/venv'), f'imported {f}, not the installed wheel'"
+mkdir "$work/impls"
+cat >"$work/impls/theirs.py" <<PY
+open("$work/imported", "w").write("imported")
+from attnbench import register
+register("theirs")(lambda q, k, v, *, causal, scale: q)
+PY
+"$work/venv/bin/attnbench" --version | grep -q "^attnbench [0-9]" || { echo "wheel: no --version"; exit 1; }
 listing=$("$work/venv/bin/attnbench" list)
+[ ! -e "$work/imported" ] || { echo "wheel: imported ./impls without being asked"; exit 1; }
+"$work/venv/bin/attnbench" list --plugin impls | grep -q "^theirs .*--plugin$" \
+    || { echo "wheel: --plugin impls did not load the folder"; exit 1; }
 echo "$listing"
 for impl in naive sdpa sdpa_flash sdpa_math tiled flex xformers triton_flash; do
     grep -q "^ *$impl " <<<"$listing" || { echo "wheel: impl $impl missing from attnbench list"; exit 1; }
@@ -23,4 +34,10 @@ import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 assert len(rows) == 12 and all(r["status"] == "ok" and r["agrees"] == "True" for r in rows), rows
 print(f"wheel: {len(rows)} ok rows from an installed attnbench outside the checkout")
+PY
+python3 - "$work/results/wheel-smoke/env.json" <<'PY'
+import json, sys
+env = json.load(open(sys.argv[1]))
+assert env["git_sha"] is None and env["checkout"] is False and env["attnbench"], env
+print(f"wheel: env.json says attnbench {env['attnbench']}, installed, no git commit")
 PY

@@ -147,3 +147,19 @@ def test_seq_kv_rule_separates_fixed_and_following(tmp_path):
 
 def test_nothing_fitted_from_status_not_ok():
     assert math.isnan(analysis.fit_loglog([], [])["slope"])
+
+
+def test_wins_are_spans_of_the_lengths_won_and_ties_are_marked(tmp_path):
+    from attnbench.report.report import _winners_section
+
+    times = {64: (1.0, 2.0), 128: (1.0, 2.0), 256: (2.0, 1.0), 512: (1.0, 1.02)}  # (a, b)
+    rows = []
+    for n, (ta, tb) in times.items():
+        case = Case(1, 4, 4, n, n, 64, "float32", False, "fwd", "cpu")
+        rows += [ok_row("w", "a", case, ta, 1.0), ok_row("w", "b", case, tb, 1.0)]
+    df = pd.DataFrame(rows)
+    wins = analysis.wins_by_family(analysis.fastest_agreeing(df)).set_index("impl")
+    assert wins.loc["a", "spans"] == "64–128, 512" and wins.loc["a", "ties"] == 1
+    assert wins.loc["b", "spans"] == "256" and wins.loc["b", "ties"] == 0
+    text = "\n".join(_winners_section(df))
+    assert "**a** 3/4 (N 64–128, 512; 1 tie)" in text and "b 1/4 (N 256)" in text

@@ -126,3 +126,47 @@ def test_missing_run_b(runs, capsys):
     err = capsys.readouterr().err
     assert err.startswith("attnbench compare: error: run B: ") and "does not exist" in err
     assert not (root / "x").exists()
+
+
+def test_a_gate_that_compared_nothing_fails(tmp_path, capsys):
+    a = write_run(tmp_path, "a", smoke_rows("a", seqs=(64, 128)))
+    b = write_run(tmp_path, "b", smoke_rows("b", seqs=(256, 512)))  # no case in common
+    code = main(["compare", str(a), str(b), "--fail-above", "5", "--out", str(tmp_path / "c")])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "gate: FAIL" in out and "nothing was compared" in out
+    assert "**FAIL**: no case is ok in both runs" in (tmp_path / "c" / "compare.md").read_text()
+    # without a gate, the same comparison is only a report
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "d")]) == 0
+
+
+def test_an_installed_package_reports_its_version_not_git_none(tmp_path, monkeypatch):
+    from synth import env
+
+    from attnbench import checkout
+    from attnbench.store import env as env_module
+
+    monkeypatch.setattr(checkout, "root", lambda: None)  # a wheel: no checkout, no git
+    monkeypatch.setattr(env_module.checkout, "root", lambda: None)
+    collected = env_module.collect_env(["attnbench", "sweep"], 0, "cpu")
+    assert collected["git_sha"] is None and collected["checkout"] is False
+    assert collected["attnbench"] == checkout.version()
+    wheel_env = {**env(), "git_sha": None, "git_dirty": None, "attnbench": "0.1.0"}
+    wheel_env["checkout"] = False
+    a = write_run(tmp_path, "a", smoke_rows("a", seqs=SEQS), wheel_env)
+    b = write_run(tmp_path, "b", smoke_rows("b", seqs=SEQS), wheel_env)
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "c")]) == 0
+    md = (tmp_path / "c" / "compare.md").read_text()
+    git_row = next(line for line in md.splitlines() if line.startswith("| git"))
+    assert "None" not in git_row and "attnbench 0.1.0 (an installed package" in git_row
+
+
+def test_the_terminal_summary_names_a_few_one_sided_cases_and_counts_the_rest(tmp_path, capsys):
+    a = write_run(tmp_path, "a", smoke_rows("a", seqs=(64, 128)))
+    b = write_run(tmp_path, "b", smoke_rows("b", seqs=(64, 128, 256, 512, 1024)))
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    only_b = [line for line in out.splitlines() if line.startswith("  only in B:")]
+    assert len(only_b) == 5
+    assert "  ... and 55 more only in B (compare.md lists every case)" in out  # 60 in all
+    assert (tmp_path / "c" / "compare.md").read_text().count("| only in B |") == 60

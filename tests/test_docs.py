@@ -1,11 +1,14 @@
 """The examples the docs show are run, so they cannot drift from the code."""
 
+import importlib
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,3 +75,235 @@ def test_the_plugin_guide_examples_register_and_agree(tmp_path):
     assert ok["agrees"].all(), ok[~ok["agrees"]][["impl", "reason"]]
     fwd_only = df[df["impl"] == "fwd_only"]
     assert (fwd_only["status"] == "unsupported").all()  # CUDA only: said, not run
+
+
+def bash_commands(path: Path) -> list[str]:
+    """The command lines of a page's bash blocks: comments dropped, continued lines joined."""
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", path.read_text(), flags=re.S):
+        text = block.replace("\\\n", " ")
+        for line in text.splitlines():
+            line = line.split("  #")[0].strip()
+            if line and not line.startswith("#"):
+                lines.append(line)
+    return lines
+
+
+@pytest.mark.slow  # three pytest runs, each importing torch and every impl: about a minute
+def test_the_benchmark_commands_save_compare_and_list(tmp_path):
+    """docs/benchmarks.md's three commands, on one tiny benchmark, into a private storage."""
+    save, compare, listing = bash_commands(ROOT / "docs" / "benchmarks.md")
+    storage = f"file://{tmp_path / 'store'}"
+    quick = ["-k", "naive and not padding and not compiled", "-p", "no:cacheprovider"]
+    quick += [f"--benchmark-storage={storage}", "--benchmark-max-time=0.01"]
+
+    def pytest_run(line: str):
+        args = shlex.split(line)
+        assert args[0] == "pytest", line
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", *args[1:], *quick],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    first = pytest_run(save)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    saved = list((tmp_path / "store").rglob("*_before.json"))
+    assert len(saved) == 1, first.stdout[-2000:]
+    second = pytest_run(compare)
+    out = second.stdout + second.stderr
+    assert "Comparing against benchmarks from" in out, out[-2000:]
+    # its gate may trip on a busy machine; it must have compared, and said so if it failed
+    assert second.returncode == 0 or "Performance has regressed" in out, out[-2000:]
+    args = shlex.split(listing)
+    assert args[0] == "pytest-benchmark", listing
+    third = subprocess.run(
+        [sys.executable, "-m", "pytest_benchmark", "--storage", storage, *args[1:]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert third.returncode == 0 and "test_attention[naive" in third.stdout, third.stderr[-2000:]
+
+
+def test_a_benchmark_run_that_would_save_nothing_is_refused(tmp_path):
+    args = [sys.executable, "-m", "pytest", "benchmarks/", "--benchmark-enable"]
+    args += ["--benchmark-save=x", f"--benchmark-storage=file://{tmp_path}"]
+    args += ["-p", "no:cacheprovider"]
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "add -n 0" in proc.stderr, proc.stderr[-2000:]
+    assert not list(tmp_path.rglob("*.json"))
+
+
+DOC_PAGES = [
+    ROOT / "README.md",
+    ROOT / "impls" / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+]
+
+
+def _resolve(dotted: str):
+    """Import the longest importable module prefix of ``dotted``; getattr the rest."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+def test_every_python_path_the_docs_name_exists():
+    named = set()
+    for page in DOC_PAGES:
+        text = page.read_text()
+        named |= {(page.name, m) for m in re.findall(r"\battnbench(?:\.[A-Za-z_]\w*)+", text)}
+        for module, names in re.findall(r"from (attnbench[\w.]*) import ([\w, ]+)", text):
+            named |= {(page.name, f"{module}.{n.strip()}") for n in names.split(",")}
+    assert len(named) > 5
+    missing = []
+    for page, dotted in sorted(named):
+        try:
+            _resolve(dotted)
+        except (ImportError, AttributeError):
+            missing.append(f"{page}: {dotted}")
+    assert not missing, missing
+
+
+def test_the_python_examples_on_results_run(tmp_path, capsys):
+    """The pandas examples of docs/method.md and docs/reports.md, on a run folder with op and
+    layer rows."""
+    from dataclasses import replace
+
+    from synth import env, ok_row, smoke_rows, write_run
+
+    from attnbench.case import Case
+
+    rows = smoke_rows("docs", seqs=(64, 128, 256))
+    for r in [r for r in rows if r["status"] == "ok" and r["mode"] == "fwd"]:
+        case = replace(Case.from_row(r), level="layer")
+        rows.append(ok_row("docs", r["impl"], case, 2 * r["time_ms"], 1.0))
+    run = write_run(tmp_path, "RUN", rows, env())
+    blocks = [
+        b
+        for page in ("method.md", "reports.md")
+        for b in python_blocks(ROOT / "docs" / page)
+        if "read_results" in b
+    ]
+    assert len(blocks) == 2
+    for block in blocks:
+        exec(compile(block.replace('"results/RUN"', repr(str(run))), "docs", "exec"), {})
+    out = capsys.readouterr().out
+    assert "attention share of the layer" in out and "slope" in out
+
+
+SWEEPS = ("python scripts/sweep.py", "attnbench sweep", "attnbench race")
+
+
+def _documented(prefixes) -> list[tuple[str, str]]:
+    """(page, command) for each documented command line that starts with one of ``prefixes``
+    (after a leading 'pip install ... &&'); synopses with [optional] parts are left out."""
+    out = []
+    for page in DOC_PAGES:
+        for line in bash_commands(page):
+            line = line.split("&&")[-1].strip()
+            if line.startswith(prefixes) and "[" not in line:
+                out.append((page.name, line))
+    return out
+
+
+def _argv(line: str, tmp_path: Path) -> list[str]:
+    line = line.replace("$i", "1").replace("/tmp/r", str(tmp_path / "r"))
+    line = line.replace("/tmp/spread", str(tmp_path / "spread"))
+    args = shlex.split(line)
+    if args[:2] == ["python", "scripts/sweep.py"]:
+        return ["sweep", *args[2:]]
+    assert args[0] == "attnbench", line
+    return args[1:]
+
+
+def test_every_documented_sweep_command_is_valid(tmp_path, capsys):
+    """Each sweep command of README.md and docs/ passes every check of its options and plans
+    its grid (--dry-run: nothing is run or written). GPU presets get --device cpu on a
+    machine without CUDA (refusing them there is tested in test_cli)."""
+    import torch
+
+    from attnbench.cli import main
+    from attnbench.spec import GPU_PRESETS
+
+    (tmp_path / "my_attn.py").write_text(python_blocks(ROOT / "README.md")[0])  # --plugin
+    toml = re.search(r"```toml\n(# sweep.toml.*?)```", (ROOT / "docs" / "cli.md").read_text(), re.S)
+    (tmp_path / "sweep.toml").write_text(toml.group(1))  # --config sweep.toml
+    commands = _documented(SWEEPS)
+    assert len(commands) >= 15
+    failed = []
+    for page, line in commands:
+        argv = _argv(line, tmp_path)
+        gpu = argv[0] == "race" or any(p in argv for p in GPU_PRESETS) or "sweep.toml" in line
+        if gpu and "--device" not in argv and not torch.cuda.is_available():
+            argv += ["--device", "cpu"]
+        code = main([*argv, "--dry-run"])
+        out = capsys.readouterr()
+        if code != 0 or "dry run:" not in out.out:
+            failed.append(f"{page}: {line}: {out.err.strip()}")
+    assert not failed, failed
+    written = {p.name for p in tmp_path.iterdir()}
+    assert written == {"my_attn.py", "sweep.toml"}, written
+
+
+def test_the_documented_report_list_and_compare_commands_run(tmp_path, capsys, monkeypatch):
+    """Each report, list and compare command of README.md and docs/, on synthetic runs; the
+    figures are stubbed (tests/test_plots.py and test_report.py draw them)."""
+    from synth import smoke_rows, write_run
+
+    from attnbench.cli import main
+    from attnbench.report import plots
+
+    def save(fig, stem, svg=False):
+        stem.with_suffix(".png").write_bytes(b"png")
+        return [stem.with_suffix(".png")]
+
+    for name in dir(plots):
+        if name.startswith("plot_"):
+            monkeypatch.setattr(plots, name, lambda *a, **k: None)
+    monkeypatch.setattr(plots, "save_figure", save)
+
+    a = write_run(tmp_path / "results", "run-a", smoke_rows("run-a", seqs=(64, 128, 256)))
+    b = write_run(tmp_path / "results", "run-b", smoke_rows("run-b", seqs=(64, 128, 256)))
+    placeholders = {"<run-id>": "run-a", "<a>": "run-a", "<b>": "run-b"}
+    placeholders |= {"<run-a>": "run-a", "<run-b>": "run-b"}
+    commands = _documented(("attnbench list", "attnbench report", "attnbench compare"))
+    commands = list(dict.fromkeys((p, c) for p, c in commands if "/tmp/r/" not in c))
+    assert len(commands) >= 5
+    for page, line in commands:
+        for key, value in placeholders.items():
+            line = line.replace(key, value)
+        code = main(_argv(line, tmp_path))
+        out = capsys.readouterr()
+        assert code == 0, f"{page}: {line}: {out.err}"
+    assert (tmp_path / "reports" / "run-a" / "report.md").exists()
+    assert (tmp_path / "out" / "run-a" / "report.md").exists()
+    assert (tmp_path / "reports" / "compare" / "run-a_vs_run-b" / "compare.md").exists()
+    assert a.exists() and b.exists()
+
+
+@pytest.mark.slow  # two smoke sweeps: minutes on 2 CPU cores
+def test_the_documented_ci_gate_runs(tmp_path, capsys):
+    """docs/reports.md's CI use: two smoke sweeps, then compare with the gate."""
+    from attnbench.cli import main
+
+    commands = [line for _, line in _documented(SWEEPS) if "/tmp/r" in line]
+    commands += [line for _, line in _documented(("attnbench compare",)) if "/tmp/r/" in line]
+    assert len(commands) == 3
+    for line in commands[:2]:
+        assert main([*_argv(line, tmp_path), "--no-report"]) == 0, line
+    code = main(_argv(commands[2], tmp_path))
+    out = capsys.readouterr().out
+    assert "gate: PASS" in out if code == 0 else (code == 1 and "REGRESSION" in out), out
+    assert (tmp_path / "r" / "cmp" / "compare.md").exists()

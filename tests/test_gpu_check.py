@@ -177,7 +177,7 @@ def test_the_row_counts_in_docs_gpu_md_are_the_scripts_grids(capsys):
     counts: dict[str, list[int]] = {}
     for line in plan.splitlines():
         stage, _, *args = shlex.split(line.removeprefix("plan: "))
-        assert main([*args, "--plan"]) == 0
+        assert main([*args, "--dry-run"]) == 0
         text = capsys.readouterr().out
         counts.setdefault(stage, []).append(int(re.search(r"= (\d+) rows", text).group(1)))
     assert set(counts) == {"first-light", "fidelity", "race", "race-full", "llama", "full"}

@@ -103,7 +103,7 @@ def test_an_actor_killed_mid_row_is_one_crash_row(runs):
     assert sorted(rows["status"]) == ["crash", "ok", "ok", "ok"]
     crash = rows[rows["status"] == "crash"].iloc[0]
     assert crash["causal"] and crash["mode"] == "fwd_bwd"
-    assert crash["reason"].startswith("actor died (")
+    assert crash["reason"].startswith("worker process died (killed by signal SIGKILL)")
 
 
 def test_a_row_past_the_timeout_is_a_timeout_and_later_rows_run(runs):
@@ -111,7 +111,7 @@ def test_a_row_past_the_timeout_is_a_timeout_and_later_rows_run(runs):
     assert sorted(rows["status"]) == ["ok", "ok", "ok", "timeout"]
     hung = rows[rows["status"] == "timeout"].iloc[0]
     assert not hung["causal"] and hung["mode"] == "fwd"
-    assert hung["reason"].startswith(f"no result after {runs[3]} s; the actor was killed")
+    assert hung["reason"].startswith(f"no result after {runs[3]} s; the worker process was killed")
 
 
 @pytest.mark.slow
@@ -205,7 +205,7 @@ def test_without_ray_the_error_names_the_extra(monkeypatch):
     from attnbench.run import ray_executor
 
     monkeypatch.setitem(sys.modules, "ray", None)
-    with pytest.raises(UsageError, match=r"pip install 'attnbench\[ray\]'"):
+    with pytest.raises(UsageError, match=r"pip install 'ray>=2.40'"):
         ray_executor._import_ray()
 
 
@@ -239,3 +239,35 @@ def test_a_family_started_on_one_device_kind_stays_there(impls, tmp_path):
     assert len(rows) == len(cases) - 1 and set(rows["device_name"]) <= {"A", "B"}
     started = rows[(rows["mode"] == first.mode) & (rows["causal"] == first.causal)]
     assert set(started["device_name"]) == {"B"} and set(started["host"]) == {"h"}
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(
+    "auth_env, needle",
+    [
+        ({}, "this process sent no token; run with RAY_AUTH_MODE=token"),
+        (
+            {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 32},
+            "the cluster refused this process's Ray token",
+        ),
+    ],
+)
+def test_a_cluster_that_wants_a_token_names_the_cause_and_the_fix(
+    cluster, tmp_path, auth_env, needle
+):
+    """Ray >= 2.59 starts local clusters with token authentication; a driver that joins by
+    address without RAY_AUTH_MODE=token (or with another token) gets the cause and the fix."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        pytest.skip("this Ray started the test cluster without token authentication")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "sweep.py"), *SMOKE, "--executor", "ray"]
+        + ["--ray-address", cluster, "--results-dir", str(tmp_path / "res")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, **auth_env},
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and needle in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "res").exists()

@@ -1,5 +1,6 @@
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -225,19 +226,88 @@ def test_an_impl_without_masks_is_never_called_with_mask(tmp_path):
     assert out.shape == (1, 2, 8, 16)
 
 
-def test_a_file_dropped_into_the_working_folders_impls_is_loaded(tmp_path):
-    # the tests run in tmp_path (conftest), so impls/ here is a working folder's drop-in folder
-    (tmp_path / "impls").mkdir()
+def test_a_working_folders_impls_is_loaded_only_when_asked(tmp_path):
+    """An unrelated project's impls/ is never imported behind the user's back (a wheel run
+    from any folder); --plugin FOLDER loads it, and says so."""
+    from attnbench.cli import list_impls
+
+    (tmp_path / "impls").mkdir()  # the tests run in tmp_path (conftest): the working folder
+    marker = tmp_path / "imported"
     dropped = write(
-        tmp_path / "impls" / "dropped.py",
-        """
+        tmp_path / "impls" / "theirs.py",
+        f"""
+        from pathlib import Path
         from attnbench import register
 
-        @register("dropped_in")
-        def dropped_in(q, k, v, *, causal, scale):
+        Path({str(marker)!r}).write_text("imported")
+
+        @register("theirs_dropped")
+        def theirs_dropped(q, k, v, *, causal, scale):
             return q
     """,
     )
+    assert "theirs_dropped" not in registry.discover(entry_points=False)
+    assert not marker.exists()
+    impls = registry.discover(["impls"], entry_points=False)
+    assert impls["theirs_dropped"].source == str(dropped.resolve()) and marker.exists()
+    assert registry.origin(impls["theirs_dropped"]) == "--plugin"
+    assert registry.origin(impls["naive"]) == "built-in"
+    listing = list_impls(impls, "cpu")
+    assert str(dropped.resolve()) in listing
+    assert max(len(line) for line in listing.splitlines()) <= 100
+    row = next(line for line in listing.splitlines() if line.startswith("theirs_dropped "))
+    assert row.endswith("--plugin")
+
+
+def test_the_checkouts_impls_folder_is_loaded_in_a_checkout_only(tmp_path, monkeypatch):
+    from attnbench import checkout
+
+    folder = tmp_path / "co" / "impls"
+    folder.mkdir(parents=True)
+    write(
+        folder / "mine.py",
+        """
+        from attnbench import register
+
+        @register("co_dropped")
+        def co_dropped(q, k, v, *, causal, scale):
+            return q
+    """,
+    )
+    monkeypatch.setattr(checkout, "root", lambda: None)  # an installed package
+    assert "co_dropped" not in registry.discover(entry_points=False)
+    monkeypatch.setattr(checkout, "root", lambda: tmp_path / "co")  # a checkout
     impls = registry.discover(entry_points=False)
-    assert impls["dropped_in"].source == str(dropped.resolve())
-    assert impls["naive"].source == "attnbench.impls.naive"  # the built-ins are still there
+    assert registry.origin(impls["co_dropped"]) == "impls/"
+    assert checkout.version() != "unknown"
+
+
+def test_install_hints_name_packages_an_index_has(impls):
+    """Each hint installs the requirement of a pyproject extra by its own name: it works from a
+    wheel as from a checkout (attnbench itself is on no index)."""
+    import shlex
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    from attnbench.run.ray_executor import INSTALL_HINT
+
+    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    extras = {r for reqs in pyproject["project"]["optional-dependencies"].values() for r in reqs}
+    hints = [cmd for impl in impls.values() for cmd in impl.requires.values()] + [INSTALL_HINT]
+    assert len(hints) >= 4  # triton_flash, triton_flash_fa2, xformers, ray
+    for cmd in hints:
+        args = shlex.split(cmd)
+        assert args[:2] == ["pip", "install"] and "attnbench" not in cmd, cmd
+        assert set(args[2:]) <= extras, (cmd, sorted(extras))
+
+
+def test_an_impl_that_needs_a_mask_does_not_declare_none(impls):
+    case = Case(batch=1, heads=2, kv_heads=2, seq_q=64, seq_kv=64, head_dim=32)
+    for name in ("sdpa_nested", "sdpa_padded"):
+        assert impls[name].masks == ("document",)
+        assert impls[name].reasons(case) == ["mask=none (supported: document)"]
+    with pytest.raises(registry.RegistryError, match="unmasked=False needs"):
+        registry.register("needs_a_mask", unmasked=False)(lambda q, k, v, *, causal, scale: q)

@@ -217,3 +217,15 @@ def test_report_lists_cross_checked_rows_and_flags_borrowed_kernels(tmp_path, st
     assert "| sdpa_flash | B2 H16 S1024 D128 bfloat16 full fwd |" in text
     assert "**Not an independent baseline**: `xformers` in 3 of 3 ok rows (pytorch:flash)" in text
     assert "**xformers (PyTorch's kernels)** 3/3" in text
+
+
+def test_measurement_checks_say_no_row_page_faulted_instead_of_zero_rows(tmp_path):
+    from attnbench.store.results import read_results
+
+    rows = smoke_rows("pf", seqs=(64, 128, 256))
+    for r in rows:
+        r["page_faults"] = 2.0 if r["status"] == "ok" else None
+    df = read_results(write_run(tmp_path, "pf", rows))
+    text = "\n".join(report._checks_section(df))
+    assert "0 CPU row(s)" not in text
+    assert "No CPU row page-faulted inside the timing (at most 2 minor faults" in text

@@ -62,3 +62,37 @@ def test_summary_leaves_out_impls_that_never_ran_and_names_them():
 def test_explicit_batch_and_heads_win_over_the_race_presets_fixed_sizes():
     cases = Spec.from_preset("race", "cpu", batch=[1], heads=[2], seq_len=[32]).cases()
     assert {(c.batch, c.heads) for c in cases} == {(1, 2)}
+
+
+def test_bottom_right_alignment_with_nothing_to_align_is_refused(tmp_path, capsys):
+    import pytest
+
+    from attnbench.case import CaseError
+    from attnbench.cli import main
+
+    spec = Spec.from_preset("smoke", "cpu", causal=[False], causal_align=["bottom_right"])
+    with pytest.raises(CaseError, match="no case of this grid is causal or has a window"):
+        spec.cases()
+    args = ["sweep", "--device", "cpu", "--preset", "smoke", "--causal", "false"]
+    args += ["--causal-align", "bottom_right", "--results-dir", str(tmp_path / "res")]
+    assert main(args) == 2
+    assert "--causal-align bottom_right: no case" in capsys.readouterr().err
+    assert not (tmp_path / "res").exists()
+    # with causal both, the causal cases take it and the others stay top-left (docs/method.md)
+    both = Spec.from_preset("smoke", "cpu", causal_align=["bottom_right"]).cases()
+    aligns = {(c.causal, c.causal_align) for c in both}
+    assert aligns == {(True, "bottom_right"), (False, "top_left")}
+
+
+def test_decode_is_causal_with_or_without_a_model():
+    import pytest
+
+    from attnbench.case import CaseError
+
+    decode = Spec.from_preset("cpu", "cpu", phase=["decode"]).cases()  # the preset: causal both
+    assert decode and all(c.causal and c.causal_align == "bottom_right" for c in decode)
+    mixed = Spec.from_preset("cpu", "cpu", phase=["prefill", "decode"], causal=[False, True])
+    phases = {(c.phase, c.causal) for c in mixed.cases()}
+    assert phases == {("prefill", False), ("prefill", True), ("decode", True)}
+    with pytest.raises(CaseError, match="--phase decode is causal"):
+        Spec.from_preset("cpu", "cpu", phase=["decode"], causal=[False]).cases()

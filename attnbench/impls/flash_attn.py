@@ -35,7 +35,7 @@ from attnbench.case import Case
 from attnbench.masks import ALIGNS
 from attnbench.registry import register
 
-FA2_INSTALL = "pip install 'attnbench[flash-attn]' --no-build-isolation"
+FA2_INSTALL = "pip install 'flash-attn>=2.1' --no-build-isolation"
 FA3_INSTALL = (
     "pip install 'git+https://github.com/Dao-AILab/flash-attention#subdirectory=hopper' "
     "--no-build-isolation (builds FA3 from source; needs nvcc)"

@@ -34,7 +34,7 @@ from attnbench.case import Case
 from attnbench.masks import ALIGNS
 from attnbench.registry import register
 
-INSTALL = "pip install 'attnbench[flashinfer]'"
+INSTALL = "pip install 'flashinfer-python>=0.2'"
 WORKSPACE_BYTES = 128 * 2**20
 HEAD_DIMS = (64, 128, 256)
 

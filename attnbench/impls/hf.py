@@ -41,7 +41,7 @@ from attnbench.models import ATTN_IMPLEMENTATIONS
 from attnbench.registry import register
 
 MIN_VERSION = (5, 9)  # the mask builders read query offsets and mask sizes from the cache
-INSTALL = "pip install 'attnbench[hf]'"
+INSTALL = "pip install 'transformers>=5.9'"
 HF_MASKS = ("padding", "window", "document")
 
 

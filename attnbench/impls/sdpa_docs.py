@@ -27,12 +27,6 @@ from attnbench.registry import Unsupported, register
 NESTED_LOGGER = "torch.nested._internal.sdpa"  # where PyTorch says why no backend took it
 
 
-def _documents_only(case) -> list[str]:
-    if case.mask != "document":
-        return [f"mask={case.mask} (supported: document; it unpacks packed documents)"]
-    return []
-
-
 def nested_pairs(case, mask) -> int:
     """One score matrix per document, L x L, masked entries included."""
     return sum(n * n for row in mask.pattern.doc_lens for n in row)
@@ -73,7 +67,7 @@ def _nested_reasons(run) -> str:
     layout="bshd",
     masks=("document",),
     gqa=False,
-    check=_documents_only,
+    unmasked=False,  # it unpacks packed documents: without them there is nothing to unpack
     work=nested_pairs,
     description="SDPA over jagged nested tensors, one entry per packed document",
 )
@@ -128,7 +122,7 @@ def _padded(pattern, causal: bool, device) -> _Padded:
     "sdpa_padded",
     color="#bcbd22",
     masks=("document",),
-    check=_documents_only,
+    unmasked=False,  # it unpacks packed documents: without them there is nothing to unpack
     work=padded_pairs,
     description="SDPA over the documents padded to the longest one, one batch row each",
 )

@@ -38,7 +38,7 @@ def document_bias(pattern, causal: bool, device):
     color="#2ca02c",
     devices=("cuda",),
     layout="bshd",
-    requires={"xformers": "pip install 'attnbench[xformers]'"},
+    requires={"xformers": "pip install 'xformers>=0.0.28'"},
     causal_align=ALIGNS,
     check=_gqa_backward,
     masks=("document",),

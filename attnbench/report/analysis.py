@@ -291,7 +291,9 @@ def speedups(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
 
 def fastest_agreeing(df: pd.DataFrame) -> pd.DataFrame:
     """One row per case: the fastest impl among ok rows that agree with the reference, its
-    time, the runner-up and how much slower it is (runner_up_time_ms / time_ms).
+    time, the runner-up and how much slower it is (runner_up_time_ms / time_ms), and ``tie``:
+    the win is within the noise (the two rows' p20-p80 ranges overlap, compare's rule; equal
+    medians for rows without them).
 
     Cases where no impl agrees are kept with impl NA and a reason."""
     columns = [
@@ -302,6 +304,7 @@ def fastest_agreeing(df: pd.DataFrame) -> pd.DataFrame:
         "runner_up",
         "runner_up_time_ms",
         "margin",
+        "tie",
         "n_agreeing",
         "n_rows",
         "reason",
@@ -325,6 +328,7 @@ def fastest_agreeing(df: pd.DataFrame) -> pd.DataFrame:
             "runner_up": pd.NA,
             "runner_up_time_ms": math.nan,
             "margin": math.nan,
+            "tie": False,
             "reason": pd.NA,
         }
         if cand.empty:
@@ -335,6 +339,7 @@ def fastest_agreeing(df: pd.DataFrame) -> pd.DataFrame:
                 row["runner_up"] = cand["impl"].iloc[1]
                 row["runner_up_time_ms"] = float(cand["time_ms"].iloc[1])
                 row["margin"] = row["runner_up_time_ms"] / row["time_ms"]
+                row["tie"] = _within_noise(cand.iloc[0], cand.iloc[1])
         rows.append(row)
     out = pd.DataFrame(rows, columns=columns)
     for c in ("time_ms", "runner_up_time_ms", "margin"):
@@ -342,19 +347,51 @@ def fastest_agreeing(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _within_noise(winner, runner_up) -> bool:
+    lo, hi = runner_up.get("time_ms_p20"), winner.get("time_ms_p80")
+    if pd.isna(lo) or pd.isna(hi):
+        return bool(runner_up["time_ms"] <= winner["time_ms"])
+    return bool(lo <= hi)
+
+
+def seq_spans(won, lengths) -> str:
+    """The lengths won as spans of consecutive lengths of the family: '128–512, 2048'."""
+    order = sorted({int(n) for n in lengths})
+    won = {int(n) for n in won}
+    spans, start = [], None
+    for i, n in enumerate(order):
+        if n in won and start is None:
+            start = n
+        if n in won and (i + 1 == len(order) or order[i + 1] not in won):
+            spans.append(str(n) if n == start else f"{start}–{n}")
+            start = None
+    return ", ".join(spans)
+
+
 def wins_by_family(winners: pd.DataFrame) -> pd.DataFrame:
     """From fastest_agreeing: per family and winning impl, the cases won, the family's case
-    count and the seq_q range of the wins."""
-    columns = ["family", "impl", "wins", "cases", "seq_min", "seq_max"]
+    count, the seq_q range of the wins, the lengths won as spans of the family's lengths
+    (``spans``) and how many of the wins are ties (within the noise of the runner-up)."""
+    columns = ["family", "impl", "wins", "cases", "seq_min", "seq_max", "spans", "ties"]
     if winners.empty:
         return pd.DataFrame(columns=columns)
     cases = winners.groupby("family").size().rename("cases")
-    won = winners.dropna(subset=["impl"])
+    won = winners.dropna(subset=["impl"]).astype({"tie": bool})
     agg = (
         won.groupby(["family", "impl"])
-        .agg(wins=("seq_q", "size"), seq_min=("seq_q", "min"), seq_max=("seq_q", "max"))
+        .agg(
+            wins=("seq_q", "size"),
+            seq_min=("seq_q", "min"),
+            seq_max=("seq_q", "max"),
+            ties=("tie", "sum"),
+        )
         .reset_index()
     )
+    lengths = winners.groupby("family")["seq_q"].agg(list)
+    agg["spans"] = [
+        seq_spans(won.loc[(won["family"] == f) & (won["impl"] == i), "seq_q"], lengths[f])
+        for f, i in zip(agg["family"], agg["impl"])
+    ]
     agg = agg.merge(cases.reset_index(), on="family")
     agg = agg.sort_values(["family", "wins", "impl"], ascending=[True, False, True])
     return agg[columns].reset_index(drop=True)

@@ -23,9 +23,11 @@ from attnbench.report import plots
 from attnbench.report.markdown import MISSING, table
 from attnbench.report.report import busy_machine, case_label, device_name
 from attnbench.store.atomic import atomic_dir
+from attnbench.store.env import code_version
 from attnbench.store.schema import CASE_KEY
 
 WITHIN_NOISE = "unchanged (within noise)"
+SHOWN_PER_OUTCOME = 5  # the terminal summary names this many cases per outcome; compare.md all
 SIDE_COLUMNS = ("status", "reason", "time_ms", "time_ms_p20", "time_ms_p80")
 OUTCOMES = ("compared", "not ok in B", "not ok in A", "not ok in both", "only in A", "only in B")
 ENV_FIELDS = (
@@ -106,6 +108,18 @@ def regressions(cmp: pd.DataFrame, fail_above_pct: float) -> pd.DataFrame:
     return cmp[slower | broke]
 
 
+NOTHING_COMPARED = (
+    "no case is ok in both runs, so nothing was compared (A and B must share cases: the same "
+    "grid, impls and device)"
+)
+
+
+def gate_fails(cmp: pd.DataFrame, fail_above_pct: float) -> bool:
+    """The gate fails on a regression, and when it compared nothing: a gate that checked no
+    case cannot pass."""
+    return bool(len(regressions(cmp, fail_above_pct))) or not cmp["ratio"].notna().any()
+
+
 def within_noise(cmp: pd.DataFrame, fail_above_pct: float) -> pd.DataFrame:
     """Compared rows past the threshold whose change is inside the noise (not counted)."""
     past = (cmp["ratio"] - 1).abs() > fail_above_pct / 100
@@ -164,10 +178,7 @@ def render(
             ("date (UTC)", envs[0].get("time_utc"), envs[1].get("time_utc")),
             (
                 "git",
-                *(
-                    f"{e.get('git_sha')}" + (" (uncommitted changes)" if e.get("git_dirty") else "")
-                    for e in envs
-                ),
+                *(code_version(e) or MISSING for e in envs),
             ),
             ("torch", envs[0].get("torch"), envs[1].get("torch")),
             ("command", f"`{envs[0].get('command')}`", f"`{envs[1].get('command')}`"),
@@ -204,6 +215,8 @@ def render(
             f"**FAIL**: {len(reg)} case(s) slower, outside the noise, by more than "
             f"{fail_above_pct:g}% or newly failing"
             if len(reg)
+            else f"**FAIL**: {NOTHING_COMPARED}"
+            if gate_fails(cmp, fail_above_pct)
             else f"PASS: no case slower, outside the noise, by more than {fail_above_pct:g}%, "
             f"none newly failing"
         )
@@ -282,12 +295,18 @@ def summary_lines(cmp: pd.DataFrame, fail_above_pct: float | None) -> list[str]:
             f"(min {r.min:.3f}, max {r.max:.3f})"
         )
     for outcome in ("not ok in B", "not ok in A", "only in A", "only in B"):
-        for _, r in cmp[cmp["outcome"] == outcome].iterrows():
+        rows = cmp[cmp["outcome"] == outcome]
+        for _, r in rows.head(SHOWN_PER_OUTCOME).iterrows():
             status = (
                 f" [A {r['status_a'] if pd.notna(r['status_a']) else MISSING}, "
                 f"B {r['status_b'] if pd.notna(r['status_b']) else MISSING}]"
             )
             lines.append(f"  {outcome}: {describe_case(r)}{status}")
+        if len(rows) > SHOWN_PER_OUTCOME:
+            lines.append(
+                f"  ... and {len(rows) - SHOWN_PER_OUTCOME} more {outcome} "
+                f"(compare.md lists every case)"
+            )
     if fail_above_pct is not None:
         reg = regressions(cmp, fail_above_pct)
         for _, r in reg.iterrows():
@@ -300,11 +319,14 @@ def summary_lines(cmp: pd.DataFrame, fail_above_pct: float | None) -> list[str]:
                 f"unchanged (within noise) {(r['ratio'] - 1) * 100:+.1f}%: {describe_case(r)} "
                 f"(p20-p80 ranges overlap; not counted)"
             )
-        lines.append(
-            f"gate: {'FAIL' if len(reg) else 'PASS'} (--fail-above "
-            f"{fail_above_pct:g}%: {len(reg)} case(s) slower, outside the noise, by more, "
-            f"or newly failing)"
-        )
+        if not len(reg) and gate_fails(cmp, fail_above_pct):
+            lines.append(f"gate: FAIL (--fail-above {fail_above_pct:g}%: {NOTHING_COMPARED})")
+        else:
+            lines.append(
+                f"gate: {'FAIL' if len(reg) else 'PASS'} (--fail-above "
+                f"{fail_above_pct:g}%: {len(reg)} case(s) slower, outside the noise, by more, "
+                f"or newly failing)"
+            )
     return lines
 
 
@@ -324,6 +346,10 @@ def write_compare(
             fail_above_pct=fail_above_pct,
             title=f"{b_name} / {a_name} time ratio",
             device_name=device_name(b_env, b_df),
+            colors=plots.run_colors(
+                {"impls": {**(a_env.get("impls") or {}), **(b_env.get("impls") or {})}},
+                cmp["impl"].dropna().unique(),
+            ),
         )
         plots.save_figure(fig, tmp / "ratio_vs_seq")
         cmp.to_csv(tmp / "compare.csv", index=False)

@@ -12,14 +12,17 @@ verdict line per check for the console."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
 
+from attnbench.errors import UsageError
 from attnbench.impls.sdpa import backends_in
 from attnbench.impls.xformers_kernels import PYTORCH_PREFIX
 from attnbench.report.analysis import CASE_COLUMNS, ok_rows
 from attnbench.store.atomic import atomic_dir
+from attnbench.store.rundir import GRID_FILE
 from attnbench.store.schema import CASE_KEY, LATER_KEYS
 
 MIN_MS = 0.05  # rows shorter than this are dominated by launch overhead: not judged
@@ -143,6 +146,52 @@ def verdicts(checks: pd.DataFrame) -> list[str]:
             f"{'PASS' if n_pass == len(judged) else 'MISS'}"
         )
     return lines
+
+
+def _grid(path: Path, df: pd.DataFrame, from_rows: bool = False) -> dict:
+    """What a run sweeps: grid.json's device, impls and cases, or its rows' case keys."""
+    if not from_rows:
+        try:
+            grid = json.loads((path / GRID_FILE).read_text())
+            return {key: grid.get(key) for key in ("device", "impls", "cases")}
+        except (OSError, ValueError):
+            pass
+    keys = df[list(CASE_KEY)].apply(lambda r: " ".join(map(str, r)), axis=1)
+    return {"rows": sorted(set(keys))}
+
+
+def _difference(key: str, a, b) -> str:
+    if isinstance(a, list) and isinstance(b, list):
+        i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        x = repr(a[i]) if i < len(a) else f"missing (A has {len(a)})"
+        y = repr(b[i]) if i < len(b) else f"missing (B has {len(b)})"
+        return f"{key} item {i + 1}: {x} in A, {y} in B"
+    return f"{key}: {a!r} in A, {b!r} in B"
+
+
+def check_runs(runs: list[tuple[Path, pd.DataFrame, dict]]) -> None:
+    """UsageError unless both runs were made with --profile and sweep the same grid (the same
+    device, impls and cases in grid.json, or the same rows for runs without one)."""
+    for label, (path, _, env) in zip("AB", runs):
+        if "profile" in env:
+            profiled = env["profile"] is not None
+        else:  # env.json written before it recorded --profile: its kernel table says
+            profiled = (Path(path) / "kernels.csv").exists()
+        if not profiled:
+            raise UsageError(
+                f"run {label} ({path}) was made without --profile; fidelity needs two runs "
+                f"of the same grid, both made with --profile (e.g. --profile all)"
+            )
+    grids = [_grid(Path(path), df) for path, df, _ in runs]
+    if grids[0].keys() != grids[1].keys():  # one run without grid.json: compare rows
+        grids = [_grid(Path(path), df, from_rows=True) for path, df, _ in runs]
+    for key in grids[0]:
+        if grids[0][key] != grids[1][key]:
+            where = _difference(key, grids[0][key], grids[1][key])
+            raise UsageError(
+                f"runs A and B sweep different grids ({where}); fidelity compares two "
+                f"back-to-back runs of the same grid"
+            )
 
 
 def write_fidelity(run_a: Path, run_b: Path, out: Path) -> tuple[pd.DataFrame, list[str]]:

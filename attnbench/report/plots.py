@@ -72,11 +72,16 @@ def impl_style(impls, colors: dict[str, str] | None = None) -> dict[str, tuple]:
     }
 
 
-def run_colors(env: dict) -> dict[str, str]:
-    """The colours the impls of a run declared (env.json ``impls``)."""
-    return {
+def run_colors(env: dict, impls=()) -> dict[str, object]:
+    """Every impl's colour for all the figures of a run: the colour it declared (env.json
+    ``impls``), else a palette colour picked once among the run's impls (``impls`` and those
+    env.json names), so that a figure drawing fewer impls (speedups leave the baseline out)
+    colours each one as the others do."""
+    declared = {
         name: info["color"] for name, info in (env.get("impls") or {}).items() if info.get("color")
     }
+    names = {*(env.get("impls") or {}), *(str(i) for i in impls if not pd.isna(i))}
+    return {name: colour for name, (colour, _) in impl_style(names, declared).items()}
 
 
 def save_figure(fig, stem: Path, svg: bool = False) -> list[Path]:
@@ -114,8 +119,12 @@ def _title(what: str, df: pd.DataFrame, device_name: str | None) -> str:
         skip.add("kv_heads")  # plain multi-head attention: Hkv = H says nothing
     if len(df) and (df["mask"] == "none").all() and (df["level"] == "op").all():
         skip |= {"mask", "window", "level"}  # the defaults say nothing either
-    held = (
-        ", ".join(f"{CONFIG_LABELS[c]}{df[c].iloc[0]}" for c in fixed if c not in skip)
+    held = (  # a value held fixed at "missing" (W of a mask without a window) says nothing
+        ", ".join(
+            f"{CONFIG_LABELS[c]}{df[c].iloc[0]}"
+            for c in fixed
+            if c not in skip and not pd.isna(df[c].iloc[0])
+        )
         if len(df)
         else ""
     )
@@ -208,6 +217,12 @@ def _empty(title: str, why: str):
     return fig
 
 
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Two lines with the same values to 0.1% (relative only: errors near 1e-7 are not the
+    same because both are small)."""
+    return bool(np.allclose(a, b, rtol=1e-3, atol=0.0))
+
+
 def _line_figure(
     df: pd.DataFrame,
     y: str,
@@ -245,7 +260,7 @@ def _line_figure(
             v = pts[y].to_numpy(dtype=float)
             label = impl + (label_suffix(impl, gi) if label_suffix else "") + _fail_note(gi)
             twin = next(
-                (o for o, w in drawn.items() if len(w) == len(v) and np.allclose(w, v, rtol=1e-3)),
+                (o for o, w in drawn.items() if len(w) == len(v) and _same(w, v)),
                 None,
             )
             if twin:  # an identical line would hide under the other: dashed, and said so
@@ -444,6 +459,7 @@ def plot_error_vs_seq(
     def bounds(ax, g):
         ok = analysis.ok_rows(g).dropna(subset=["err_bound"])
         if ok.empty:
+            _readable_log_y(ax)
             return
         spread = ok.groupby("seq_q")["err_bound"].agg(["min", "max"])
         if (spread["max"] <= spread["min"] * 1.01).all():  # one bound for every impl
@@ -478,17 +494,19 @@ def plot_error_vs_seq(
         ylabel="relative error (log)",
         device_name=device_name,
         draw_extra=bounds,
+        colors=colors,
     )
 
 
 def _readable_log_y(ax) -> None:
-    """On a log y axis spanning under a decade, label the minor ticks too (as 4e-07)."""
+    """Log y ticks as 4e-07 on every panel (one format per figure); on a panel spanning under
+    a decade, the minor ticks are labelled too."""
     ax.autoscale_view()
     lo, hi = ax.get_ylim()
+    fmt = FuncFormatter(lambda v, _: f"{v:.0e}")
+    ax.yaxis.set_major_formatter(fmt)
     if lo > 0 and hi / lo < 10:
-        fmt = FuncFormatter(lambda v, _: f"{v:.0e}")
         ax.yaxis.set_minor_formatter(fmt)
-        ax.yaxis.set_major_formatter(fmt)
 
 
 def plot_support_matrix(df: pd.DataFrame, *, device_name: str | None = None):
@@ -558,6 +576,7 @@ def plot_ratio_vs_seq(
     fail_above_pct: float | None = None,
     title: str = "B / A time ratio",
     device_name: str | None = None,
+    colors: dict | None = None,
 ):
     """compare.compare_runs output: time_B / time_A vs N per impl; above 1 is slower in B."""
     both = table[table["ratio"].notna()].copy()
@@ -588,6 +607,7 @@ def plot_ratio_vs_seq(
         ylabel="time_B / time_A (log)",
         device_name=device_name,
         draw_extra=lines,
+        colors=colors,
     )
     for ax in fig.axes:
         if ax.get_yscale() == "log":

@@ -15,6 +15,7 @@ from attnbench.report import analysis, plots
 from attnbench.report.markdown import MISSING, table
 from attnbench.report.patterns import sections as pattern_sections
 from attnbench.store.atomic import atomic_dir
+from attnbench.store.env import code_version
 from attnbench.store.rundir import load_run
 from attnbench.store.schema import STATUSES
 
@@ -89,9 +90,7 @@ def _header(run_id: str, df: pd.DataFrame, env: dict) -> list[str]:
             "the numbers below cannot be tied to a machine.",
             "",
         ]
-    git = v("git_sha")
-    if env.get("git_dirty"):
-        git += " (uncommitted changes)"
+    git = code_version(env) or MISSING
     versions = " · ".join(
         f"{k} {v(k)}" for k in ("python", "torch", "cuda", "cudnn", "triton", "xformers")
     )
@@ -259,8 +258,9 @@ def _winners_section(df: pd.DataFrame) -> list[str]:
         "### Who wins where",
         "",
         "Fastest impl per case among the ok rows that agree with the reference, counted "
-        "per case family (N: the seq_q range of its wins; margin: median of runner-up "
-        "time / winner time).",
+        "per case family (N: the lengths it won, a–b where it won every length between; "
+        "ties: wins within the noise of the runner-up, whose p20–p80 range overlaps the "
+        "winner's; margin: median of runner-up time / winner time).",
         "",
     ]
     if winners.empty:
@@ -274,7 +274,9 @@ def _winners_section(df: pd.DataFrame) -> list[str]:
             ("**{}**" if i == 0 else "{}").format(
                 r.impl + (" (PyTorch's kernels)" if r.impl in borrowed else "")
             )
-            + f" {r.wins}/{r.cases} (N {r.seq_min}–{r.seq_max})"
+            + f" {r.wins}/{r.cases} (N {r.spans}"
+            + (f"; {r.ties} tie{'s' if r.ties > 1 else ''}" if r.ties else "")
+            + ")"
             for i, r in enumerate(w.itertuples())
         ]
         none = int(g["impl"].isna().sum())
@@ -477,9 +479,16 @@ def _disagreement_section(df: pd.DataFrame) -> list[str]:
     return lines
 
 
-def _failures_section(df: pd.DataFrame) -> list[str]:
+def _failures_section(df: pd.DataFrame, not_run: dict | None = None) -> list[str]:
     bad = analysis.failures(df)
     lines = ["## Non-ok rows", ""]
+    if not_run:  # impls the sweep left out: no case of its grid fits them (env.json not_run)
+        lines += [
+            "Not run, so without rows: "
+            + "; ".join(f"`{name}` ({why})" for name, why in not_run.items())
+            + ".",
+            "",
+        ]
     if bad.empty:
         return lines + ["Every row is ok.", ""]
     bad = bad.assign(
@@ -534,12 +543,19 @@ def _checks_section(df: pd.DataFrame) -> list[str]:
             f"in this run.",
             "",
         ]
-    if ok["page_faults"].notna().any():
+    if len(faulting):
         lines += [
             f"{len(faulting)} CPU row(s) page-faulted inside the timing ({PAGE_FAULTS_FLAG:g} "
             f"or more minor faults per timed call; most {ok['page_faults'].max():.0f}): their "
             f"times include paging memory back in and may move between identical runs "
             f"(docs/method.md, CPU timing and the allocator).",
+            "",
+        ]
+    elif ok["page_faults"].notna().any():
+        lines += [
+            f"No CPU row page-faulted inside the timing (at most "
+            f"{ok['page_faults'].max():.0f} minor faults per timed call; "
+            f"{PAGE_FAULTS_FLAG:g} or more would be flagged).",
             "",
         ]
     if ok["cpu_share"].notna().any():
@@ -678,7 +694,7 @@ def render(
             )
     lines += _checks_section(df)
     lines += _kernels_section(kernels)
-    lines += _failures_section(df)
+    lines += _failures_section(df, env.get("not_run"))
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -721,7 +737,7 @@ def _device_part(
 ) -> list[str]:
     """Winners, speedups, scaling exponents, disagreements and figures of one device's rows
     (figure files named <figure><suffix>.png)."""
-    colors = plots.run_colors(env)
+    colors = plots.run_colors(env, df["impl"].dropna().unique())
     if busy_machine(env):
         name += f" · BUSY machine: load {env['load_avg_1m']} on {env['cpu_count']} cores"
     fits = analysis.scaling_exponents(df)

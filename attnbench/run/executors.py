@@ -28,6 +28,7 @@ from attnbench.run import heap
 from attnbench.run.row import Measured, Prepared, Settings, failed
 
 STDERR_TAIL_CHARS = 600
+CLOSE_WAIT_S = 10.0  # a worker's clean exit at the end of a sweep
 
 
 class Executor(Protocol):
@@ -61,11 +62,30 @@ class WorkerFailed(AttnbenchError):
         self.status, self.reason = status, reason
 
 
-def _serve(conn, plugins: list[str], seed: int, settings, stderr_path: str) -> None:
-    """The worker's loop: ("prepare", case, build) then any number of ("measure", impl name)."""
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when its parent dies (a sweep or Ray actor killed
+    with -9 leaves no worker running on); elsewhere nothing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _serve(
+    conn, plugins: list[str], seed: int, settings, stderr_path: str, threads: int | None = None
+) -> None:
+    """The worker's loop: ("prepare", case, build) then any number of ("measure", impl name),
+    until the parent closes the pipe (then it returns, and the process exits cleanly)."""
+    _die_with_parent()
     fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(fd, 2)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     from attnbench import registry
 
     impls = registry.discover(plugins)
@@ -88,8 +108,16 @@ def _serve(conn, plugins: list[str], seed: int, settings, stderr_path: str) -> N
 class Subprocess:
     """One worker process at a time, started once and replaced after a crash or a timeout."""
 
-    def __init__(self, plugins: list[str], seed: int, settings: Settings, timeout_s: float | None):
+    def __init__(
+        self,
+        plugins: list[str],
+        seed: int,
+        settings: Settings,
+        timeout_s: float | None,
+        threads: int | None = None,
+    ):
         self.plugins, self.seed, self.settings, self.timeout_s = plugins, seed, settings, timeout_s
+        self.threads = threads  # torch's CPU threads in the worker (None: torch's choice)
         self.proc = self.conn = None
         self.case: Case | None = None
         self.build = False
@@ -98,8 +126,11 @@ class Subprocess:
         self.stderr_path = Path(self._dir.name) / "stderr.log"
 
     def prepare(self, case: Case, impls: list[Impl]) -> None:
-        self.case, self.broken = case, None
-        self.build = any(not i.reasons(case) for i in impls)
+        self.start_case(case, any(not i.reasons(case) for i in impls))
+
+    def start_case(self, case: Case, build: bool) -> None:
+        """prepare() when the caller knows whether any impl will run (``build``)."""
+        self.case, self.broken, self.build = case, None, build
         try:
             self._call(("prepare", case, self.build), None)
         except WorkerFailed as exc:
@@ -125,7 +156,14 @@ class Subprocess:
         self.proc = ctx.Process(
             target=_serve,
             daemon=True,
-            args=(child, self.plugins, self.seed, self.settings, str(self.stderr_path)),
+            args=(
+                child,
+                self.plugins,
+                self.seed,
+                self.settings,
+                str(self.stderr_path),
+                self.threads,
+            ),
         )
         with allocator.worker_environment(self.settings.malloc_tunables):
             self.proc.start()  # the worker reads GLIBC_TUNABLES at its start
@@ -172,6 +210,12 @@ class Subprocess:
         self.proc = None
 
     def close(self) -> None:
+        """The worker exits on its own when its pipe closes, releasing what it holds (the
+        semaphores of torch.compile's worker pools, which a killed process leaks); it is
+        killed only if it has not exited within CLOSE_WAIT_S."""
+        if self.proc is not None and self.proc.is_alive():
+            self.conn.close()
+            self.proc.join(CLOSE_WAIT_S)
         self.stop()
         self._dir.cleanup()
 

@@ -2,11 +2,12 @@
 machines of a Ray cluster, behind the executor protocol of ``executors.py``.
 
 ``RayActor`` is the proxy the sweep drives, one per device; it owns one ``_Actor`` at a time,
-which runs whole cases on its device (inputs and the float64 reference made once per case, as
-in the subprocess worker) and sends back rows. Impls travel by name: each actor loads the
-registry itself. An actor that dies costs its row in flight (status crash) and is replaced; a
-row that exceeds the timeout kills its actor (status timeout). Nothing is retried by Ray, so
-no row runs twice.
+which runs whole cases on its device in a worker process of its own (the local executor's
+``Subprocess``: inputs and the float64 reference made once per case) and sends back rows.
+Impls travel by name: each actor loads the registry itself. An impl that crashes or hangs
+costs its row, as on one machine (status crash with the signal, or timeout), and a fresh
+worker; an actor that dies itself (its node lost, killed from outside) costs the row in
+flight and is replaced. Nothing is retried by Ray, so no row runs twice.
 
 ``start`` starts or joins Ray and returns the proxies; ``measure_devices`` has every actor
 measure its device's ceilings and returns env.json's ``devices``. ``ray`` is imported only
@@ -22,15 +23,16 @@ import socket
 import sys
 import tempfile
 import threading
-from pathlib import Path
 
+from attnbench import checkout
 from attnbench.case import Case
 from attnbench.errors import UsageError
 from attnbench.registry import Impl
 from attnbench.run import heap
+from attnbench.run.executors import CLOSE_WAIT_S, Subprocess
 from attnbench.run.row import Measured, Settings, failed, one_line
 
-INSTALL_HINT = "pip install 'attnbench[ray]'"
+INSTALL_HINT = "pip install 'ray>=2.40'"  # the ray extra's own requirement: works from a wheel
 CONNECT_TIMEOUT_S = 30.0  # joining a cluster that never answers
 START_TIMEOUT_S = 300.0  # an actor's start-up: import torch (and a CUDA context)
 READ_TIMEOUT_S = 10.0  # fetching a dead actor's stderr from its node
@@ -55,11 +57,20 @@ def _import_ray():
 
 
 class _Actor:
-    """Runs inside a Ray worker process and owns one device. Its stderr (faulthandler's
-    report of a fatal signal included) goes to a file of its own, emptied before each row, so
-    that a crash row can say how the actor died."""
+    """Runs inside a Ray worker process and owns one device. It measures rows in a worker
+    process of its own (the local executor's ``Subprocess``), so an impl that crashes or
+    hangs costs its row, named as on one machine (the signal, the worker's stderr), and the
+    actor lives on. Its own stderr goes to a file, emptied before each row, so that a crash
+    row can say how the actor died, if it does (its node lost, killed from outside)."""
 
-    def __init__(self, plugins: list[str], seed: int, device: str, threads: int | None):
+    def __init__(
+        self,
+        plugins: list[str],
+        seed: int,
+        device: str,
+        threads: int | None,
+        timeout_s: float | None = None,
+    ):
         self.err_path = os.path.join(
             tempfile.gettempdir(), f"attnbench-ray-actor-{os.getpid()}.err"
         )
@@ -74,8 +85,9 @@ class _Actor:
 
         self.impls = registry.discover(plugins)
         heap.freeze_startup()  # a row's garbage collection then skips the start-up's objects
-        self.seed, self.device = seed, device
-        self.prepared = None
+        self.plugins, self.seed, self.device = plugins, seed, device
+        self.threads, self.timeout_s = threads, timeout_s
+        self.worker: Subprocess | None = None
 
     def info(self) -> dict:
         import ray
@@ -95,19 +107,25 @@ class _Actor:
         return ceilings.measure(dtypes, self.device, quick=quick)
 
     def prepare(self, case: Case, build: bool, settings: Settings) -> None:
-        from attnbench.run.row import Prepared
-
-        self.prepared = Prepared(case, self.seed, settings)
-        if build:
-            self.prepared.build()
+        if self.worker is None or self.worker.settings != settings:  # the ceilings came in
+            self.close()
+            self.worker = Subprocess(
+                self.plugins, self.seed, settings, self.timeout_s, self.threads
+            )
+        self.worker.start_case(case, build)
 
     def measure(self, name: str) -> Measured:
         from attnbench.store.env import device_name
 
         os.ftruncate(2, 0)  # the file holds this row's output only
-        measured = self.prepared.measure(self.impls[name])
+        measured = self.worker.measure(self.impls[name])
         measured.row.update(host=socket.gethostname(), device_name=device_name(self.device))
         return measured
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+        self.worker = None
 
 
 def _read_and_remove(path: str) -> str:
@@ -229,16 +247,19 @@ class RayActor:
                 f"no replacement actor could be started ({type(exc).__name__})",
             )
         ref = self.actor.measure.remote(impl.name)
+        # the actor's worker process enforces --timeout itself (a timeout row, the actor
+        # lives on); this wait only ends an actor that stopped answering altogether
+        backstop = None if self.timeout_s is None else self.timeout_s + START_TIMEOUT_S
         try:
-            return self.ray.get(ref, timeout=self.timeout_s)
+            return self.ray.get(ref, timeout=backstop)
         except exceptions.GetTimeoutError:
             self._drop()
             return failed(
                 impl,
                 self.case,
                 "timeout",
-                f"no result after {self.timeout_s:g} s; the actor was killed; "
-                f"stderr: {self._stderr_tail()}",
+                f"no answer from the actor after {backstop:g} s (--timeout plus a worker "
+                f"start); the actor was killed; stderr: {self._stderr_tail()}",
             )
         except exceptions.RayActorError as exc:  # died: segfault, abort, killed, node lost
             reason = f"actor died ({_exit_detail(exc)}); stderr: {self._stderr_tail()}"
@@ -246,6 +267,11 @@ class RayActor:
             return failed(impl, self.case, "crash", reason)
 
     def close(self) -> None:
+        if self.actor is not None:  # its worker process exits on its own, then the actor
+            try:
+                self.ray.get(self.actor.close.remote(), timeout=CLOSE_WAIT_S + 5)
+            except Exception:  # noqa: BLE001 - dead, or not answering: killed below
+                pass
         self._drop()
         self._stderr_tail()  # removes the file
 
@@ -322,18 +348,48 @@ def _actor_env() -> dict:
         for k, v in os.environ.items()
         if k.startswith("ATTNBENCH_") or k == "TORCHINDUCTOR_CACHE_DIR"
     }
-    root = str(Path(__file__).resolve().parent.parent.parent)
-    if "site-packages" not in root and "dist-packages" not in root:
-        paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    root = checkout.root()
+    if root is not None:
+        paths = [str(root), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return {"env_vars": env}
 
 
+_AUTH_FAILURE = re.compile(r"InvalidAuthToken|Unauthenticated|AuthenticationError")
+
+
+def _auth_problem(address: str, exc: BaseException, logged: str) -> str | None:
+    """The cause and the fix when joining failed on Ray's token authentication (Ray >= 2.52:
+    a cluster started where a token exists, ~/.ray/auth_token, requires one; Ray sends it to
+    an address it is given only with RAY_AUTH_MODE=token), else None."""
+    chain, seen = [], exc
+    while seen is not None and len(chain) < 10:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    text = logged + " ".join(f"{type(e).__name__}: {e}" for e in chain)
+    if not _AUTH_FAILURE.search(text):
+        return None
+    where = "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token"
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+        return (
+            f"--ray-address {address}: the cluster refused this process's Ray token "
+            f"(RAY_AUTH_MODE=token): the token here ({where}) is missing or is not the "
+            f"cluster's; copy the head's (`ray get-auth-token` on the head prints it)"
+        )
+    return (
+        f"--ray-address {address}: the cluster requires Ray's token authentication and this "
+        f"process sent no token; run with RAY_AUTH_MODE=token and the cluster's token in "
+        f"{where} (`ray get-auth-token` on the head prints it; docs/distributed.md)"
+    )
+
+
 def connect(address: str | None, command: str = "sweep"):
     """Start a local Ray instance (``address`` None) or join a cluster (``auto``, host:port,
-    ray://host:port). Bad or unreachable addresses are a UsageError, and a cluster that does
-    not answer within CONNECT_TIMEOUT_S ends this process with one line and exit code 2
-    (nothing has been written by then)."""
+    ray://host:port). Bad or unreachable addresses are a UsageError (a token the cluster
+    requires and did not get, with the fix), and a cluster that does not answer within
+    CONNECT_TIMEOUT_S ends this process with one line and exit code 2 (nothing has been
+    written by then). While joining, Ray's own log lines (one per failed attempt, from its C++
+    client) are held back: they are shown if the join succeeds, read for the cause if not."""
     if address:
         os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "1")  # one attempt, not 20
     ray = _import_ray()
@@ -342,29 +398,47 @@ def connect(address: str | None, command: str = "sweep"):
     if ray.is_initialized():  # already connected (a program that drives sweeps itself)
         return ray
     _quiet_raylet_notices()
+    kwargs = dict(log_to_driver=False, logging_level=logging.ERROR)
+    if not address:
+        ray.init(include_dashboard=False, **kwargs)
+        _connected_here.append(True)
+        return ray
+    sys.stderr.flush()
+    stderr = os.dup(2)
+    held = tempfile.TemporaryFile()
 
     def give_up() -> None:
-        print(
+        line = (
             f"attnbench {command}: error: --ray-address {address}: no Ray cluster answered "
-            f"within {CONNECT_TIMEOUT_S:g} s",
-            file=sys.stderr,
-            flush=True,
+            f"within {CONNECT_TIMEOUT_S:g} s\n"
         )
+        os.write(stderr, line.encode())
         os._exit(2)
 
     watchdog = threading.Timer(CONNECT_TIMEOUT_S, give_up)
     watchdog.daemon = True
-    kwargs = dict(log_to_driver=False, logging_level=logging.ERROR)
-    if not address:
-        kwargs["include_dashboard"] = False
-    if address:
-        watchdog.start()
+    failure = None
+    os.dup2(held.fileno(), 2)
+    watchdog.start()
+    refused = (ConnectionError, ValueError, RuntimeError, TimeoutError, ray.exceptions.RayError)
     try:
         ray.init(address=address, **kwargs)
-    except (ConnectionError, ValueError, RuntimeError, TimeoutError) as exc:
-        raise UsageError(f"--ray-address {address}: cannot connect ({one_line(exc)})") from None
+    except refused as exc:
+        failure = exc
     finally:
         watchdog.cancel()
+        sys.stderr.flush()
+        os.dup2(stderr, 2)
+        os.close(stderr)
+    held.seek(0)
+    logged = held.read().decode(errors="replace")
+    held.close()
+    if failure is not None:
+        raise UsageError(
+            _auth_problem(address, failure, logged)
+            or f"--ray-address {address}: cannot connect ({one_line(failure)})"
+        ) from None
+    sys.stderr.write(logged)
     _connected_here.append(True)
     return ray
 
@@ -408,7 +482,7 @@ def start(
         options = dict(num_cpus=threads)
     options["runtime_env"] = _actor_env()
     n = max(1, min(n, actors or n))
-    args = ([str(p) for p in plugins], seed, device, threads)
+    args = ([str(p) for p in plugins], seed, device, threads, timeout_s)
     proxies = [RayActor(ray, options, args, settings, timeout_s) for _ in range(n)]
     for proxy in proxies:  # all start at once
         proxy.launch()

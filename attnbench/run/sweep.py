@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import socket
+import textwrap
 import threading
 import time
 from collections import Counter
@@ -29,6 +30,8 @@ from attnbench.run.row import Measured, base_row, failed, release
 from attnbench.store.env import device_name
 from attnbench.store.results import kernels_writer, row_key, row_writer, samples_writer
 from attnbench.store.rundir import DRAWS_FILE, ERRORS_FILE, append_line, read_draws
+
+REASON_CHARS = 160  # --row-lines: a failed row's reason, shortened between words
 
 Family = list[tuple[Case, list[Impl]]]  # (case, the impls still to run on it), by length
 
@@ -232,8 +235,9 @@ def _short(name: str, chars: int = 20) -> str:
 
 
 def _outcome(row: dict) -> str:
-    if row["status"] != "ok":
-        return f"{row['status']} ({(row['reason'] or '')[:120]})"
+    if row["status"] != "ok":  # a long reason shortened between words (the CSV has it whole)
+        reason = textwrap.shorten(row["reason"] or "", REASON_CHARS, placeholder=" ...")
+        return f"{row['status']} ({reason})"
     agrees = {True: "agrees", False: "DISAGREES", None: "not checked"}[row["agrees"]]
     return f"ok {row['time_ms']:.4g} ms, {agrees}"
 

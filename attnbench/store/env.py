@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
+from attnbench import checkout
 from attnbench.impls.xformers_kernels import xformers_kernels
 from attnbench.measure.clocks import GPU_STATE_FIELDS, driver_version, gpu_state
 
@@ -34,14 +35,18 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-REPO = Path(__file__).resolve().parent.parent.parent  # the checkout attnbench runs from
 # a run's outputs (the default --results-dir and --reports-dir): regenerating a committed run
 # rewrites them, which is not a change to the code that ran
 OUTPUT_DIRS = ("results", "reports")
 DIRTY_FILES_SHOWN = 20
 
 
-def _git(*args: str, cwd: Path = REPO) -> str | None:
+def _git(*args: str, cwd: Path | None = None) -> str | None:
+    """git's answer in ``cwd``, by default attnbench's checkout; None for an installed package
+    (its folder's git, if any, would be another project's) or without git."""
+    cwd = cwd or checkout.root()
+    if cwd is None:
+        return None
     try:
         out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, cwd=cwd)
     except (OSError, subprocess.SubprocessError):
@@ -49,7 +54,7 @@ def _git(*args: str, cwd: Path = REPO) -> str | None:
     return out.stdout.rstrip() if out.returncode == 0 else None
 
 
-def git_state(root: Path = REPO) -> dict:
+def git_state(root: Path | None = None) -> dict:
     """The commit that ran and whether the checkout differs from it: tracked files changed,
     added or deleted, and files git does not ignore or track (a drop-in impl, say), outside
     OUTPUT_DIRS; None for each where ``root`` is not a git checkout. ``git_dirty_files``
@@ -104,7 +109,21 @@ def collect_env(argv: list[str], seed: int, device: str) -> dict:
         "xformers": _version("xformers"),
         "xformers_kernels": xformers_kernels() if _version("xformers") else None,
         **git_state(),
+        "attnbench": checkout.version(),
+        "checkout": checkout.root() is not None,
     }
+
+
+def code_version(env: dict) -> str | None:
+    """Which attnbench made a run, in words: the commit of a checkout (and whether it had
+    uncommitted changes), or the version of an installed package; None when env.json says
+    neither (written before it recorded them)."""
+    if env.get("git_sha"):
+        return env["git_sha"] + (" (uncommitted changes)" if env.get("git_dirty") else "")
+    if env.get("attnbench"):
+        where = "a checkout without git" if env.get("checkout") else "an installed package"
+        return f"attnbench {env['attnbench']} ({where}: no git commit)"
+    return None
 
 
 @functools.cache

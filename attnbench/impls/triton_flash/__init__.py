@@ -37,7 +37,7 @@ def _no_fp32(case: Case) -> list[str]:
     backward=True,
     causal_align=ALIGNS,
     layout="bhsd",
-    requires={"triton": "pip install 'attnbench[triton]'"},
+    requires={"triton": "pip install 'triton>=3.0'"},
     description="own Triton kernel for Hopper (TMA descriptors, persistent causal grid, "
     "fused backward with dQ atomics, GQA, head dims 16..256 step 8, autotuned; fp16 and "
     "bf16: fp32 is refused, its IEEE dot products spill and compile for minutes)",

@@ -19,7 +19,7 @@ from attnbench.registry import register
     gqa=True,
     backward=True,
     layout="bhsd",
-    requires={"triton": "pip install 'attnbench[triton]'"},
+    requires={"triton": "pip install 'triton>=3.0'"},
     description="own Triton FlashAttention-2 kernel (fwd + bwd, GQA, autotuned; "
     "fp32 uses IEEE dot products, not tf32)",
 )
