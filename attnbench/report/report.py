@@ -547,7 +547,7 @@ def _checks_section(df: pd.DataFrame) -> list[str]:
         lines += [
             f"{len(faulting)} CPU row(s) page-faulted inside the timing ({PAGE_FAULTS_FLAG:g} "
             f"or more minor faults per timed call; most {ok['page_faults'].max():.0f}): their "
-            f"times include paging memory back in and may move between identical runs "
+            f"times include paging memory in and may move between identical runs "
             f"(docs/method.md, CPU timing and the allocator).",
             "",
         ]

@@ -200,9 +200,10 @@ def measure(
             row["page_faults"] = timing.page_faults
             if timing.page_faults >= PAGE_FAULTS_FLAG:
                 notes.append(
-                    f"page faults inside the timing: {timing.page_faults:.0f} per call; the "
-                    f"allocator handed memory back to the OS between calls, so time_ms "
-                    f"includes paging it back in and may move between identical runs"
+                    f"page faults inside the timing: {timing.page_faults:.0f} per call; "
+                    f"timed calls paged memory in (the heap grew, or the allocator handed "
+                    f"memory back to the OS between calls), so time_ms includes it and may "
+                    f"move between identical runs"
                 )
         if timing.contention is not None:
             row["cpu_share"] = timing.contention.cpu_share

@@ -52,8 +52,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
     ),
     "page_faults": (
         "Float64",
-        "CPU: minor page faults per timed call (getrusage); above zero means the allocator "
-        "handed memory back to the OS between calls, and reason says so; blank on CUDA",
+        "CPU: minor page faults per timed call (getrusage); 10 or more means calls paged "
+        "memory in (the heap grew, or the allocator handed memory back between calls), and "
+        "reason says so; blank on CUDA",
     ),
     "cpu_share": (
         "Float64",
