@@ -18,7 +18,6 @@ from attnbench.run.row import Settings, ground_truth, measure
 pytest.importorskip("transformers", reason="transformers is not installed (pip install '.[hf]')")
 
 FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
-HF_CPU = ["hf_eager", "hf_sdpa"]
 
 
 def case(**kw) -> Case:
@@ -45,8 +44,12 @@ def run(impl, c: Case) -> dict:
     return measure(impl, c, inputs, ground_truth(c, inputs), FAST).row
 
 
-@pytest.mark.parametrize("name", HF_CPU)
-@pytest.mark.parametrize("c", CASES, ids=Case.label)
+@pytest.mark.parametrize(
+    "name,c",
+    [("hf_sdpa", c) for c in CASES]  # eager: the cases where its float mask differs most
+    + [("hf_eager", CASES[i]) for i in (0, 2, 4, 5, 6, 8, 9)],
+    ids=lambda x: x.label() if isinstance(x, Case) else x,
+)
 def test_transformers_attention_agrees_with_the_reference(impls, name, c):
     row = run(impls[name], c)
     assert row["status"] == "ok" and row["agrees"] is True, row["reason"]

@@ -138,16 +138,13 @@ def prepare(impl: str, case_shape, causal: bool, mask, dtype, device, training: 
         else:  # an encoder, or cross-attention to the encoder's Skv states
             states = torch.empty(B, Skv, 0, dtype=dtype, device=device)  # only its shape
             attention_mask = build(config, embeds, padding, encoder_hidden_states=states)
-    layer = _Layer(config, Hq // Hkv, causal, training)
-    return {"layer": layer, "attention_mask": attention_mask, "kwargs": kwargs}
-
-
-def attention_function(impl: str):
-    """The function a transformers attention layer looks up for ``impl``."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     from transformers.models.llama.modeling_llama import eager_attention_forward
 
-    return ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager_attention_forward)
+    layer = _Layer(config, Hq // Hkv, causal, training)
+    # what a Llama attention layer looks its function up in, on every call
+    lookup = (ALL_ATTENTION_FUNCTIONS, eager_attention_forward)
+    return {"layer": layer, "attention_mask": attention_mask, "kwargs": kwargs, "lookup": lookup}
 
 
 def run(impl: str, q, k, v, *, causal: bool, scale: float, mask):
@@ -161,7 +158,8 @@ def run(impl: str, q, k, v, *, causal: bool, scale: float, mask):
     )
     if impl == "flash_attention_2" and "position_ids" in call["kwargs"]:
         q, k, v = (t.reshape(1, B * Sq, *t.shape[2:]) for t in (q, k, v))  # views
-    out, _ = attention_function(impl)(
+    functions, eager = call["lookup"]
+    out, _ = functions.get_interface(impl, eager)(
         call["layer"],
         q.transpose(1, 2),  # (B, Hq, Sq, D) views, as a model's attention layer passes them
         k.transpose(1, 2),

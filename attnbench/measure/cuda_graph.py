@@ -36,7 +36,9 @@ def capture(fn: Callable[[], object]) -> Callable[[], None]:
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph, stream=stream):
+        # thread_local: another thread's CUDA calls (none of ours: NVML sampling is not CUDA)
+        # cannot invalidate this capture
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
             out = fn()
     except Exception as exc:  # noqa: BLE001 - any capture failure is the row's reason
         torch.cuda.synchronize()
