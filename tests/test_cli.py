@@ -3,13 +3,13 @@
 import csv
 import json
 import os
-import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from torchlog import own_lines
 
 from attnbench.cli import main
 from attnbench.store.results import read_results
@@ -30,16 +30,6 @@ from attnbench.registry import register
 def my_sdpa(q, k, v, *, causal, scale):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 """
-
-
-# a log line of torch's own C++/Python logging ("W1123 21:55:22.911000 19708 file.py:140] ..."),
-# which some builds print at import (a CUDA build without a driver, about CUDA_HOME)
-TORCH_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
-
-
-def own_lines(stderr: str) -> list[str]:
-    """stderr's lines that the program wrote: not the torch build's log lines."""
-    return [ln for ln in stderr.strip().splitlines() if not TORCH_LOG_LINE.match(ln)]
 
 
 def sweep(*args, cwd=None):
