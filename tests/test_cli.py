@@ -388,3 +388,16 @@ def test_a_resumed_run_summarises_every_row(tmp_path):
     assert again.returncode == 0 and "(4 rows already done)" in again.stdout, again.stderr
     summary = again.stdout.split("time_ms (median")[1]
     assert summary.count("S32 D32 float32") == 2 and "naive" in summary and "tiled" in summary
+
+
+def test_a_sweep_keeps_tritons_cache_where_triton_keeps_it(monkeypatch):
+    """Inductor points an unset TRITON_CACHE_DIR into its own (a sweep's temporary) cache; the
+    sweep sets Triton's own default first, so triton_flash's compiled kernels outlive it."""
+    triton = pytest.importorskip("triton")
+    from attnbench.cli import triton_cache_dir
+
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    if hasattr(triton, "knobs"):
+        assert triton_cache_dir() == triton.knobs.cache.dir
+    monkeypatch.setenv("TRITON_HOME", "/somewhere")
+    assert triton_cache_dir() == "/somewhere/.triton/cache"
