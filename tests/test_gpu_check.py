@@ -116,7 +116,8 @@ def test_a_call_stopped_by_its_budget_resumes_on_a_fresh_copy(tmp_path):
     started = time.monotonic()
     first = gpu_check(
         "env,first-light", tmp_path, *plugin, "--timeout", "900",  # the budget stops it
-        budget=150, script=first_copy / SCRIPT_IN_REPO, out=out1, ATTNBENCH_WORK="", ATTNBENCH_SLOW_S="600", ATTNBENCH_SLOW_MIN_SEQ="64",
+        budget=150, script=first_copy / SCRIPT_IN_REPO, out=out1, ATTNBENCH_WORK="",
+        ATTNBENCH_SLOW_S="600", ATTNBENCH_SLOW_MIN_SEQ="64",
         ATTNBENCH_RESERVE_S="5",
     )  # fmt: skip
     took = time.monotonic() - started
