@@ -18,7 +18,8 @@
 # One call runs up to three stages (the device brings back 8 files: a log and an archive per
 # stage, and cache.tgz) within ATTNBENCH_BUDGET_S (default 450 s) in all; a stage gets its
 # own cap (CAPS below) but always leaves 60 s to each stage after it, and the last stage gets
-# what is left. Each stage writes its output to OUT/<stage>.log as it goes, stops its sweeps
+# what is left. SWEEP OPTIONS come after the stage's own (--timeout 120 included), so they
+# win. Each stage writes its output to OUT/<stage>.log as it goes, stops its sweeps
 # inside its budget (SIGINT: finished rows stay; ATTNBENCH_RESERVE_S, default 60, at most a
 # third of the budget, is kept for the report and packing), and packs its results, reports
 # and logs into OUT/<stage>.tgz; Triton's and inductor's caches (.cache/ under the work folder)
@@ -135,7 +136,7 @@ run_stage() {
         local resume=()
         [[ -s $work/results/$id/results.csv ]] && resume=(--resume)
         timeout --signal=INT --kill-after=20 "$(left "$reserve")" \
-            python3 -m attnbench "$@" "${extra[@]}" --run-id "$id" --row-lines --timeout 120 \
+            python3 -m attnbench "$@" --timeout 120 "${extra[@]}" --run-id "$id" --row-lines \
             --results-dir "$work/results" --reports-dir "$work/reports" "${resume[@]}" \
             2>&1 | tee -a "$work/logs/$stage-$id.log"
         local rc=${PIPESTATUS[0]}

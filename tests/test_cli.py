@@ -3,13 +3,13 @@
 import csv
 import json
 import os
-import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from torchlog import own_lines
 
 from attnbench.cli import main
 from attnbench.store.results import read_results
@@ -30,16 +30,6 @@ from attnbench.registry import register
 def my_sdpa(q, k, v, *, causal, scale):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 """
-
-
-# a log line of torch's own C++/Python logging ("W1123 21:55:22.911000 19708 file.py:140] ..."),
-# which some builds print at import (a CUDA build without a driver, about CUDA_HOME)
-TORCH_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
-
-
-def own_lines(stderr: str) -> list[str]:
-    """stderr's lines that the program wrote: not the torch build's log lines."""
-    return [ln for ln in stderr.strip().splitlines() if not TORCH_LOG_LINE.match(ln)]
 
 
 def sweep(*args, cwd=None):
@@ -522,3 +512,16 @@ def test_row_lines_shorten_a_long_reason_between_words():
     kept = line.removeprefix("error (").removesuffix(")")
     assert kept.endswith(" ...") and len(kept) < len(reason)
     assert all(word in reason.split() for word in kept.removesuffix(" ...").split())
+
+
+def test_a_sweep_keeps_tritons_cache_where_triton_keeps_it(monkeypatch):
+    """Inductor points an unset TRITON_CACHE_DIR into its own (a sweep's temporary) cache; the
+    sweep sets Triton's own default first, so triton_flash's compiled kernels outlive it."""
+    triton = pytest.importorskip("triton")
+    from attnbench.cli import triton_cache_dir
+
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    if hasattr(triton, "knobs"):
+        assert triton_cache_dir() == triton.knobs.cache.dir
+    monkeypatch.setenv("TRITON_HOME", "/somewhere")
+    assert triton_cache_dir() == "/somewhere/.triton/cache"

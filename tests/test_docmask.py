@@ -144,6 +144,10 @@ def test_nested_runs_documents_and_says_why_not_causal(impls):
     assert row["status"] == "ok" and row["agrees"] is True, row["reason"]
     assert row["work_flops"] == row["flops"]  # one matrix per document: nothing wasted
     row = run(impls["sdpa_nested"], doc_case("uniform:10-40", causal=True))
+    if torch.version.cuda and not torch.cuda.is_available() and "driver" in row["reason"]:
+        # a CUDA build on a machine without a driver (scripts/check_image.sh): PyTorch's
+        # nested SDPA asks the driver before it refuses causal, and that call fails
+        pytest.skip(f"a CUDA build of torch without a driver: {row['reason'][:200]}")
     assert row["status"] == "unsupported"
     assert "is_causal" in row["reason"] and row["time_ms"] is None
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from torchlog import own_lines
 
 from attnbench.store.results import read_results
 
@@ -312,7 +313,7 @@ def test_resume_with_a_different_grid_is_refused(tmp_path):
         "--resume",
     )
     assert again.returncode == 2
-    assert "--resume: cases item 2 was" in again.stderr and again.stderr.count("\n") == 1
+    assert "--resume: cases item 2 was" in again.stderr and len(own_lines(again.stderr)) == 1
     assert (tmp_path / "r" / "results.csv").read_bytes() == before
 
 

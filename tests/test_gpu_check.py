@@ -115,8 +115,9 @@ def test_a_call_stopped_by_its_budget_resumes_on_a_fresh_copy(tmp_path):
     out1, out2 = tmp_path / "out1", tmp_path / "out2"
     started = time.monotonic()
     first = gpu_check(
-        "env,first-light", tmp_path, *plugin, budget=150, script=first_copy / SCRIPT_IN_REPO,
-        out=out1, ATTNBENCH_WORK="", ATTNBENCH_SLOW_S="600", ATTNBENCH_SLOW_MIN_SEQ="64",
+        "env,first-light", tmp_path, *plugin, "--timeout", "900",  # the budget stops it
+        budget=150, script=first_copy / SCRIPT_IN_REPO, out=out1, ATTNBENCH_WORK="",
+        ATTNBENCH_SLOW_S="600", ATTNBENCH_SLOW_MIN_SEQ="64",
         ATTNBENCH_RESERVE_S="5",
     )  # fmt: skip
     took = time.monotonic() - started

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_cli import sweep  # scripts/sweep.py --device cpu in a subprocess
+from torchlog import own_lines
 
 from attnbench.case import Case, CaseError
 from attnbench.measure.accuracy import reference
@@ -229,7 +230,7 @@ def test_gemma_alternates_window_and_global_layers():
 def test_a_model_typo_is_one_line_naming_the_closest(tmp_path):
     proc = sweep("--model", "lama3-8b", cwd=tmp_path)
     assert proc.returncode == 2
-    assert proc.stderr.strip().count("\n") == 0
+    assert len(own_lines(proc.stderr)) == 1
     assert "did you mean 'llama3-8b'" in proc.stderr
     assert not (tmp_path / "results").exists()
     listed = sweep("--list-models", cwd=tmp_path)
