@@ -74,8 +74,8 @@ def measure(dtypes: list[str], device: str, *, quick: bool = False) -> dict:
     the best of ``REPEATS`` measurements: a ceiling is what the device can do, and a moment of
     interference from another process only ever lowers a measurement (on the CPU, contended
     measurements are tried again, except in ``quick`` runs; ``contended`` says whether a
-    ceiling kept one all the same, and then the rows get no ``bound``). The memory they took is handed back to the device,
-    so that it does not shift where the sweep's rows run out."""
+    ceiling kept one all the same, and then the rows get no ``bound``). The memory they took
+    is handed back to the device, so that it does not shift where the sweep's rows run out."""
     timer = TimerConfig(rep_ms=20.0 if quick else 200.0)
     kind = device.split(":")[0]
     n = MATMUL_N[kind] // (2 if quick else 1)
