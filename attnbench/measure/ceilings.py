@@ -53,12 +53,14 @@ def _contended(t: Timing) -> bool:
     return t.contention is not None and t.contention.contended
 
 
-def best(measure_once: Callable[[], tuple[float, bool]]) -> tuple[float, bool]:
+def best(
+    measure_once: Callable[[], tuple[float, bool]], max_tries: int = MAX_TRIES
+) -> tuple[float, bool]:
     """The best rate over the tries, until REPEATS were uncontended (contended ones are
-    tried again, up to MAX_TRIES in all), and whether none was uncontended (the ceiling may
-    then be low: every try waited for the CPU)."""
+    tried again, up to ``max_tries`` in all), and whether none was uncontended (the ceiling
+    may then be low: every try waited for the CPU)."""
     rates, clean = [], 0
-    for _ in range(MAX_TRIES):
+    for _ in range(max(max_tries, REPEATS)):
         rate, busy = measure_once()
         rates.append(rate)
         clean += not busy
@@ -71,15 +73,16 @@ def measure(dtypes: list[str], device: str, *, quick: bool = False) -> dict:
     """The ceilings for env.json: {"matmul_tflops": {dtype: x}, "copy_gb_s": y, ...}. Each is
     the best of ``REPEATS`` measurements: a ceiling is what the device can do, and a moment of
     interference from another process only ever lowers a measurement (on the CPU, contended
-    measurements are tried again; ``contended`` says whether a ceiling kept one all the same,
-    and then the rows get no ``bound``). The memory they took is handed back to the device,
-    so that it does not shift where the sweep's rows run out."""
+    measurements are tried again, except in ``quick`` runs; ``contended`` says whether a
+    ceiling kept one all the same, and then the rows get no ``bound``). The memory they took
+    is handed back to the device, so that it does not shift where the sweep's rows run out."""
     timer = TimerConfig(rep_ms=20.0 if quick else 200.0)
     kind = device.split(":")[0]
     n = MATMUL_N[kind] // (2 if quick else 1)
     mib = COPY_MIB[kind] // (4 if quick else 1)
-    rates = {d: best(lambda d=d: _matmul(d, device, n, timer)) for d in dtypes}
-    copy = best(lambda: _copy(device, mib, timer))
+    tries = REPEATS if quick else MAX_TRIES  # quick runs (tests, smoke) do not try again
+    rates = {d: best(lambda d=d: _matmul(d, device, n, timer), tries) for d in dtypes}
+    copy = best(lambda: _copy(device, mib, timer), tries)
     out = {
         "matmul_tflops": {d: rate for d, (rate, _) in rates.items()},
         "matmul_n": n,
