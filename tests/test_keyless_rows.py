@@ -1,18 +1,17 @@
 """Rows with no visible key (bottom-right causal with Sq > Skv: the first Sq - Skv queries see
 no key) have output zero and gradients zero (docs/method.md), in every built-in impl that runs
-on the CPU: exactly zero in those rows, and the harness's verdict agrees."""
+on the CPU: exactly zero in those rows, and the harness's verdict (accuracy.judge) agrees."""
 
 import pytest
 import torch
 
 from attnbench import registry
 from attnbench.case import Case
-from attnbench.measure.timing import TimerConfig
+from attnbench.measure import accuracy
 from attnbench.run.call import Call
 from attnbench.run.inputs import make_inputs
-from attnbench.run.row import Settings, ground_truth, measure
+from attnbench.run.row import checked_names, ground_truth
 
-FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 SHAPES = [(37, 1), (20, 8)]  # (seq_q, seq_kv): 36 and 12 keyless rows
 BUILTIN = registry.discover(entry_points=False)
 
@@ -62,6 +61,7 @@ def test_rows_with_no_visible_key_are_zero_and_agree(name, case):
         dq, dk, dv = grads
         assert torch.equal(dq[:, :, :empty], torch.zeros_like(dq[:, :, :empty]))
         assert torch.isfinite(dk).all() and torch.isfinite(dv).all()
-    row = measure(impl, case, inputs, ground_truth(case, inputs), FAST).row
-    assert row["status"] == "ok", row["reason"]
-    assert row["agrees"] is True, row["reason"]
+    truth = ground_truth(case, inputs)
+    got = [out, *(grads or ())]
+    verdict = accuracy.judge(checked_names(case), got, truth.ref, truth.mag, case.torch_dtype)
+    assert verdict.agrees, verdict.notes
