@@ -6,6 +6,7 @@ import torch
 from attnbench.measure import accuracy
 from attnbench.measure.accuracy import (
     LegacyError,
+    Magnitude,
     agrees,
     bound,
     error,
@@ -70,36 +71,46 @@ def _sdpa(q, k, v, scale, causal=False):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 
 
+def one_term(m: torch.Tensor) -> Magnitude:
+    """A magnitude whose every element is a sum of one term."""
+    return Magnitude(m, torch.ones(()))
+
+
 def test_error_metrics():
     ref = torch.tensor([3.0, 4.0], dtype=torch.float64)
     mag = torch.tensor([3.0, 4.0], dtype=torch.float64)
-    e = error(torch.tensor([3.0, 4.5]), ref, mag)
+    e = error(torch.tensor([3.0, 4.5]), ref, one_term(mag))
     assert e.max_abs == pytest.approx(0.5) and e.rel == pytest.approx(0.1)
-    # element-wise: |d| / max(m, TAU rms(m)) at the worst element, with its index
-    assert e.elem_ratio == pytest.approx(0.5 / 4.0) and e.elem_index == (1,)
-    assert e.elem_err == pytest.approx(0.5) and e.elem_mag == pytest.approx(4.0)
+    # element-wise: |d_e| against (C_ELEM u + C_ACC_ELEM u_acc sqrt(1)) max(m_e, TAU rms(m))
+    u = accuracy.unit_roundoff(torch.float32)
+    per = accuracy.C_ELEM[torch.float32]["out"] * u + accuracy.C_ACC_ELEM * u
+    assert e.elem_index == (1,) and e.elem_err == pytest.approx(0.5)
+    assert e.elem_bound == pytest.approx(per * 4.0)
+    # (norm): C_NORM u ||r|| + C_ACC u_acc ||sqrt(n) m||
+    want = accuracy.C_NORM[torch.float32]["out"] * u * 5.0 + accuracy.C_ACC * u * 5.0
+    assert e.norm_bound == pytest.approx(want) and e.rel_bound == pytest.approx(want / 5.0)
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_nan_and_inf_never_agree_with_any_magnitude(bad):
     ref = torch.ones(4, dtype=torch.float64)
     x = torch.tensor([1.0, 1.0, bad, 1.0])
-    e = error(x, ref, torch.full((4,), 1e30, dtype=torch.float64))  # a huge magnitude
+    e = error(x, ref, one_term(torch.full((4,), 1e30, dtype=torch.float64)))  # a huge magnitude
     assert not e.finite
-    assert failed(e, torch.float32, "out") == ["non-finite"]
-    assert not agrees(e, torch.float32, "out")
+    assert failed(e) == ["non-finite"]
+    assert not agrees(e)
 
 
 def test_exactly_zero_reference_is_judged_by_an_absolute_bound_from_the_magnitude():
     ref = torch.zeros(8, dtype=torch.float64)
-    mag = torch.ones(8, dtype=torch.float64)
+    mag = one_term(torch.ones(8, dtype=torch.float64))
     u = accuracy.unit_roundoff(torch.bfloat16)
-    noise = error(torch.full((8,), 0.1 * u), ref, mag)  # rounding noise of a correct impl
+    noise = error(torch.full((8,), 0.1 * u), ref, mag, "dq", torch.bfloat16)  # rounding noise
     assert noise.rel is None and noise.near_zero  # never a division by zero
-    assert bound(noise, torch.bfloat16, "dq")[0] is None
-    assert agrees(noise, torch.bfloat16, "dq")
-    wrong = error(torch.full((8,), 2 * u), ref, mag)  # ||d|| = 2u ||m|| > C_ZERO u ||m||
-    assert "abs (reference near zero)" in failed(wrong, torch.bfloat16, "dq")
+    assert bound(noise)[0] is None
+    assert agrees(noise)
+    wrong = error(torch.full((8,), 2 * u), ref, mag, "dq", torch.bfloat16)  # 2u ||m|| > C_ZERO
+    assert "abs (reference near zero)" in failed(wrong)
 
 
 def test_one_key_makes_dq_and_dk_zero_and_the_magnitude_is_not():
@@ -108,10 +119,10 @@ def test_one_key_makes_dq_and_dk_zero_and_the_magnitude_is_not():
     out, (dq, dk, dv) = reference(q, k, v, **args)
     mags = magnitude(q, k, v, **args)
     assert dq.abs().max() < 1e-12 and dk.abs().max() < 1e-12
-    assert all(bool((m >= r.abs() - 1e-12).all()) for m, r in zip(mags, [out, dq, dk, dv]))
-    assert mags[1].norm() > 0 and mags[2].norm() > 0
-    e = error(dq.float() + 1e-9, dq, mags[1])
-    assert e.rel is None and math.isfinite(e.abs_ratio) and agrees(e, torch.float32, "dq")
+    assert all(bool((m.m >= r.abs() - 1e-12).all()) for m, r in zip(mags, [out, dq, dk, dv]))
+    assert mags[1].m.norm() > 0 and mags[2].m.norm() > 0
+    e = error(dq.float() + 1e-9, dq, mags[1], "dq")
+    assert e.rel is None and math.isfinite(e.abs_ratio) and agrees(e)
 
 
 def test_a_one_percent_scale_error_in_bfloat16_is_flagged_and_the_correct_result_is_not():
@@ -120,9 +131,9 @@ def test_a_one_percent_scale_error_in_bfloat16_is_flagged_and_the_correct_result
     (mag,) = magnitude(q, k, v, causal=False, scale=0.125)
     right = error(_sdpa(q, k, v, 0.125).to(torch.bfloat16), ref, mag)
     wrong = error(_sdpa(q, k, v, 0.125 * 1.01).to(torch.bfloat16), ref, mag)
-    assert agrees(right, torch.bfloat16, "out")
-    assert "rel" in failed(wrong, torch.bfloat16, "out")
-    assert wrong.rel > bound(wrong, torch.bfloat16, "out")[0]
+    assert agrees(right)
+    assert "rel" in failed(wrong)
+    assert wrong.rel > bound(wrong)[0]
 
 
 def test_one_wrong_element_fails_max_abs_but_not_rel():
@@ -132,9 +143,9 @@ def test_one_wrong_element_fails_max_abs_but_not_rel():
     x = ref.float()
     x[0, 1, 5, 3] += 1e-5  # 170 u, at one element: lost in the norm, not against its magnitude
     e = error(x, ref, mag)
-    assert failed(e, torch.float32, "out") == ["max-abs"]
+    assert failed(e) == ["max-abs"]
     assert e.elem_index == (0, 1, 5, 3)
-    assert e.elem_err > bound(e, torch.float32, "out")[1]
+    assert e.elem_err > bound(e)[1]
 
 
 @pytest.mark.parametrize(
@@ -148,7 +159,34 @@ def test_chunked_magnitude_matches_one_chunk(monkeypatch, causal, window, padded
     whole = magnitude(q, k, v, **args)
     monkeypatch.setattr(accuracy, "CHUNK_BYTES", 7 * 8 * 2 * 4 * 23)  # 7 query rows a chunk
     for a, b in zip(whole, magnitude(q, k, v, **args)):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(a.m, b.m, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(a.terms, b.terms, rtol=0, atol=0)
+
+
+def test_the_magnitude_counts_the_terms_of_each_sum():
+    """out and dq of query i add the keys it sees; dk and dv of key j add the (query, head)
+    pairs that see it: here causal bottom-right, 5 queries after 3 cached keys, GQA 2:1."""
+    q, k, v, dout = _inputs(torch.float32, hq=4, hkv=2, sq=5, skv=8, d=8)
+    mags = magnitude(q, k, v, causal=True, scale=0.3, dout=dout, shift=3)
+    seen = torch.tensor([4.0, 5, 6, 7, 8], dtype=torch.float64)  # query i sees keys j <= i + 3
+    for m in mags[:2]:  # out, dq: (B, Hq, Sq, 1)
+        assert torch.equal(m.terms, seen.view(1, 1, 5, 1).expand(1, 4, 5, 1))
+    seeing = torch.tensor([5.0, 5, 5, 5, 4, 3, 2, 1], dtype=torch.float64) * 2  # 2 heads a group
+    for m in mags[2:]:  # dk, dv: (B, Hkv, Skv, 1)
+        assert torch.equal(m.terms, seeing.view(1, 1, 8, 1).expand(1, 2, 8, 1))
+    assert all(m.under is None for m in mags)  # no float32 probability is below 1e-38
+
+
+def test_float16_probabilities_below_its_smallest_normal_number_are_counted():
+    """Over 32k keys every probability is below float16's smallest normal number (6.1e-5),
+    where it is stored with an absolute precision: the magnitude has an ``under`` part, which
+    float32 (smallest normal 1.2e-38) does not."""
+    q, k, v, _ = _inputs(torch.float16, hq=2, hkv=1, sq=1, skv=32768, d=16)
+    (half,) = magnitude(q, k, v, causal=False, scale=0.25)
+    (single,) = magnitude(q.float(), k.float(), v.float(), causal=False, scale=0.25)
+    assert single.under is None
+    assert half.under is not None and bool((half.under > 0).all())
+    torch.testing.assert_close(half.m - half.under, single.m)
 
 
 def test_legacy_bound_is_twice_the_baseline_plus_a_floor():

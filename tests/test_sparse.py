@@ -5,8 +5,8 @@ tokens caught, the report's sparsity verdict, and a CPU sweep end to end."""
 import math
 import textwrap
 
-import pandas as pd
 import pytest
+import synth
 import torch
 
 from attnbench import registry
@@ -18,6 +18,7 @@ from attnbench.report.patterns import sparsity_fits
 from attnbench.run.inputs import make_inputs
 from attnbench.run.row import Settings, ground_truth, measure
 from attnbench.spec import Spec
+from attnbench.store.results import read_results
 
 FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 BIGBIRD = "block=8:local=3:global=1:random=2"
@@ -186,26 +187,51 @@ def test_bad_sparse_cases_are_refused(kw, message):
         Case(**(args | dict(mask="block_sparse") | kw))
 
 
-def test_sparsity_verdict_tells_following_pairs_from_quadratic():
-    n = [1024, 2048, 4096, 8192]
-    pairs = [s * 768 for s in n]  # a BigBird-like pattern: kept pairs linear in N
+def sparsity_run(tmp_path, series):
+    """A synthetic results.csv of block_sparse rows, one series per impl: ``series`` maps
+    impl -> [(N, kept pairs per head, time_ms)]; read back as the report reads it."""
     rows = []
-    for impl, times in (("skips", [p * 1e-6 for p in pairs]), ("masks", [s * s * 1e-6 for s in n])):
-        for s, p, t in zip(n, pairs, times):
+    for impl, points in series.items():
+        for n, pairs, t in points:
+            case = Case(batch=1, heads=2, kv_heads=2, seq_q=n, seq_kv=n, head_dim=32,
+                        mask="block_sparse", pattern=BIGBIRD)  # fmt: skip
             rows.append(
-                dict(impl=impl, mode="fwd", batch=1, heads=2, kv_heads=2, seq_q=s, seq_kv=s,
-                     head_dim=32, dtype="float32", causal=False, device="cpu",
-                     mask="block_sparse", window=pd.NA, level="op", pattern=BIGBIRD,
-                     causal_align="top_left", model=pd.NA, phase=pd.NA,
-                     status="ok", time_ms=t, flops=4.0 * 2 * 32 * p, work_flops=pd.NA,
-                     agrees=True)
+                dict(run_id="sparse", impl=impl, **case.as_dict(), status="ok", time_ms=t,
+                     flops=4.0 * 2 * 32 * pairs, agrees=True, seed=0)
             )  # fmt: skip
-    fits = sparsity_fits(pd.DataFrame(rows)).set_index("impl")
-    assert fits.loc["skips", "pairs_exp"] == pytest.approx(1.0)
-    assert fits.loc["skips", "time_vs_pairs"] == pytest.approx(1.0)
-    assert fits.loc["skips", "verdict"].startswith("exploits sparsity")
-    assert fits.loc["masks", "time_vs_n"] == pytest.approx(2.0)
-    assert fits.loc["masks", "verdict"].startswith("masks only")
+    return read_results(synth.write_run(tmp_path, "sparse", rows))
+
+
+def test_sparsity_verdicts_decide_on_time_against_kept_pairs_over_the_same_points(tmp_path):
+    n = [256, 512, 1024, 2048, 4096, 8192]
+    lin = [s * 768 for s in n]  # a BigBird-like pattern: kept pairs linear in N
+    slow = [int(s**1.03) * 50 for s in n]  # pairs like N^1.03
+    df = sparsity_run(
+        tmp_path,
+        {
+            # an overhead floor at small N: the fits keep the large N only
+            "skips": [(s, p, 0.5 + p * 1e-4) for s, p in zip(n, lin)],
+            "masks": [(s, p, 0.5 + s * s * 1e-5) for s, p in zip(n, lin)],
+            # time like N^1.5 while the pairs grow like N^1.03: neither prediction
+            "between": [(s, p, 0.5 + s**1.5 * 1e-3) for s, p in zip(n, slow)],
+            # pairs like N^1.8: pairs^1 and N^2 = pairs^1.11 too close to tell apart
+            "dense": [(s, int(s**1.8), 0.5 + s * s * 1e-5) for s in n],
+        },
+    )
+    fits = sparsity_fits(df).set_index("impl")
+    assert fits.loc["skips", "time_vs_pairs"] == pytest.approx(1.0, abs=0.05)
+    assert fits.loc["skips", "verdict"] == "exploits sparsity (time follows the kept pairs)"
+    assert fits.loc["masks", "time_vs_n"] == pytest.approx(2.0, abs=0.05)
+    assert fits.loc["masks", "verdict"].startswith("masks only (time grows like N^2")
+    between = fits.loc["between"]
+    assert between["pairs_exp"] == pytest.approx(1.03, abs=0.01)
+    assert between["time_vs_pairs"] == pytest.approx(1.5 / 1.03, abs=0.05)
+    # nearer the pairs' exponent than 2 in N (1.5 vs 1.03 and 2): once called "exploits"
+    assert abs(between["time_vs_n"] - 1.03) < abs(between["time_vs_n"] - 2)
+    assert between["verdict"].startswith("cannot tell: time grows like pairs^1.4")
+    assert fits.loc["dense", "verdict"].startswith("cannot tell: kept pairs grow like N^1.80")
+    # the pairs are fitted over the points the time's fit kept (the overhead cut)
+    assert (fits["n_points"] < len(n)).all()
 
 
 def test_each_sparsity_spec_goes_to_the_masks_with_its_keys():

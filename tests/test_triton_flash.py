@@ -98,10 +98,10 @@ def _check_agrees(q, k, v, do, *, causal, dtype, tiles=None, backward=True):
     bad = []
     for name, ref in refs.items():
         assert got[name].shape == ref.shape and got[name].dtype == dtype, name
-        err = error(got[name], ref, mags[name])
-        fails = failed(err, dtype, name)
+        err = error(got[name], ref, mags[name], name)
+        fails = failed(err)
         if fails:
-            rel_b, abs_b = bound(err, dtype, name)
+            rel_b, abs_b = bound(err)
             bad.append(
                 f"{name}: {', '.join(fails)}: rel {err.rel} (bound {rel_b}), max abs "
                 f"{err.elem_err:.3g} (bound {abs_b:.3g})"

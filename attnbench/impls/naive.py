@@ -6,21 +6,35 @@ from attnbench.measure.compiling import compile_static
 from attnbench.registry import register
 
 
-def formula(q, k, v, keep, scale):
-    # q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D); keep None or bool (Bm, 1, Sq, Skv), True = attend
+def formula(q, k, v, keep, scale, keyless=None):
+    # q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D); keep None or bool (Bm, 1, Sq, Skv), True = attend;
+    # keyless None or bool (Bm, 1, Sq, 1): rows with no visible key (their keep is all True, so
+    # the softmax stays finite), whose output is zero (docs/method.md), and so are their grads
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     s = (q @ k.transpose(-2, -1)) * scale  # (B, Hq, Sq, Skv)
     if keep is not None:
         s = s.masked_fill(~keep, float("-inf"))
-    return s.softmax(dim=-1) @ v  # (B, Hq, Sq, D)
+    out = s.softmax(dim=-1) @ v  # (B, Hq, Sq, D)
+    return out if keyless is None else out.masked_fill(keyless, 0.0)
 
 
 def _keep(q, k, causal, mask):
+    """(keep, keyless) for ``formula``, made once per row (mask.cached): keyless is None when
+    every query sees a key (bottom-right causal with Sq > Skv leaves the first rows without)."""
     if not mask.masked(causal):
-        return None
-    return mask.keep(q.shape[-2], k.shape[-2], causal, q.device)  # (Bm, 1, Sq, Skv)
+        return None, None
+    Sq, Skv = q.shape[-2], k.shape[-2]
+
+    def make():
+        keep = mask.keep(Sq, Skv, causal, q.device)  # (Bm, 1, Sq, Skv)
+        keyless = ~keep.any(dim=-1, keepdim=True)  # (Bm, 1, Sq, 1)
+        if not bool(keyless.any()):
+            return keep, None
+        return keep | keyless, keyless
+
+    return mask.cached(("naive", Sq, Skv, causal, str(q.device)), make)
 
 
 def dense_pairs(case, mask) -> int:
@@ -37,7 +51,8 @@ def dense_pairs(case, mask) -> int:
     description="softmax(QK^T*scale)V in eager PyTorch; materialises the (Sq, Skv) score matrix",
 )
 def naive(q, k, v, *, causal, scale, mask):
-    return formula(q, k, v, _keep(q, k, causal, mask), scale)
+    keep, keyless = _keep(q, k, causal, mask)
+    return formula(q, k, v, keep, scale, keyless)
 
 
 _compiled = compile_static(formula)
@@ -53,4 +68,5 @@ _compiled = compile_static(formula)
     description="the naive formula through torch.compile (dynamic=False)",
 )
 def naive_compiled(q, k, v, *, causal, scale, mask):
-    return _compiled(q, k, v, _keep(q, k, causal, mask), scale)
+    keep, keyless = _keep(q, k, causal, mask)
+    return _compiled(q, k, v, keep, scale, keyless)

@@ -5,12 +5,15 @@ Wasted work: ``flops`` counts the kept (query, key) pairs only; ``work_flops`` t
 impl's computation covers, as the impl declares it (registry ``work``). Their ratio is the
 useful share; 1 - that share went to padding or masked entries.
 
-Sparsity: per series (one impl, N varies), the time is fitted against N and against the kept
-pairs (``flops``, proportional to them within a series) with analysis.fit_loglog, and the
-kept pairs against N (their exponent ``a``). An impl whose time exponent in N is nearer ``a``
-than 2 follows the kept pairs (it exploits the sparsity); one nearer 2 only masks. When the
-pairs grow nearly like N^2 (a >= PAIRS_DENSE, under half a power away) the fitted exponents,
-scattered by a tenth or two on a CPU, cannot tell the two apart.
+Sparsity: per series (one impl, N varies), the time is fitted against N with
+analysis.fit_loglog (its overhead cut picks the points), and over exactly those points the
+kept pairs (``flops``, proportional to them within a series) against N (exponent ``a``) and
+the time against the kept pairs (exponent ``b``). An impl that skips the masked work has
+time proportional to the kept pairs, b = 1; one that computes every pair and masks has time
+like N^2 = pairs^(2/a), b = 2/a. The verdict says which one b is within TOL of; neither
+(e.g. time growing like N^1.5 while the pairs grow like N^1.03: b = 1.47) is "cannot tell",
+and so is a series whose two predictions lie within 2 TOL of each other (pairs growing
+nearly like N^2), since fitted exponents scatter by a tenth or two on a CPU.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from attnbench.report import analysis
 from attnbench.report.markdown import MISSING, table
 
 FLAT = 2.0  # a series whose time grows less than this over its lengths: overhead only
-PAIRS_DENSE = 1.5  # kept pairs growing at least like N^1.5: N^a and N^2 too close to tell apart
+TOL = 0.2  # how far the time-vs-pairs exponent may lie from a prediction (1, or 2/a)
 
 
 def _pattern_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -54,13 +57,15 @@ def wasted_work(df: pd.DataFrame) -> pd.DataFrame:
 
 def sparsity_fits(df: pd.DataFrame) -> pd.DataFrame:
     """One row per pattern series: SERIES_KEY, pairs_exp (kept pairs vs N), time_vs_n,
-    time_vs_pairs (slopes, NA without a fit), n_points, verdict."""
+    time_vs_pairs (slopes over the same points, NA without a fit), n_points, verdict."""
     rows = analysis.with_series(_pattern_rows(df))
     out = []
     for key, g in rows.groupby(list(analysis.SERIES_KEY), dropna=False, sort=True):
-        pairs = analysis.fit_loglog(g["seq_q"], g["flops"], overhead_factor=0.0)
         by_n = analysis.fit_loglog(g["seq_q"], g["time_ms"])
-        by_pairs = analysis.fit_loglog(g["flops"], g["time_ms"])
+        if by_n["n_points"]:  # the points the time's fit kept, for all three fits
+            g = g[g["seq_q"].between(by_n["seq_min"], by_n["seq_max"]) & (g["time_ms"] > 0)]
+        pairs = analysis.fit_loglog(g["seq_q"], g["flops"], overhead_factor=0.0)
+        by_pairs = analysis.fit_loglog(g["flops"], g["time_ms"], overhead_factor=0.0)
         out.append(
             {
                 **dict(zip(analysis.SERIES_KEY, key)),
@@ -68,25 +73,35 @@ def sparsity_fits(df: pd.DataFrame) -> pd.DataFrame:
                 "time_vs_n": by_n["slope"],
                 "time_vs_pairs": by_pairs["slope"],
                 "n_points": by_n["n_points"],
-                "verdict": verdict(pairs["slope"], by_n, g["time_ms"]),
+                "verdict": verdict(pairs["slope"], by_pairs["slope"], by_n, g["time_ms"]),
             }
         )
     return pd.DataFrame(out)
 
 
-def verdict(pairs_exp: float, by_n: dict, times: pd.Series) -> str:
-    """Whether the time follows the kept pairs, from the pairs' exponent, the time's fit in N
+def verdict(pairs_exp: float, pairs_time_exp: float, by_n: dict, times: pd.Series) -> str:
+    """Whether the time follows the kept pairs, from the pairs' exponent in N, the time's
+    exponent in the pairs (both over the points of the time's fit in N), that fit
     (analysis.fit_loglog's result) and the times themselves."""
-    time_exp, reason = by_n["slope"], by_n["reason"]
-    if pd.isna(time_exp) or pd.isna(pairs_exp):
+    reason = by_n["reason"]
+    if pd.isna(by_n["slope"]) or pd.isna(pairs_exp) or pd.isna(pairs_time_exp):
         return f"no fit: {reason}" if not pd.isna(reason) else "no fit"
     if times.max() < FLAT * times.min():
         return f"cannot tell: the time grows less than {FLAT:g}x, fixed overhead dominates it"
-    if pairs_exp >= PAIRS_DENSE:
-        return f"cannot tell: kept pairs grow like N^{pairs_exp:.2f}, as dense ones do"
-    if abs(time_exp - pairs_exp) < abs(time_exp - 2.0):
+    dense = 2.0 / pairs_exp if pairs_exp > 0 else float("inf")  # b of an impl that masks
+    if dense - 1.0 <= 2 * TOL:
+        return (
+            f"cannot tell: kept pairs grow like N^{pairs_exp:.2f}, too close to N^2 "
+            f"(time following them: pairs^1; computing every pair: pairs^{dense:.2f})"
+        )
+    if abs(pairs_time_exp - 1.0) <= TOL:
         return "exploits sparsity (time follows the kept pairs)"
-    return "masks only (time grows like N^2)"
+    if abs(pairs_time_exp - dense) <= TOL:
+        return f"masks only (time grows like N^2 = pairs^{dense:.2f})"
+    return (
+        f"cannot tell: time grows like pairs^{pairs_time_exp:.2f}, neither like the kept "
+        f"pairs (pairs^1) nor like N^2 (pairs^{dense:.2f})"
+    )
 
 
 def sections(df: pd.DataFrame, level: str = "##") -> list[str]:
@@ -122,11 +137,12 @@ def sections(df: pd.DataFrame, level: str = "##") -> list[str]:
     lines += [
         f"{level}# Sparsity: time against N and against kept pairs",
         "",
-        "Per series (N varies): the exponent of the kept pairs in N, and of the time in N and "
-        "in the kept pairs (least squares on log-log, the scaling exponents' overhead cut). "
-        "Time following the kept pairs (time exponent in N near the pairs' one, in the pairs "
-        "near 1) means the impl skips the masked work; near 2 in N it computes everything "
-        "and masks.",
+        "Per series (N varies): the exponent of the time in N (least squares on log-log, the "
+        "scaling exponents' overhead cut), and over the same points the exponent of the kept "
+        "pairs in N (a) and of the time in the kept pairs (b). An impl that skips the masked "
+        f"work has b near 1; one that computes every pair and masks, b near 2/a (within "
+        f"{TOL:g}); anything else, or a series where 1 and 2/a lie within {2 * TOL:g} of each "
+        "other, is cannot tell.",
         "",
         table(
             fits.assign(series=[_series(r) for _, r in fits.iterrows()]),

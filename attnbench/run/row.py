@@ -96,7 +96,7 @@ class Truth:
     textbook formula's error in the case dtype)."""
 
     ref: list[torch.Tensor] | None  # out (+ its grads), canonical layout, float64
-    mag: list[torch.Tensor] | None = None  # level op: accuracy.magnitude, same order as ref
+    mag: list[accuracy.Magnitude] | None = None  # level op: accuracy.magnitude, as ref
     baseline: list[accuracy.LegacyError] | None = None  # level layer only
     failure: str | None = None
 
@@ -374,45 +374,9 @@ def _accuracy(case: Case, got: list[torch.Tensor], truth: Truth, notes: list[str
         return {}
     if truth.baseline is not None:
         return _legacy_accuracy(case, got, truth, notes)
-    names, dt = checked_names(case), case.torch_dtype
-    errs = [accuracy.error(x, r, m) for x, r, m in zip(got, truth.ref, truth.mag)]
-    bounds = [accuracy.bound(e, dt, n) for n, e in zip(names, errs)]
-    zero_bound = accuracy.C_ZERO[dt] * accuracy.unit_roundoff(dt)
-    bad = []
-    for n, e, (rel_b, abs_b) in zip(names, errs, bounds):
-        if e.finite and e.near_zero:
-            notes.append(
-                f"{n}: the reference is zero (||ref|| < {accuracy.BETA:g} ||magnitude||), so "
-                f"rel_err is not defined; judged by ||err|| = {e.abs_ratio:.3g} ||magnitude|| "
-                f"<= {zero_bound:.3g} ||magnitude||"
-            )
-        for criterion in accuracy.failed(e, dt, n):
-            if criterion == "non-finite":
-                bad.append(f"{n} non-finite (NaN/Inf)")
-            elif criterion == "rel":
-                bad.append(f"{n} rel {e.rel:.3g} > {rel_b:.3g}")
-            elif criterion == "max-abs":
-                bad.append(f"{n} max-abs {e.elem_err:.3g} > {abs_b:.3g} at {e.elem_index}")
-            else:
-                bad.append(
-                    f"{n} abs (reference zero): ||err|| = {e.abs_ratio:.3g} ||magnitude|| > "
-                    f"{zero_bound:.3g} ||magnitude||"
-                )
-    if bad:
-        notes.append("disagrees with the float64 reference: " + "; ".join(bad))
-    if not all(e.finite for e in errs):
-        return {"agrees": False}
-    # the tensor nearest to (or furthest past) each bound speaks for that bound's columns
-    with_rel = [k for k in range(len(errs)) if errs[k].rel is not None]
-    i = max(with_rel, key=lambda k: errs[k].rel / bounds[k][0], default=None)
-    j = max(range(len(errs)), key=lambda k: _share(errs[k].elem_err, bounds[k][1]))
-    return {
-        "max_abs_err": errs[j].elem_err,
-        "max_abs_bound": bounds[j][1],
-        "rel_err": None if i is None else errs[i].rel,
-        "err_bound": None if i is None else bounds[i][0],
-        "agrees": not bad,
-    }
+    verdict = accuracy.judge(checked_names(case), got, truth.ref, truth.mag, case.torch_dtype)
+    notes.extend(verdict.notes)
+    return verdict.columns
 
 
 def _share(err: float, bound: float) -> float:
