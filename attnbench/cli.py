@@ -741,6 +741,8 @@ def list_impls(impls: dict, device: str) -> str:
     from attnbench.masks import MASKS
 
     dtypes = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+    # mask names in the table, as the legend spells them out
+    MASK_SHORT = {"padding": "pad", "window": "win", "document": "doc", "block_sparse": "bsp"}
     rows, notes = [], []
     for impl in impls.values():
         here = impl.available and device in impl.devices
@@ -754,9 +756,9 @@ def list_impls(impls: dict, device: str) -> str:
                 "c/x/g/b": "/".join(
                     "y" if f else "n" for f in (impl.causal, impl.cross, impl.gqa, impl.backward)
                 ),
-                "masks": _compact(impl.masks, MASKS),
+                "masks": _compact(impl.masks, MASKS, MASK_SHORT),
                 "br": "y" if "bottom_right" in impl.causal_align else "n",
-                "paged": "y" if impl.paged else "n",
+                "pg": "y" if impl.paged else "n",
                 "from": registry.origin(impl),
             }
         )
@@ -778,7 +780,8 @@ def list_impls(impls: dict, device: str) -> str:
     )
     legend = textwrap.fill(
         "here: runs on this device; c/x/g/b: causal / cross (seq_q != seq_kv) / GQA / "
-        "backward; br: bottom-right causal; from: built-in (attnbench.impls), impls/ (the "
+        "backward; masks: pad(ding), win(dow), doc(ument), bsp = block_sparse; br: bottom-right "
+        "causal; pg: takes a paged KV cache; from: built-in (attnbench.impls), impls/ (the "
         "checkout's drop-in folder), --plugin, entry point",
         width=LIST_WIDTH,
         break_on_hyphens=False,

@@ -36,9 +36,10 @@ from attnbench.masks import ALIGNS
 from attnbench.registry import register
 
 FA2_INSTALL = "pip install 'flash-attn>=2.1' --no-build-isolation"
+# FlashAttention-3 is on no index: this builds it from the project's repository (needs nvcc)
 FA3_INSTALL = (
     "pip install 'git+https://github.com/Dao-AILab/flash-attention#subdirectory=hopper' "
-    "--no-build-isolation (builds FA3 from source; needs nvcc)"
+    "--no-build-isolation"
 )
 MAX_HEAD_DIM = 256
 FA2_PAGE_TOKENS = 256  # flash-attn 2: "Paged KV cache block size must be divisible by 256"

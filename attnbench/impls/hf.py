@@ -36,6 +36,7 @@ import importlib.metadata
 import torch
 
 from attnbench.case import Case
+from attnbench.impls.flash_attn import FA2_INSTALL
 from attnbench.masks import ALIGNS
 from attnbench.models import ATTN_IMPLEMENTATIONS
 from attnbench.registry import register
@@ -272,7 +273,7 @@ def hf_flex(q, k, v, *, causal, scale, mask):
         "masks": ("window", "document"),
         "requires": {
             "transformers": INSTALL,
-            "flash_attn": "pip install flash-attn --no-build-isolation",
+            "flash_attn": FA2_INSTALL,
         },
     },
 )
