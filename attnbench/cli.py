@@ -737,7 +737,7 @@ def list_impls(impls: dict, device: str) -> str:
     impl (what it is; why it cannot run here), every line within LIST_WIDTH characters."""
     import textwrap
 
-    from attnbench.case import DTYPES
+    from attnbench.case import DEVICES, DTYPES
     from attnbench.masks import MASKS
 
     dtypes = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -750,7 +750,7 @@ def list_impls(impls: dict, device: str) -> str:
             {
                 "impl": impl.name,
                 "here": "yes" if here else "no",
-                "devices": ",".join(impl.devices),
+                "dev": _compact(impl.devices, DEVICES),
                 "dtypes": _compact(impl.dtypes, DTYPES, dtypes),
                 "head_dims": "any" if impl.head_dims is None else _compact(impl.head_dims),
                 "c/x/g/b": "/".join(
@@ -779,7 +779,8 @@ def list_impls(impls: dict, device: str) -> str:
         for r in [dict(zip(widths, widths)), *rows]
     )
     legend = textwrap.fill(
-        "here: runs on this device; c/x/g/b: causal / cross (seq_q != seq_kv) / GQA / "
+        "here: runs on this device; dev: devices (all: cpu and cuda); c/x/g/b: causal / cross "
+        "(seq_q != seq_kv) / GQA / "
         "backward; masks: pad(ding), win(dow), doc(ument), bsp = block_sparse; br: bottom-right "
         "causal; pg: takes a paged KV cache; from: built-in (attnbench.impls), impls/ (the "
         "checkout's drop-in folder), --plugin, entry point",
