@@ -141,10 +141,13 @@ run_stage() {
             2>&1 | tee -a "$work/logs/$stage-$id.log"
         local rc=${PIPESTATUS[0]}
         logs+=("logs/$stage-$id.log")
-        if [[ $rc != 0 ]]; then  # stopped: report what is there, and say so
-            [[ -s $work/results/$id/results.csv ]] &&
-                { python3 -m attnbench report "$work/results/$id" --reports-dir \
-                    "$work/reports" >/dev/null 2>&1 || true; }
+        if [[ $rc != 0 ]]; then  # stopped: report what is there (inside the budget), say so
+            if [[ -s $work/results/$id/results.csv ]] &&
+                ! timeout --kill-after=5 "$(left 5)" python3 -m attnbench report \
+                    "$work/results/$id" --reports-dir "$work/reports" >/dev/null 2>&1; then
+                echo "stage $stage: no report for $id within the budget (attnbench report" \
+                    "RUN_DIR makes it from the archive)"
+            fi
             echo "stage $stage: run $id stopped early (exit $rc); bring its archive to the" \
                 "next call to resume it"
         fi
