@@ -272,7 +272,7 @@ def _select_impls(
 
 
 def _left_out_text(left_out: dict[str, str]) -> str:
-    lines = ["not run (no case of this grid fits them; name them in --impls to record their rows):"]
+    lines = ["not run, as no --impls named them (name them to record their rows anyway):"]
     return "\n".join(lines + [f"  {name}: {why}" for name, why in left_out.items()])
 
 
@@ -721,14 +721,17 @@ DRY_RUN_CASES = 10  # --dry-run names this many cases, then counts the rest
 
 def _compact(values, every=(), short=None) -> str:
     """A capability list in a few characters: 'all' when it is every allowed value, else
-    the values (abbreviated by ``short``), an evenly spaced run of numbers as 'a-b/step'."""
+    the values (abbreviated by ``short``), an evenly spaced run of numbers as 'a-b/step' and
+    a doubling one as 'a-b/x2'."""
     values = list(values)
     if every and set(values) >= set(every):
         return "all"
-    if len(values) > 3 and all(isinstance(v, int) for v in values):
+    if len(values) > 3 and all(isinstance(v, int) and v > 0 for v in values):
         steps = {b - a for a, b in zip(values, values[1:])}
         if len(steps) == 1:
             return f"{values[0]}-{values[-1]}/{steps.pop()}"
+        if all(b == 2 * a for a, b in zip(values, values[1:])):
+            return f"{values[0]}-{values[-1]}/x2"
     return ",".join((short or {}).get(v, str(v)) for v in values)
 
 

@@ -386,7 +386,8 @@ def _folder_modules(folder: Path) -> list[Path]:
 
 def origin(impl: Impl) -> str:
     """Where an impl came from, in a word: built-in, impls/ (the checkout's drop-in folder),
-    --plugin (a file, folder or module given), or entry point."""
+    --plugin (a file, folder or module given), entry point, or register() (called by the
+    program itself)."""
     source = impl.source
     if source.startswith(f"{BUILTIN_PACKAGE}."):
         return "built-in"
@@ -395,7 +396,7 @@ def origin(impl: Impl) -> str:
     root = checkout.root()
     if root and Path(source).parent == (root / DROP_IN).resolve():
         return f"{DROP_IN}/"
-    return "--plugin" if source else "this process"
+    return "--plugin" if source else "register()"
 
 
 def baseline(impls: Iterable[Impl]) -> str | None:

@@ -271,3 +271,12 @@ def test_a_cluster_that_wants_a_token_names_the_cause_and_the_fix(
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.count("\n") == 1 and needle in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.ray
+def test_one_actor_is_one_actor(cluster, tmp_path, capsys):
+    args = [*SMOKE, "--impls", "naive", "--mode", "fwd", "--causal", "false"]
+    args += ["--executor", "ray", "--ray-address", cluster, "--ray-actors", "1"]
+    assert _sweep(*args, "--results-dir", str(tmp_path), "--no-report") == 0
+    out = capsys.readouterr().out
+    assert "ray: 1 actor up in " in out, out[:500]

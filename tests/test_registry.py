@@ -260,6 +260,9 @@ def test_a_working_folders_impls_is_loaded_only_when_asked(tmp_path):
     assert impls["theirs_dropped"].source == str(dropped.resolve()) and marker.exists()
     assert registry.origin(impls["theirs_dropped"]) == "--plugin"
     assert registry.origin(impls["naive"]) == "built-in"
+    registry.register("registered_in_process")(lambda q, k, v, *, causal, scale: q)
+    impls = registry.discover(["impls"], entry_points=False)
+    assert registry.origin(impls["registered_in_process"]) == "register()"
     listing = list_impls(impls, "cpu")
     assert str(dropped.resolve()) in listing
     assert max(len(line) for line in listing.splitlines()) <= 100

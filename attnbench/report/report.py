@@ -482,7 +482,7 @@ def _disagreement_section(df: pd.DataFrame) -> list[str]:
 def _failures_section(df: pd.DataFrame, not_run: dict | None = None) -> list[str]:
     bad = analysis.failures(df)
     lines = ["## Non-ok rows", ""]
-    if not_run:  # impls the sweep left out: no case of its grid fits them (env.json not_run)
+    if not_run:  # impls the sweep left out, and why (env.json not_run)
         lines += [
             "Not run, so without rows: "
             + "; ".join(f"`{name}` ({why})" for name, why in not_run.items())
