@@ -358,7 +358,7 @@ class Error:
     @property
     def near_zero(self) -> bool:
         """The reference is (near) zero: (norm) is the absolute one, from ||m||."""
-        return self.ref_norm < BETA * self.mag_norm
+        return _near_zero(self.ref_norm, self.mag_norm)
 
     @property
     def abs_ratio(self) -> float:
@@ -381,6 +381,11 @@ class Error:
     def elem_share(self) -> float:
         """|d_e| / its bound at the element nearest its bound."""
         return _share(self.elem_err, self.elem_bound)
+
+
+def _near_zero(ref_norm: float, mag_norm: float) -> bool:
+    """||r|| < BETA ||m||, or r is all zero."""
+    return ref_norm < BETA * mag_norm or ref_norm == 0
 
 
 def _share(err: float, bound: float) -> float:
@@ -408,7 +413,8 @@ def error(
     mag_norm = torch.linalg.vector_norm(m64).item()
     under = 0.0 if mag.under is None else torch.linalg.vector_norm(mag.under).item()
     accumulated = ACC_UNIT_ROUNDOFF * torch.linalg.vector_norm(root_n * m64).item()
-    if ref_norm < BETA * mag_norm:
+    near_zero = _near_zero(ref_norm, mag_norm)
+    if near_zero:
         norm_bound = C_ZERO[dtype] * u * mag_norm
     else:
         norm_bound = C_NORM[dtype][kind] * u * ref_norm
@@ -420,7 +426,6 @@ def error(
             inf, inf, ref_norm, mag_norm, inf, norm_bound, inf, math.nan, (), terms,
             under_norm=under, acc_norm=accumulated,
         )  # fmt: skip
-    near_zero = ref_norm < BETA * mag_norm
     bias = 0.0 if near_zero else ((x64 - r64) * r64).sum().item() / ref_norm**2
     bias_bound = None if near_zero or dtype not in C_BIAS else C_BIAS[dtype] * u
     d = (x64 - r64).abs()
