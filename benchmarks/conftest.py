@@ -1,6 +1,5 @@
 """pytest-benchmark set-up: where the numbers came from goes into every saved run."""
 
-import os
 import sys
 from pathlib import Path
 
@@ -43,7 +42,9 @@ def pytest_configure(config):
     off under xdist (the project's default ``-n auto``) and under ``--benchmark-disable``
     (pyproject's addopts), and would then save nothing without a word. Such a run is refused
     with the missing flag named."""
-    if os.environ.get("PYTEST_XDIST_WORKER") or not config.pluginmanager.hasplugin("benchmark"):
+    # an xdist worker has workerinput (its environment is no guide: a pytest started from a
+    # worker's test inherits PYTEST_XDIST_WORKER)
+    if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("benchmark"):
         return
     wants = [
         flag

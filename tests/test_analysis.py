@@ -157,7 +157,7 @@ def test_wins_are_spans_of_the_lengths_won_and_ties_are_marked(tmp_path):
     for n, (ta, tb) in times.items():
         case = Case(1, 4, 4, n, n, 64, "float32", False, "fwd", "cpu")
         rows += [ok_row("w", "a", case, ta, 1.0), ok_row("w", "b", case, tb, 1.0)]
-    df = pd.DataFrame(rows)
+    df = read_results(write_run(tmp_path, "w", rows))
     wins = analysis.wins_by_family(analysis.fastest_agreeing(df)).set_index("impl")
     assert wins.loc["a", "spans"] == "64–128, 512" and wins.loc["a", "ties"] == 1
     assert wins.loc["b", "spans"] == "256" and wins.loc["b", "ties"] == 0

@@ -1,6 +1,7 @@
 """Fault injection: misbehaving plugins never stop a sweep, never lose a row, and each fault is
 recorded with the right status and a useful reason."""
 
+import os
 import shutil
 import signal
 import subprocess
@@ -36,7 +37,7 @@ GRID = [
 ]
 
 
-def sweep(*args, timeout=600, cwd=None):
+def sweep(*args, timeout=600, cwd=None, env=None):
     """scripts/sweep.py on the CPU (also on a machine with a GPU: these test fault handling)."""
     return subprocess.run(
         [
@@ -52,6 +53,7 @@ def sweep(*args, timeout=600, cwd=None):
         text=True,
         timeout=timeout,
         cwd=cwd,
+        env=env,
     )
 
 
@@ -61,11 +63,16 @@ FAULTY = ["naive", "f_raise", "f_nan", "f_shape", "f_oom", "f_abort", "f_long", 
 @pytest.fixture(scope="module")
 def faulty_run(tmp_path_factory):
     """No --timeout: a healthy row may take any time on a busy machine (the hang has a run of
-    its own). The import that fails comes from a drop-in impls/ folder of the working folder,
-    where a failure is a row; a --plugin that fails to import is bad input."""
+    its own). The import that fails is an installed package's entry point (a folder on
+    PYTHONPATH with its dist-info), where a failure is a row; a --plugin that fails to import
+    is bad input."""
     res = tmp_path_factory.mktemp("faults")
-    (res / "impls").mkdir()
-    shutil.copy(PLUGINS / "broken_import.py", res / "impls")
+    site = res / "site"
+    dist = site / "broken_plugin-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[attnbench.impls]\nbroken_import = broken_import\n")
+    shutil.copy(PLUGINS / "broken_import.py", site)
     proc = sweep(
         *GRID,
         "--impls",
@@ -78,7 +85,10 @@ def faulty_run(tmp_path_factory):
         str(res / "reports"),
         "--run-id",
         "faults",
-        cwd=res,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+        },
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     df = read_results(res / "faults")
@@ -185,10 +195,11 @@ def test_hang_is_a_timeout_and_the_next_row_gets_a_fresh_worker(tmp_path):
     assert rows["reason"].str.contains("no result after 2 s").all()
 
 
-def test_import_failure_of_a_drop_in_file_is_unsupported_naming_file_and_error(faulty_run):
+def test_import_failure_of_an_installed_plugin_is_unsupported_naming_it_and_error(faulty_run):
     rows = faulty_run["broken_import"]
     assert (rows["status"] == "unsupported").all()
-    assert rows["reason"].str.contains("broken_import.py failed to import").all()
+    assert rows["reason"].str.contains("entry point broken_import", regex=False).all()
+    assert rows["reason"].str.contains("failed to import").all()
     assert rows["reason"].str.contains("this_module_does_not_exist_anywhere").all()
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from attnbench.case import Case
-from attnbench.measure.accuracy import bound, error, failed, magnitude, reference
+from attnbench.measure.accuracy import judge, magnitude, reference
 from attnbench.measure.timing import TimerConfig
 from attnbench.run.inputs import make_inputs
 from attnbench.run.row import Settings, ground_truth, measure
@@ -94,11 +94,8 @@ def test_triton_flash_packed_sequences_agree_on_the_gpu(causal, align):
         ref_out, ref_grads = reference(qb, kb, vb, **args)
         mags = magnitude(qb, kb, vb, **args)
         rows = {"out": cu_q, "dq": cu_q, "dk": cu_k, "dv": cu_k}
-        for name, ref, mag in zip(("out", "dq", "dk", "dv"), (ref_out, *ref_grads), mags):
-            cu = rows[name]
-            mine = got[name][cu[b] : cu[b + 1]].transpose(0, 1)[None]  # (1, H, S_b, D)
-            err = error(mine, ref, mag)
-            if failed(err, dtype, name):
-                bad.append(f"seq {b} {name}: {failed(err, dtype, name)} rel {err.rel} "
-                           f"(bound {bound(err, dtype, name)[0]})")  # fmt: skip
+        names = list(rows)
+        mine = [got[n][rows[n][b] : rows[n][b + 1]].transpose(0, 1)[None] for n in names]
+        verdict = judge(names, mine, [ref_out, *ref_grads], mags, dtype)  # (1, H, S_b, D) each
+        bad += [] if verdict.agrees else [f"seq {b}: {'; '.join(verdict.notes)}"]
     assert not bad, "; ".join(bad)

@@ -39,8 +39,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     ),
     "agrees": (
         "boolean",
-        "every checked tensor is finite and within both bounds (docs/method.md: the "
-        "agreement rule)",
+        "every checked tensor is finite and within its bounds (docs/method.md: the "
+        "agreement rule; a failed bias check, bfloat16 only, is named in `reason`)",
     ),
     "err_bound": ("Float64", "the bound that rel_err was held to"),
     "max_abs_bound": ("Float64", "the bound that max_abs_err was held to"),
