@@ -10,7 +10,7 @@ from test_cli import sweep  # scripts/sweep.py --device cpu in a subprocess
 from torchlog import own_lines
 
 from attnbench.case import Case, CaseError
-from attnbench.measure.accuracy import reference
+from attnbench.measure.reference import reference
 from attnbench.measure.timing import TimerConfig
 from attnbench.models import MODELS, model
 from attnbench.registry import Impl

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import math
 import re
 import time
 import traceback
@@ -18,12 +17,14 @@ import torch
 
 from attnbench.case import MODE_FLOP_FACTOR, Case
 from attnbench.impls.xformers_kernels import borrowed_note
-from attnbench.measure import accuracy
+from attnbench.measure import agreement
+from attnbench.measure.agreement import Truth
 from attnbench.measure.clocks import ClockSampler
 from attnbench.measure.compiling import compile_events, isolate
 from attnbench.measure.cuda_graph import GraphCaptureError
 from attnbench.measure.memory import MemoryUnavailable, peak_mem_mib
 from attnbench.measure.profiling import cross_check_due, mismatch_note, profile_fn
+from attnbench.measure.reference import magnitude, reference
 from attnbench.measure.timing import NOISY_SPREAD, PAGE_FAULTS_FLAG, TimerConfig, time_fn
 from attnbench.registry import Impl, Unsupported
 from attnbench.run.call import BadOutput, Call
@@ -89,24 +90,6 @@ class Prepared:
         return measure(impl, self.case, self.inputs, self.truth, self.settings)
 
 
-@dataclass
-class Truth:
-    """Per case: the float64 reference and what its agreement rule needs (docs/method.md):
-    at level op the float64 magnitudes, at level layer the legacy rule's baseline (the
-    textbook formula's error in the case dtype)."""
-
-    ref: list[torch.Tensor] | None  # out (+ its grads), canonical layout, float64
-    mag: list[accuracy.Magnitude] | None = None  # level op: accuracy.magnitude, as ref
-    baseline: list[accuracy.LegacyError] | None = None  # level layer only
-    failure: str | None = None
-
-
-def checked_names(case: Case) -> list[str]:
-    """The tensors compared with the reference, in Call.check's order."""
-    grads = ["dq", "dk", "dv"] if case.level == "op" else ["dx", "dwq", "dwk", "dwv", "dwo"]
-    return ["out", *(grads if case.backward else [])]
-
-
 def ground_truth(case: Case, inputs: Inputs) -> Truth:
     args = dict(
         causal=case.causal,
@@ -128,9 +111,7 @@ def ground_truth(case: Case, inputs: Inputs) -> Truth:
                 dtype=dtype,
                 **args,
             )
-        return accuracy.reference(
-            inputs.q, inputs.k, inputs.v, dtype=dtype, shift=case.shift, **args
-        )
+        return reference(inputs.q, inputs.k, inputs.v, dtype=dtype, shift=case.shift, **args)
 
     try:
         out, grads = truth(torch.float64)
@@ -138,8 +119,8 @@ def ground_truth(case: Case, inputs: Inputs) -> Truth:
         if case.level == "layer":  # the legacy rule: the magnitude is defined for the op only
             b_out, b_grads = truth(case.torch_dtype)
             got = [b_out, *(b_grads or ())]
-            return Truth(ref, baseline=[accuracy.legacy_error(x, r) for x, r in zip(got, ref)])
-        mag = accuracy.magnitude(inputs.q, inputs.k, inputs.v, shift=case.shift, **args)
+            return Truth(ref, baseline=[agreement.legacy_error(x, r) for x, r in zip(got, ref)])
+        mag = magnitude(inputs.q, inputs.k, inputs.v, shift=case.shift, **args)
         return Truth(ref, mag=mag)
     except (torch.OutOfMemoryError, MemoryError) as exc:
         release(case)
@@ -170,7 +151,9 @@ def measure(
         compiles = compile_events()
         (out, grads), first_ms = _once(call.check, case.device_type)
         compiled_now = compile_events() != compiles
-        row.update(_accuracy(case, [out, *(grads or ())], truth, notes))
+        verdict = agreement.judge(case, [out, *(grads or ())], truth)
+        row.update(verdict.columns)
+        notes.extend(verdict.notes)
         del out, grads
         if impl.compiled and compiled_now:  # the first call's extra time is compilation
             row["compile_ms"] = first_ms - _once(call.check, case.device_type)[1]
@@ -364,62 +347,6 @@ def _oom_reason(case: Case, exc: BaseException) -> str:
         f"out of memory at B={case.batch} Hq={case.heads} seq_q={case.seq_q} "
         f"seq_kv={case.seq_kv} D={case.head_dim} {case.dtype}: {one_line(exc)}"
     )
-
-
-def _accuracy(case: Case, got: list[torch.Tensor], truth: Truth, notes: list[str]) -> dict:
-    """The row's accuracy columns by the rule of docs/method.md; ``notes`` gets the reason of a
-    disagreement (tensor, criterion, numbers) and of a blank rel_err."""
-    if truth.failure:
-        notes.append(truth.failure)
-        return {}
-    if truth.baseline is not None:
-        return _legacy_accuracy(case, got, truth, notes)
-    verdict = accuracy.judge(checked_names(case), got, truth.ref, truth.mag, case.torch_dtype)
-    notes.extend(verdict.notes)
-    return verdict.columns
-
-
-def _share(err: float, bound: float) -> float:
-    """err / bound, where a zero bound holds only a zero error."""
-    if bound > 0:
-        return err / bound
-    return 0.0 if err == 0 else math.inf
-
-
-def _legacy_accuracy(case: Case, got: list[torch.Tensor], truth: Truth, notes: list[str]) -> dict:
-    """Level layer: the legacy rule (docs/method.md), within 2x the error of the textbook
-    formula in the case dtype plus a floor."""
-    names, dt = checked_names(case), case.torch_dtype
-    errs = [accuracy.legacy_error(x, r) for x, r in zip(got, truth.ref)]
-    bad = [n for n, e in zip(names, errs) if not e.finite]
-    if bad:
-        notes.append(
-            "disagrees with the float64 reference: "
-            + "; ".join(f"{n} non-finite (NaN/Inf)" for n in bad)
-        )
-        return {"agrees": False}
-    bounds = [accuracy.legacy_bound(b, dt) for b in truth.baseline]
-    zero = [not bool(r.any()) for r in truth.ref]  # rel_err is not defined for these
-    wrong = []
-    for n, e, (rel_b, abs_b), z in zip(names, errs, bounds, zero):
-        if z:
-            notes.append(f"{n}: the reference is exactly zero, so rel_err is not defined")
-        elif e.rel > rel_b:
-            wrong.append(f"{n} rel {e.rel:.3g} > {rel_b:.3g}")
-        if e.max_abs > abs_b:
-            wrong.append(f"{n} max-abs {e.max_abs:.3g} > {abs_b:.3g}")
-    if wrong:
-        notes.append("disagrees with the float64 reference (legacy rule): " + "; ".join(wrong))
-    with_rel = [k for k in range(len(errs)) if not zero[k]]
-    i = max(with_rel, key=lambda k: errs[k].rel / bounds[k][0], default=None)
-    j = max(range(len(errs)), key=lambda k: _share(errs[k].max_abs, bounds[k][1]))
-    return {
-        "max_abs_err": errs[j].max_abs,
-        "max_abs_bound": bounds[j][1],
-        "rel_err": None if i is None else errs[i].rel,
-        "err_bound": None if i is None else bounds[i][0],
-        "agrees": not wrong,
-    }
 
 
 def error_reason(exc: BaseException) -> tuple[str, str | None]:
