@@ -11,11 +11,12 @@ from torchlog import own_lines
 
 from attnbench.case import Case, CaseError
 from attnbench.measure.reference import reference
+from attnbench.measure.roofline import roofline
 from attnbench.measure.timing import TimerConfig
 from attnbench.models import MODELS, model
 from attnbench.registry import Impl
 from attnbench.run.inputs import make_inputs, paged
-from attnbench.run.row import Prepared, Settings, roofline
+from attnbench.run.row import Prepared, Settings
 from attnbench.spec import DECODE_BATCH, DECODE_TOKENS, Spec
 from attnbench.store.results import read_results
 
