@@ -186,8 +186,7 @@ def _magnitude(
     q, k, v, *, causal, scale, dout, window, kv_lens, shift, pattern, batch
 ) -> list[Magnitude]:
     B, Hq, Sq, D = q.shape
-    Hkv, Skv = k.shape[1], k.shape[2]
-    G = Hq // Hkv
+    Hkv, Skv, G = k.shape[1], k.shape[2], Hq // k.shape[1]
     f64 = torch.float64
     tiny = torch.finfo(q.dtype).tiny  # the case dtype's smallest normal number
     q, k, v = (t.detach().to(f64) for t in (q, k, v))
@@ -198,12 +197,11 @@ def _magnitude(
     n_q = torch.empty(B, Hq, Sq, 1, dtype=f64, device=q.device)  # keys each query sees
     low_out = low_dq = None  # the under parts, made when some probability is below tiny
     if do is not None:
-        m_dq = torch.empty_like(q)
-        dq = torch.empty_like(q)
-        sk2 = torch.zeros(B, Hq, Skv, D, dtype=f64, device=q.device)  # sum over i of A^2 q^2
-        sv2 = torch.zeros_like(sk2)
-        dk = torch.zeros_like(sk2)
-        dv = torch.zeros_like(sk2)
+        m_dq, dq = torch.empty_like(q), torch.empty_like(q)
+        # sk2: the sum over i of A^2 q^2; sv2 likewise with w^2 dout^2; dk, dv: the gradients
+        sk2, sv2, dk, dv = (
+            torch.zeros(B, Hq, Skv, D, dtype=f64, device=q.device) for _ in range(4)
+        )
         n_k = torch.zeros(B, Hq, Skv, 1, dtype=f64, device=q.device)  # queries seeing key j
         low_k2 = low_v2 = None
     per_row = B * Hq * Skv * 8
@@ -212,24 +210,9 @@ def _magnitude(
     for start in range(0, Sq, step):
         rows = slice(start, min(start + step, Sq))
         qc = q[:, :, rows]
-        s = (qc @ kk.transpose(-1, -2)) * scale  # (B, Hq, c, Skv)
         i = torch.arange(rows.start, rows.stop, device=q.device)[:, None] + shift
-        if causal:
-            s = s.masked_fill(j > i, -math.inf)
-        if window is not None:
-            s = s.masked_fill((i - j >= window) if causal else ((i - j).abs() >= window), -math.inf)
-        if kv_lens is not None:
-            s = s.masked_fill(j >= kv_lens.to(q.device)[:, None, None, None], -math.inf)
-        if pattern is not None:  # (Bm, 1, c, Skv): this element's row
-            hidden = pattern_masked(pattern, i - shift, j)
-            s = s.masked_fill(
-                hidden[batch : batch + 1] if hidden.shape[0] > 1 else hidden, -math.inf
-            )
-        kept = ~s.isneginf()  # (B, Hq, c, Skv)
-        empty = ~kept.any(-1, keepdim=True)  # queries with no key: output zero
-        s = s.masked_fill(empty, 0.0)
-        p = s.softmax(-1).masked_fill(empty, 0.0)
-        w = torch.where(p > 0, p * (1 + s.abs()), torch.zeros_like(p))
+        s = _scores(qc, kk, i, j, causal, scale, window, kv_lens, shift, pattern, batch)
+        kept, p, w = _weights(s)
         w2 = w.square()
         n_q[:, :, rows] = kept.sum(-1, keepdim=True).to(f64)
         low = kept & (p < tiny)  # stored with the absolute precision u * tiny, not u * p
@@ -262,21 +245,18 @@ def _magnitude(
             low_v2 = torch.zeros_like(sk2) if low_v2 is None else low_v2
             low_k2 += scale**2 * (al2.transpose(-1, -2) @ qc.square())
             low_v2 += wl.square().transpose(-1, -2) @ doc.square()
-    m_out = m_out if low_out is None else m_out + low_out
+    m_out = _plus(m_out, low_out)
     if do is None:
         return [Magnitude(m_out, n_q, low_out)]
 
     def per_kv(t):  # (B, Hq, Skv, X) -> (B, Hkv, Skv, X), summed over the group
         return t.view(B, Hkv, G, Skv, t.shape[-1]).sum(2)
 
-    m_dq = m_dq + dq.abs()
-    m_dk = per_kv(dk).abs() + per_kv(sk2).sqrt()
-    m_dv = per_kv(dv).abs() + per_kv(sv2).sqrt()
     low_dk = None if low_k2 is None else per_kv(low_k2).sqrt()
     low_dv = None if low_v2 is None else per_kv(low_v2).sqrt()
-    m_dq = m_dq if low_dq is None else m_dq + low_dq
-    m_dk = m_dk if low_dk is None else m_dk + low_dk
-    m_dv = m_dv if low_dv is None else m_dv + low_dv
+    m_dq = _plus(m_dq + dq.abs(), low_dq)
+    m_dk = _plus(per_kv(dk).abs() + per_kv(sk2).sqrt(), low_dk)
+    m_dv = _plus(per_kv(dv).abs() + per_kv(sv2).sqrt(), low_dv)
     n_kv = per_kv(n_k)  # (B, Hkv, Skv, 1)
     return [
         Magnitude(m_out, n_q, low_out),
@@ -284,3 +264,35 @@ def _magnitude(
         Magnitude(m_dk, n_kv, low_dk),
         Magnitude(m_dv, n_kv, low_dv),
     ]
+
+
+def _scores(qc, kk, i, j, causal, scale, window, kv_lens, shift, pattern, batch):
+    """Scores of query chunk qc (B, Hq, c, D) against kk (B, Hq, Skv, D), masked ones -inf:
+    (B, Hq, c, Skv). i (c, 1): the queries' positions among the keys; j (1, Skv)."""
+    s = (qc @ kk.transpose(-1, -2)) * scale  # (B, Hq, c, Skv)
+    if causal:
+        s = s.masked_fill(j > i, -math.inf)
+    if window is not None:
+        s = s.masked_fill((i - j >= window) if causal else ((i - j).abs() >= window), -math.inf)
+    if kv_lens is not None:
+        s = s.masked_fill(j >= kv_lens.to(qc.device)[:, None, None, None], -math.inf)
+    if pattern is not None:  # (Bm, 1, c, Skv): this element's row
+        hidden = pattern_masked(pattern, i - shift, j)
+        s = s.masked_fill(hidden[batch : batch + 1] if hidden.shape[0] > 1 else hidden, -math.inf)
+    return s
+
+
+def _weights(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From masked scores s (B, Hq, c, Skv): the kept pairs, the probabilities p (rows with
+    no key: zero) and the weights w = p (1 + |s|), each (B, Hq, c, Skv)."""
+    kept = ~s.isneginf()
+    empty = ~kept.any(-1, keepdim=True)  # queries with no key: output zero
+    s = s.masked_fill(empty, 0.0)
+    p = s.softmax(-1).masked_fill(empty, 0.0)
+    w = torch.where(p > 0, p * (1 + s.abs()), torch.zeros_like(p))
+    return kept, p, w
+
+
+def _plus(m: torch.Tensor, under: torch.Tensor | None) -> torch.Tensor:
+    """A magnitude with its under part added, where there is one."""
+    return m if under is None else m + under
