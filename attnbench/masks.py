@@ -17,7 +17,7 @@ Bottom-right with Sq > Skv leaves the first Sq - Skv queries without a key: thei
 zero (FlashAttention's convention), and so are their gradients.
 
 Every rule keeps, for query i, one interval of keys ``lo <= j < hi``; ``key_bounds`` computes
-it. Impls use these helpers; the float64 reference (accuracy.reference) writes the rules out
+it. Impls use these helpers; the float64 reference (measure/reference.py) writes the rules out
 element by element on its own, so a mistake here is caught there.
 
 Packed documents (``document``) and sparse patterns (``block_sparse``, ``strided``) depend on

@@ -19,7 +19,7 @@ Three masks, all for self-attention (seq_q == seq_kv == S), each combined with `
 The case carries the mask's spec as text (``Case.pattern``, canonical form); the seeded draw
 (document lengths, random blocks) is a ``Pattern``, made once per case like padding's key
 lengths. Impls use ``Pattern.keep`` (dense or per tile), ``Pattern.tile`` (which tiles are
-empty, full or partial) and ``Pattern.pairs``; the float64 reference (measure/accuracy.py)
+empty, full or partial) and ``Pattern.pairs``; the float64 reference (measure/reference.py)
 writes the rules out element by element on its own, from the same drawn data.
 """
 

@@ -9,7 +9,7 @@ population of cases (shapes x seeds x dtypes, backward on but for the longest ca
 dq, dk, dv are checked; the forward verdict is the one of ``out`` alone). Every call goes the
 harness's own way: the inputs (run.inputs.make_inputs), the float64 reference and magnitudes
 (run.row.ground_truth), the checked call (run.call.Call) and the verdict
-(measure.accuracy.judge). It prints:
+(measure.agreement.judge, the one a row gets). It prints:
 
   * the population, shape by shape;
   * per dtype and tensor, the worst correct error as a share of each of the rule's bounds;
@@ -46,10 +46,12 @@ import torch.nn.functional as F
 from attnbench import registry
 from attnbench.case import Case
 from attnbench.masks import ALIGNS, MASKS
-from attnbench.measure import accuracy
+from attnbench.measure import agreement
+from attnbench.measure.agreement import checked_names
+from attnbench.measure.reference import Magnitude
 from attnbench.run.call import Call
 from attnbench.run.inputs import make_inputs
-from attnbench.run.row import checked_names, ground_truth
+from attnbench.run.row import ground_truth
 
 CORRECT = ("naive", "sdpa", "sdpa_math", "sdpa_flash", "tiled", "key_by_key")
 TENSORS = ("out", "dq", "dk", "dv")
@@ -307,26 +309,26 @@ PREVIOUS_C_NORM = {
 }
 
 
-def previous_rule(x, ref, mag: accuracy.Magnitude, tensor: str, dtype) -> dict:
+def previous_rule(x, ref, mag: Magnitude, tensor: str, dtype) -> dict:
     """The previous rule (PREVIOUS_C_NORM), for comparison: its element-wise number in u (an
     n-free measure, also used to tell a bug's effect from rounding) and the criteria it
     fails."""
-    u, kind = accuracy.unit_roundoff(dtype), "out" if tensor == "out" else "grad"
+    u, kind = agreement.unit_roundoff(dtype), "out" if tensor == "out" else "grad"
     m = (mag.m if mag.under is None else mag.m - mag.under).double()
     d = (x.double() - ref).abs()
     r_norm, m_norm = ref.norm().item(), m.norm().item()
     if not torch.isfinite(d).all():
         return {"prev_elem_u": math.inf, "prev_fail": "non-finite"}
     d_norm = d.norm().item()
-    den = torch.clamp(m, min=accuracy.TAU * m.square().mean().sqrt().item())
+    den = torch.clamp(m, min=agreement.TAU * m.square().mean().sqrt().item())
     elem = torch.where(d == 0, torch.zeros_like(d), d / den).max().item() / u
     fails = []
-    if r_norm < accuracy.BETA * m_norm:
-        if d_norm > accuracy.C_ZERO[dtype] * u * m_norm:
+    if r_norm < agreement.BETA * m_norm:
+        if d_norm > agreement.C_ZERO[dtype] * u * m_norm:
             fails.append("abs (reference near zero)")
     elif d_norm > PREVIOUS_C_NORM[dtype][kind] * u * r_norm:
         fails.append("rel")
-    if elem > accuracy.C_ELEM[dtype][kind]:
+    if elem > agreement.C_ELEM[dtype][kind]:
         fails.append("max-abs")
     return {"prev_elem_u": elem, "prev_fail": ",".join(fails)}
 
@@ -336,14 +338,14 @@ def case_rows(case: Case, seed: int, impls: dict) -> list[dict]:
     inputs = make_inputs(case, seed)
     truth = ground_truth(case, inputs)
     names, dt = checked_names(case), case.torch_dtype
-    u = accuracy.unit_roundoff(dt)
+    u = agreement.unit_roundoff(dt)
     todo = [(impls[n], None) for n in CORRECT if n in impls and not impls[n].reasons(case)]
     todo += [(_impl(n, b.fn), b) for n, b in BUGS.items() if b.applies(case)]
     rows, key = [], dict(case.as_dict(), seed=seed)
     for impl, bug in todo:
         out, grads = Call.prepare(impl, case, inputs).check()
         got = [out, *(grads or ())]
-        verdict = accuracy.judge(names, got, truth.ref, truth.mag, dt)
+        verdict = agreement.judge(case, got, truth)
         effect = exact(impl.fn, inputs, case) if bug else None
         for t, tensor in enumerate(names):
             e, mag = verdict.errors[t], truth.mag[t]
@@ -371,7 +373,7 @@ def case_rows(case: Case, seed: int, impls: dict) -> list[dict]:
                 **previous_rule(got[t], truth.ref[t], mag, tensor, dt),
             }
             if effect is not None:
-                ee = accuracy.error(effect[t], truth.ref[t], mag, tensor, dt)
+                ee = agreement.error(effect[t], truth.ref[t], mag, tensor, dt)
                 ep = previous_rule(effect[t], truth.ref[t], mag, tensor, dt)
                 row.update(
                     effect_dnorm_u=ee.err_norm / u,
@@ -464,8 +466,8 @@ def growth(df: pd.DataFrame) -> tuple[list[str], dict]:
     lines, exps = [], {}
     if c.empty:
         return lines, exps
-    u = c.dtype.map(lambda dt: accuracy.unit_roundoff(getattr(torch, dt)))
-    c = c.assign(acc_u=accuracy.C_ACC * c.acc_norm / c.ref_norm / u)
+    u = c.dtype.map(lambda dt: agreement.unit_roundoff(getattr(torch, dt)))
+    c = c.assign(acc_u=agreement.C_ACC * c.acc_norm / c.ref_norm / u)
     per = c.groupby(["dtype", "seq_kv"]).agg(
         worst=("rel_u", "max"), bound=("rel_bound_u", "min"), acc=("acc_u", "min")
     )
@@ -524,7 +526,7 @@ def report(df: pd.DataFrame) -> tuple[str, dict]:
         z = g[g.near_zero]
         zs = f"{z.norm_share.max():.2f} ({len(z)} tensors)" if len(z) else "–"
         share = g[~g.near_zero].norm_share.max()
-        c_bias = accuracy.C_BIAS.get(getattr(torch, dt))
+        c_bias = agreement.C_BIAS.get(getattr(torch, dt))
         bias = g[~g.near_zero].bias_u.max()
         bias_share = f"{bias / c_bias:.2f}" if c_bias else "–"
         lines.append(

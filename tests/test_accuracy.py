@@ -3,19 +3,18 @@ import math
 import pytest
 import torch
 
-from attnbench.measure import accuracy
-from attnbench.measure.accuracy import (
+from attnbench.measure import agreement
+from attnbench.measure import reference as reference_module
+from attnbench.measure.agreement import (
     LegacyError,
-    Magnitude,
     agrees,
     bound,
     error,
     failed,
     legacy_agrees,
     legacy_bound,
-    magnitude,
-    reference,
 )
+from attnbench.measure.reference import Magnitude, magnitude, reference
 
 
 def dense(q, k, v, causal, scale):
@@ -37,7 +36,7 @@ def dense(q, k, v, causal, scale):
 def test_chunked_reference_matches_dense_formula_and_autograd(
     monkeypatch, hq, hkv, sq, skv, causal
 ):
-    monkeypatch.setattr(accuracy, "CHUNK_BYTES", 7 * 8 * hq * skv)  # 7 query rows per chunk
+    monkeypatch.setattr(reference_module, "CHUNK_BYTES", 7 * 8 * hq * skv)  # 7 query rows per chunk
     g = torch.Generator().manual_seed(1)
     q = torch.randn(2, hq, sq, 16, generator=g, dtype=torch.float64, requires_grad=True)
     k = torch.randn(2, hkv, skv, 16, generator=g, dtype=torch.float64, requires_grad=True)
@@ -82,12 +81,12 @@ def test_error_metrics():
     e = error(torch.tensor([3.0, 4.5]), ref, one_term(mag))
     assert e.max_abs == pytest.approx(0.5) and e.rel == pytest.approx(0.1)
     # element-wise: |d_e| against (C_ELEM u + C_ACC_ELEM u_acc sqrt(1)) max(m_e, TAU rms(m))
-    u = accuracy.unit_roundoff(torch.float32)
-    per = accuracy.C_ELEM[torch.float32]["out"] * u + accuracy.C_ACC_ELEM * u
+    u = agreement.unit_roundoff(torch.float32)
+    per = agreement.C_ELEM[torch.float32]["out"] * u + agreement.C_ACC_ELEM * u
     assert e.elem_index == (1,) and e.elem_err == pytest.approx(0.5)
     assert e.elem_bound == pytest.approx(per * 4.0)
     # (norm): C_NORM u ||r|| + C_ACC u_acc ||sqrt(n) m||
-    want = accuracy.C_NORM[torch.float32]["out"] * u * 5.0 + accuracy.C_ACC * u * 5.0
+    want = agreement.C_NORM[torch.float32]["out"] * u * 5.0 + agreement.C_ACC * u * 5.0
     assert e.norm_bound == pytest.approx(want) and e.rel_bound == pytest.approx(want / 5.0)
 
 
@@ -104,7 +103,7 @@ def test_nan_and_inf_never_agree_with_any_magnitude(bad):
 def test_exactly_zero_reference_is_judged_by_an_absolute_bound_from_the_magnitude():
     ref = torch.zeros(8, dtype=torch.float64)
     mag = one_term(torch.ones(8, dtype=torch.float64))
-    u = accuracy.unit_roundoff(torch.bfloat16)
+    u = agreement.unit_roundoff(torch.bfloat16)
     noise = error(torch.full((8,), 0.1 * u), ref, mag, "dq", torch.bfloat16)  # rounding noise
     assert noise.rel is None and noise.near_zero  # never a division by zero
     assert bound(noise)[0] is None
@@ -157,7 +156,7 @@ def test_chunked_magnitude_matches_one_chunk(monkeypatch, causal, window, padded
     kv_lens = torch.tensor([23, 11]) if padded else None
     args = dict(causal=causal, scale=0.25, dout=dout, window=window, kv_lens=kv_lens)
     whole = magnitude(q, k, v, **args)
-    monkeypatch.setattr(accuracy, "CHUNK_BYTES", 7 * 8 * 2 * 4 * 23)  # 7 query rows a chunk
+    monkeypatch.setattr(reference_module, "CHUNK_BYTES", 7 * 8 * 2 * 4 * 23)  # 7 query rows a chunk
     for a, b in zip(whole, magnitude(q, k, v, **args)):
         torch.testing.assert_close(a.m, b.m, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(a.terms, b.terms, rtol=0, atol=0)
@@ -195,7 +194,7 @@ def test_legacy_bound_is_twice_the_baseline_plus_a_floor():
     eps = torch.finfo(torch.bfloat16).eps
     rel_bound, abs_bound = legacy_bound(base, torch.bfloat16)
     assert rel_bound == pytest.approx(4e-3 + eps)
-    assert abs_bound == pytest.approx(2e-3 + accuracy.ABS_FLOOR_EPS * eps * 2.0)
+    assert abs_bound == pytest.approx(2e-3 + agreement.ABS_FLOOR_EPS * eps * 2.0)
     assert legacy_agrees(LegacyError(1e-3, rel_bound * 0.99, 2.0), base, torch.bfloat16)
     assert not legacy_agrees(LegacyError(1e-3, rel_bound * 1.01, 2.0), base, torch.bfloat16)
     assert not legacy_agrees(LegacyError(abs_bound * 1.01, 1e-3, 2.0), base, torch.bfloat16)

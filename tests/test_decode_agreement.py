@@ -2,22 +2,21 @@
 P V sum's rounding grows like the square root of the number of keys, and the agreement rule's
 bound with it (docs/method.md), so the correct impls agree at 4k, 8k and 16k keys over
 several seeds, and a 0.1% scale error is still caught. The verdict is the harness's own
-(run.row.ground_truth, run.call.Call, measure.accuracy.judge). The Llama-3-8B-sized version
+(run.row.ground_truth, run.call.Call, measure.agreement.judge). The Llama-3-8B-sized version
 is slow."""
 
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 import torch.nn.functional as F
 
 from attnbench import registry
 from attnbench.case import Case
-from attnbench.measure import accuracy
+from attnbench.measure import agreement
 from attnbench.run.call import Call
 from attnbench.run.inputs import make_inputs
-from attnbench.run.row import checked_names, ground_truth
+from attnbench.run.row import ground_truth
 
 IMPLS = ("sdpa", "naive", "tiled")
 BUILTIN = registry.discover(entry_points=False)
@@ -45,7 +44,7 @@ def verdicts(case, seeds):
         truth = ground_truth(case, inputs)
 
         def judge(x, truth=truth):
-            return accuracy.judge(checked_names(case), [x], truth.ref, truth.mag, torch.float32)
+            return agreement.judge(case, [x], truth)
 
         for name in IMPLS:
             got, _ = Call.prepare(BUILTIN[name], case, inputs).check()

@@ -11,7 +11,7 @@ import torch
 from attnbench import registry
 from attnbench.case import Case, CaseError
 from attnbench.cli import main
-from attnbench.measure import accuracy
+from attnbench.measure import reference
 from attnbench.measure.timing import TimerConfig
 from attnbench.run.inputs import make_inputs
 from attnbench.run.row import Settings, ground_truth, measure
@@ -88,7 +88,7 @@ def test_uniform_lengths_are_seeded_in_range_and_leave_q_k_v_alone():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_reference_keeps_attention_inside_each_document(monkeypatch, causal):
-    monkeypatch.setattr(accuracy, "CHUNK_BYTES", 5 * 8 * 2 * 23)  # 5 query rows per chunk
+    monkeypatch.setattr(reference, "CHUNK_BYTES", 5 * 8 * 2 * 23)  # 5 query rows per chunk
     case = doc_case("7+3+9", seq=23, causal=causal)
     inputs = make_inputs(case, 1)
     q, k, v, dout = (
@@ -97,7 +97,7 @@ def test_reference_keeps_attention_inside_each_document(monkeypatch, causal):
         ).requires_grad_(True)
         for s in range(4)
     )
-    out, grads = accuracy.reference(
+    out, grads = reference.reference(
         q, k, v, causal=causal, scale=0.5, dout=dout.detach(), pattern=inputs.mask.pattern
     )
     keep = loop_keep(inputs.mask.pattern.doc_lens, 23, causal)

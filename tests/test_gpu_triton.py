@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from attnbench.case import Case
-from attnbench.measure.accuracy import judge, magnitude, reference
+from attnbench.measure.agreement import rule
+from attnbench.measure.reference import magnitude, reference
 from attnbench.measure.timing import TimerConfig
 from attnbench.run.inputs import make_inputs
 from attnbench.run.row import Settings, ground_truth, measure
@@ -96,6 +97,6 @@ def test_triton_flash_packed_sequences_agree_on_the_gpu(causal, align):
         rows = {"out": cu_q, "dq": cu_q, "dk": cu_k, "dv": cu_k}
         names = list(rows)
         mine = [got[n][rows[n][b] : rows[n][b + 1]].transpose(0, 1)[None] for n in names]
-        verdict = judge(names, mine, [ref_out, *ref_grads], mags, dtype)  # (1, H, S_b, D) each
+        verdict = rule(names, mine, [ref_out, *ref_grads], mags, dtype)  # (1, H, S_b, D) each
         bad += [] if verdict.agrees else [f"seq {b}: {'; '.join(verdict.notes)}"]
     assert not bad, "; ".join(bad)

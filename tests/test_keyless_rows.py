@@ -1,16 +1,16 @@
 """Rows with no visible key (bottom-right causal with Sq > Skv: the first Sq - Skv queries see
 no key) have output zero and gradients zero (docs/method.md), in every built-in impl that runs
-on the CPU: exactly zero in those rows, and the harness's verdict (accuracy.judge) agrees."""
+on the CPU: exactly zero in those rows, and the harness's verdict (agreement.judge) agrees."""
 
 import pytest
 import torch
 
 from attnbench import registry
 from attnbench.case import Case
-from attnbench.measure import accuracy
+from attnbench.measure import agreement
 from attnbench.run.call import Call
 from attnbench.run.inputs import make_inputs
-from attnbench.run.row import checked_names, ground_truth
+from attnbench.run.row import ground_truth
 
 SHAPES = [(37, 1), (20, 8)]  # (seq_q, seq_kv): 36 and 12 keyless rows
 BUILTIN = registry.discover(entry_points=False)
@@ -63,5 +63,5 @@ def test_rows_with_no_visible_key_are_zero_and_agree(name, case):
         assert torch.isfinite(dk).all() and torch.isfinite(dv).all()
     truth = ground_truth(case, inputs)
     got = [out, *(grads or ())]
-    verdict = accuracy.judge(checked_names(case), got, truth.ref, truth.mag, case.torch_dtype)
+    verdict = agreement.judge(case, got, truth)
     assert verdict.agrees, verdict.notes

@@ -50,3 +50,62 @@ def test_measure_modules_import_nothing_above_them():
         if module.startswith("attnbench.measure"):
             above = [d for d in deps if not d.startswith(allowed)]
             assert not above, f"{module} imports {above}"
+
+
+def test_no_report_module_imports_an_impl():
+    """An impl module registers impls when imported; the report reads rows, not impls."""
+    for module, deps in imports().items():
+        if module.startswith("attnbench.report"):
+            impls = [d for d in deps if d.startswith("attnbench.impls")]
+            assert not impls, f"{module} imports {impls}"
+
+
+# Size limits: one concern per function and per module. SIZED: the rooms held to them.
+SIZED = ("run", "measure")
+MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 600
+
+
+def functions(path: Path) -> dict[str, int]:
+    """qualified name -> lines (decorators and docstring included) of every function."""
+    out = {}
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    start = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                    out[name] = child.end_lineno - start + 1
+                visit(child, name + ".")
+
+    visit(ast.parse(path.read_text()), "")
+    return out
+
+
+def sized_modules() -> list[Path]:
+    return sorted(p for room in SIZED for p in (PACKAGE / room).rglob("*.py"))
+
+
+def test_row_measure_reads_as_the_loop():
+    lines = functions(PACKAGE / "run" / "row.py")["measure"]
+    assert lines <= 45, f"run/row.py::measure is {lines} lines (at most 45)"
+
+
+def test_no_function_over_the_limit():
+    long = [
+        f"{path.relative_to(PACKAGE)}::{name} ({n} lines)"
+        for path in sized_modules()
+        for name, n in functions(path).items()
+        if n > MAX_FUNCTION_LINES
+    ]
+    assert not long, f"over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_no_module_over_the_limit():
+    long = [
+        f"{path.relative_to(PACKAGE)} ({n} lines)"
+        for path in sized_modules()
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert not long, f"over {MAX_MODULE_LINES} lines: {long}"

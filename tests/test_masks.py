@@ -8,7 +8,7 @@ import torch
 
 from attnbench.case import Case, CaseError
 from attnbench.masks import block_keep
-from attnbench.measure import accuracy
+from attnbench.measure import reference
 from attnbench.run.inputs import key_lengths, make_inputs
 from attnbench.spec import Spec
 
@@ -72,7 +72,7 @@ def test_block_keep_and_pair_count_follow_the_rules(sq, skv, causal, window, pad
 
 @pytest.mark.parametrize("causal,window,padded", RULES)
 def test_reference_applies_the_rules(monkeypatch, causal, window, padded):
-    monkeypatch.setattr(accuracy, "CHUNK_BYTES", 3 * 8 * 2 * 7)  # 3 query rows per chunk
+    monkeypatch.setattr(reference, "CHUNK_BYTES", 3 * 8 * 2 * 7)  # 3 query rows per chunk
     rule = rule_args(causal, window, padded)
     g = torch.Generator().manual_seed(0)
     q, k, v, dout = (
@@ -80,7 +80,7 @@ def test_reference_applies_the_rules(monkeypatch, causal, window, padded):
         for _ in range(4)
     )
     lens = None if rule["kv_lens"] is None else torch.tensor(rule["kv_lens"])
-    out, grads = accuracy.reference(
+    out, grads = reference.reference(
         q, k, v, causal=causal, scale=0.5, dout=dout.detach(), window=window, kv_lens=lens
     )
     keep = loop_mask(3, 7, 7, **rule)[:, None]  # (B, 1, Sq, Skv)

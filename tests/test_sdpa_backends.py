@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from attnbench.case import Case
 from attnbench.impls import sdpa
 from attnbench.masks import Mask
+from attnbench.measure import backends
 from attnbench.measure.timing import TimerConfig
 from attnbench.registry import Unsupported
 from attnbench.run.inputs import make_inputs
@@ -102,13 +103,13 @@ def test_auto_sdpa_backend_follows_what_pytorch_picks(impls):
 
 
 def test_cuda_kernel_names_map_to_backends_when_no_aten_op_says():
-    table = sdpa.KERNEL_BACKENDS
-    assert sdpa._match(["void pytorch_flash::flash_fwd_kernel<...>"], table) == {"flash"}
-    assert sdpa._match(["fmha_cutlassf_f16_aligned_64x64_rf_sm80"], table) == {"efficient"}
-    assert sdpa._match(["cudnn_generated_fort_native_sdpa_sm90"], table) == {"cudnn"}
-    assert sdpa._match(["cutlass_80_tensorop_s1688gemm_64x64"], table) == set()  # a GEMM
+    table = backends.KERNEL_BACKENDS
+    assert backends.match(["void pytorch_flash::flash_fwd_kernel<...>"], table) == {"flash"}
+    assert backends.match(["fmha_cutlassf_f16_aligned_64x64_rf_sm80"], table) == {"efficient"}
+    assert backends.match(["cudnn_generated_fort_native_sdpa_sm90"], table) == {"cudnn"}
+    assert backends.match(["cutlass_80_tensorop_s1688gemm_64x64"], table) == set()  # a GEMM
     ops = ["aten::_scaled_dot_product_efficient_attention", "aten::_efficient_attention_forward"]
-    assert sdpa._match(ops, sdpa.OP_BACKENDS) == {"efficient"}
+    assert backends.match(ops, backends.OP_BACKENDS) == {"efficient"}
 
 
 @pytest.mark.gpu

@@ -12,7 +12,7 @@ import torch
 from attnbench import registry
 from attnbench.case import Case, CaseError
 from attnbench.cli import main
-from attnbench.measure import accuracy
+from attnbench.measure import reference
 from attnbench.measure.timing import TimerConfig
 from attnbench.report.patterns import sparsity_fits
 from attnbench.run.inputs import make_inputs
@@ -78,7 +78,7 @@ def test_random_blocks_are_seeded_and_outside_window_and_globals():
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("mask,spec", [("block_sparse", BIGBIRD), ("strided", "block=4:stride=3")])
 def test_reference_and_dense_mask_follow_the_rule(monkeypatch, mask, spec, causal):
-    monkeypatch.setattr(accuracy, "CHUNK_BYTES", 7 * 8 * 2 * 2 * 30)  # 7 query rows a chunk
+    monkeypatch.setattr(reference, "CHUNK_BYTES", 7 * 8 * 2 * 2 * 30)  # 7 query rows a chunk
     case = sparse_case(mask, spec, seq=30, causal=causal)  # the last block is short
     pattern = make_inputs(case, 3).mask.pattern
     keep = loop_keep(pattern, 30, causal)
@@ -89,7 +89,7 @@ def test_reference_and_dense_mask_follow_the_rule(monkeypatch, mask, spec, causa
         ).requires_grad_(True)
         for s in range(4)
     )
-    out, grads = accuracy.reference(
+    out, grads = reference.reference(
         q, k, v, causal=causal, scale=0.5, dout=dout.detach(), pattern=pattern
     )
     want = ((q @ k.transpose(-1, -2)) * 0.5).masked_fill(~keep, -math.inf).softmax(-1) @ v

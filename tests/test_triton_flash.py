@@ -9,7 +9,7 @@ in this process would turn later GPU tests into interpreter runs), it instead ru
 a subprocess with TRITON_INTERPRET=1 (``test_interpreted_in_subprocess``) and skips the
 in-process copies.
 
-Agreement is the harness's rule (docs/method.md, ``attnbench.measure.accuracy.agrees``): errors
+Agreement is the harness's rule (docs/method.md, ``attnbench.measure.agreement.agrees``): errors
 against the float64 reference within the bounds the float64 magnitude gives.
 
 bfloat16: the interpreter (triton 3.9) computes ``tl.dot`` on bfloat16 by multiplying the raw
@@ -42,7 +42,8 @@ pytest.importorskip("triton")
 
 from attnbench import registry  # noqa: E402
 from attnbench.case import Case  # noqa: E402
-from attnbench.measure.accuracy import bound, error, failed, magnitude, reference  # noqa: E402
+from attnbench.measure.agreement import bound, error, failed  # noqa: E402
+from attnbench.measure.reference import magnitude, reference  # noqa: E402
 
 if _IN_PROCESS:
     from interpreter import broken_reason  # noqa: E402

@@ -5,7 +5,7 @@ Interpreter: as in test_triton_flash.py, TRITON_INTERPRET must be set before tri
 import; this module sets it when triton is not imported yet (or was imported with it set) and
 no GPU is visible, and otherwise runs itself in a subprocess (``test_interpreted_in_subprocess``).
 
-Agreement is the harness's rule (``attnbench.measure.accuracy``: reference, magnitude, error,
+Agreement is the harness's rule (``attnbench.measure``: reference, magnitude; agreement.rule, error,
 failed). The causal offset (query i sees key j iff j <= i + offset) is checked against the
 harness's top-left reference: offset > 0 prepends ``offset`` zero query rows (dout 0, dropped
 afterwards: they change no gradient); offset < 0 leaves out the first ``-offset`` query rows,
@@ -49,7 +49,8 @@ pytest.importorskip("triton")
 
 from attnbench import registry  # noqa: E402
 from attnbench.case import Case  # noqa: E402
-from attnbench.measure.accuracy import judge, magnitude, reference  # noqa: E402
+from attnbench.measure.agreement import rule  # noqa: E402
+from attnbench.measure.reference import magnitude, reference  # noqa: E402
 
 if _IN_PROCESS:
     from interpreter import broken_reason  # noqa: E402
@@ -119,7 +120,7 @@ def _disagreements(got: dict, expected: dict, dtype) -> list[str]:
     names = [name for name in expected if name in got]
     for name in names:
         assert got[name].shape == expected[name][0].shape and got[name].dtype == dtype, name
-    verdict = judge(
+    verdict = rule(
         names,
         [got[n] for n in names],
         [expected[n][0] for n in names],

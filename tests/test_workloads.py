@@ -10,12 +10,13 @@ from test_cli import sweep  # scripts/sweep.py --device cpu in a subprocess
 from torchlog import own_lines
 
 from attnbench.case import Case, CaseError
-from attnbench.measure.accuracy import reference
+from attnbench.measure.reference import reference
+from attnbench.measure.roofline import roofline
 from attnbench.measure.timing import TimerConfig
 from attnbench.models import MODELS, model
 from attnbench.registry import Impl
 from attnbench.run.inputs import make_inputs, paged
-from attnbench.run.row import Prepared, Settings, roofline
+from attnbench.run.row import Prepared, Settings
 from attnbench.spec import DECODE_BATCH, DECODE_TOKENS, Spec
 from attnbench.store.results import read_results
 

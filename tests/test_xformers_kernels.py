@@ -1,11 +1,12 @@
 """Whose kernels xformers ran: operator names to backend labels, the dispatch recording, the
-row note, and env.json's record (attnbench/impls/xformers_kernels.py)."""
+row note (measure/backends.py), and env.json's record (attnbench/impls/xformers_kernels.py)."""
 
 import types
 
 import pytest
 
 from attnbench.impls import xformers_kernels as xk
+from attnbench.measure.backends import borrowed_note
 
 
 @pytest.mark.parametrize(
@@ -44,10 +45,10 @@ def test_dispatched_records_the_operators_of_one_call_and_restores_the_dispatche
 
 
 def test_borrowed_note_says_the_row_measured_pytorch():
-    note = xk.borrowed_note("xformers", "pytorch:flash")
+    note = borrowed_note("xformers", "pytorch:flash")
     assert "ran PyTorch's own flash kernels" in note and "not an independent xformers" in note
-    assert xk.borrowed_note("xformers", "xformers:fa3F") is None
-    assert xk.borrowed_note("sdpa", "flash") is None
+    assert borrowed_note("xformers", "xformers:fa3F") is None
+    assert borrowed_note("sdpa", "flash") is None
 
 
 def test_env_record_says_whether_the_extension_loaded():

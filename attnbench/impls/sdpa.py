@@ -1,6 +1,7 @@
 """The SDPA family: ``sdpa`` (PyTorch's own backend choice; the backend column says which
 ran) and ``sdpa_flash`` / ``sdpa_efficient`` / ``sdpa_cudnn`` / ``sdpa_math`` (one backend
-forced with torch.nn.attention.sdpa_kernel).
+forced with torch.nn.attention.sdpa_kernel). The backends' names in profiler events are
+measure/backends.py's tables.
 
 F.scaled_dot_product_attention for a case: masks as attn_mask, a forced backend whose
 refusal becomes ``Unsupported`` with PyTorch's reasons, and which backend actually ran.
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from attnbench.masks import ALIGNS, MASKS, Mask
+from attnbench.measure.backends import backends_in
 from attnbench.measure.profiling import profiled
 from attnbench.registry import Unsupported, register
 
@@ -38,22 +40,6 @@ BACKENDS = {
 }
 # What PyTorch raises when no enabled backend takes the case (CUDA, CPU wording)
 REFUSALS = ("No available kernel", "No viable backend")
-# aten op name (recorded on CPU and CUDA alike) -> backend; first match wins
-OP_BACKENDS = (
-    ("cudnn", "cudnn"),
-    ("flash", "flash"),
-    ("efficient", "efficient"),
-    ("math", "math"),
-    ("overrideable", "overrideable"),
-)
-OP_PREFIX = "aten::_scaled_dot_product_"
-# CUDA kernel name -> backend, when no aten op says (no 'cutlass': GEMM kernels have it too)
-KERNEL_BACKENDS = (
-    ("cudnn", "cudnn"),
-    ("flash", "flash"),
-    ("fmha", "efficient"),
-    ("efficient", "efficient"),
-)
 
 
 def attention(q, k, v, *, causal: bool, scale: float, mask: Mask | None = None, bias: bool = True):
@@ -136,25 +122,6 @@ def detect_backend(run: Callable[[], object], device_type: str) -> str | None:
         if device_type == "cuda":
             torch.cuda.synchronize()
     return backends_in({event.key for event in prof.key_averages()})
-
-
-def backends_in(names) -> str | None:
-    """The SDPA backends that profiler event names show: the aten ops' names where there are
-    any, else CUDA kernel names; several are joined with '+', none is None."""
-    names = set(names)
-    found = _match([n for n in names if n.startswith(OP_PREFIX)], OP_BACKENDS)
-    if not found:
-        found = _match([n.lower() for n in names if not n.startswith("aten::")], KERNEL_BACKENDS)
-    return "+".join(sorted(found)) or None
-
-
-def _match(names: list[str], table) -> set[str]:
-    found = set()
-    for name in names:
-        hit = next((backend for text, backend in table if text in name), None)
-        if hit:
-            found.add(hit)
-    return found
 
 
 def _one_line(text: str) -> str:

@@ -22,7 +22,7 @@ import contextlib
 import functools
 from collections.abc import Callable
 
-PYTORCH_PREFIX = "pytorch:"  # a backend label for work handed to PyTorch's own kernels
+from attnbench.measure.backends import PYTORCH_PREFIX
 
 
 def label(op_name: str) -> str:
@@ -97,15 +97,3 @@ def _recording(module, name: str, seen: list[str]):
         yield
     finally:
         setattr(module, name, original)
-
-
-def borrowed_note(impl: str, backend: str | None) -> str | None:
-    """The row note when ``impl`` ran PyTorch's own kernels (its backend says so)."""
-    if not backend or not backend.startswith(PYTORCH_PREFIX):
-        return None
-    kernels = "+".join(b.removeprefix(PYTORCH_PREFIX) for b in backend.split("+"))
-    return (
-        f"{impl} ran PyTorch's own {kernels} kernels (backend {backend}), not kernels of its "
-        f"own: this row measures PyTorch, not an independent {impl}; env.json "
-        f"xformers_kernels says which operators were available and why"
-    )

@@ -2,8 +2,9 @@
 
 ``compile_events()`` grows whenever dynamo compiles a frame (a first compile or a recompile)
 or inductor compiles a graph (including a backward graph, compiled lazily at the first
-backward). The sweep reads it around the first call (did it compile? -> compile_ms) and around
-the timing pass (did anything recompile while being timed? -> recompiled).
+backward). The sweep reads it (``Watch``) around the first call (did it compile? ->
+``compile_ms``) and around the timing pass (did anything recompile while being timed? ->
+recompiled).
 
 ``isolate(name)`` runs before each row of a torch.compile impl: when another compiled impl
 ran last in this process it resets dynamo (``torch._dynamo.reset()``), so that no impl runs,
@@ -44,6 +45,35 @@ def compile_static(fn: Callable) -> Callable:
     if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):
         dynamo_config.fail_on_recompile_limit_hit = True
     return torch.compile(fn, dynamic=False)
+
+
+class Watch:
+    """``with Watch() as w: ...``: ``w.compiled`` says whether anything compiled (or
+    recompiled) inside the block."""
+
+    compiled = False
+
+    def __enter__(self) -> Watch:
+        self._before = compile_events()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.compiled = compile_events() != self._before
+
+
+RECOMPILED_NOTE = "recompiled during the timing pass: time_ms includes compilation"
+
+
+def compile_ms(compiled: bool, first_ms: float, again_ms: Callable[[], float], notes) -> float:
+    """A compiled impl's compile_ms: when its first call (``first_ms``) compiled, its extra
+    time over a second call (``again_ms()``); else 0, and ``notes`` says why."""
+    if compiled:
+        return first_ms - again_ms()
+    notes.append(
+        "compile_ms 0: the first call compiled nothing (it reused code it compiled for an "
+        "earlier row)"
+    )
+    return 0.0
 
 
 _last_compiled: list[str] = []  # the compiled impl whose row ran last in this process

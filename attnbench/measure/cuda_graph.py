@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from attnbench.case import Case
 from attnbench.errors import AttnbenchError
 
 WARMUP_CALLS = 3  # on the capture stream, before the capture
@@ -23,6 +24,13 @@ WARMUP_CALLS = 3  # on the capture stream, before the capture
 
 class GraphCaptureError(AttnbenchError):
     """The timed call cannot be captured in a CUDA graph."""
+
+
+def reasons(case: Case) -> list[str]:
+    """Why ``case``'s timed call is not captured with --cuda-graph ([] when it is)."""
+    if case.backward:
+        return [f"mode={case.mode} with --cuda-graph (supported: fwd; a backward is not captured)"]
+    return []
 
 
 def capture(fn: Callable[[], object]) -> Callable[[], None]:

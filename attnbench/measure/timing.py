@@ -53,6 +53,42 @@ class Timing:
         """(p80 - p20) / median: the fraction of the median the middle samples spread over."""
         return (self.p80_ms - self.p20_ms) / self.median_ms if self.median_ms > 0 else 0.0
 
+    def columns(self) -> dict:
+        """The row's timing columns: median, p20, p80 and sample count; on the CPU also the
+        page faults per call and the timed loop's share of the CPU."""
+        out = {
+            "time_ms": self.median_ms,
+            "time_ms_p20": self.p20_ms,
+            "time_ms_p80": self.p80_ms,
+            "samples": len(self.samples_ms),
+        }
+        if self.page_faults is not None:
+            out["page_faults"] = self.page_faults
+        if self.contention is not None:
+            out.update(cpu_share=self.contention.cpu_share, contended=self.contention.contended)
+        return out
+
+    def notes(self) -> list[str]:
+        """What flags the pass in the row's reason (docs/method.md): samples spread over
+        NOISY_SPREAD, PAGE_FAULTS_FLAG page faults per call or more, a CPU the loop waited for."""
+        out = []
+        if self.spread > NOISY_SPREAD:
+            out.append(
+                f"noisy: the p20-p80 spread of the samples is {100 * self.spread:.0f}% of "
+                f"the median (over {100 * NOISY_SPREAD:.0f}%), so time_ms may move between "
+                f"identical runs; another process may be using the device"
+            )
+        if self.page_faults is not None and self.page_faults >= PAGE_FAULTS_FLAG:
+            out.append(
+                f"page faults inside the timing: {self.page_faults:.0f} per call; "
+                f"timed calls paged memory in (the heap grew, or the allocator handed "
+                f"memory back to the OS between calls), so time_ms includes it and may "
+                f"move between identical runs"
+            )
+        if self.contention is not None and self.contention.contended:
+            out.append(self.contention.note())
+        return out
+
 
 @dataclass(frozen=True)
 class TimerConfig:

@@ -18,8 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.errors import UsageError
-from attnbench.impls.sdpa import backends_in
-from attnbench.impls.xformers_kernels import PYTORCH_PREFIX
+from attnbench.measure.backends import PYTORCH_PREFIX, backends_in
 from attnbench.report.analysis import CASE_COLUMNS, ok_rows
 from attnbench.store.atomic import atomic_dir
 from attnbench.store.rundir import GRID_FILE

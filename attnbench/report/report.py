@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.case import Case, CaseError
-from attnbench.impls.xformers_kernels import PYTORCH_PREFIX
+from attnbench.measure.backends import PYTORCH_PREFIX
 from attnbench.measure.profiling import CROSS_CHECK_EVERY, MISMATCH_PCT
 from attnbench.measure.timing import NOISY_SPREAD, PAGE_FAULTS_FLAG
 from attnbench.report import analysis, plots

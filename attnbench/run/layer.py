@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from attnbench.measure.accuracy import reference
+from attnbench.measure.reference import reference
 
 WEIGHTS = ("wq", "wk", "wv", "wo")
 
@@ -65,7 +65,7 @@ def layer_reference(
     kv_lens=None,
     pattern=None,
 ):
-    """The layer in ``dtype`` around accuracy.reference. Returns ``(out, grads)``; grads is
+    """The layer in ``dtype`` around reference.reference. Returns ``(out, grads)``; grads is
     ``(dx, dwq, dwk, dwv, dwo)`` when ``dout`` (B, S, d_model) is given."""
     x, wq, wk, wv, wo = (t.detach().to(dtype) for t in (x, *weights))
     q, k, v = (
