@@ -4,7 +4,7 @@ import pytest
 from synth import env, smoke_rows, write_run
 
 from attnbench.cli import main
-from attnbench.report import plots, report
+from attnbench.report import checks, plots, report
 
 
 @pytest.fixture
@@ -226,6 +226,6 @@ def test_measurement_checks_say_no_row_page_faulted_instead_of_zero_rows(tmp_pat
     for r in rows:
         r["page_faults"] = 2.0 if r["status"] == "ok" else None
     df = read_results(write_run(tmp_path, "pf", rows))
-    text = "\n".join(report._checks_section(df))
+    text = "\n".join(checks.checks_section(df))
     assert "0 CPU row(s)" not in text
     assert "No CPU row page-faulted inside the timing (at most 2 minor faults" in text

@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 
 from attnbench.report import plots
+from attnbench.report.header import busy_machine, case_label, device_name
 from attnbench.report.markdown import MISSING, table
-from attnbench.report.report import busy_machine, case_label, device_name
 from attnbench.store.atomic import atomic_dir
 from attnbench.store.env import code_version
 from attnbench.store.schema import CASE_KEY
