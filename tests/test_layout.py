@@ -50,3 +50,19 @@ def test_measure_modules_import_nothing_above_them():
         if module.startswith("attnbench.measure"):
             above = [d for d in deps if not d.startswith(allowed)]
             assert not above, f"{module} imports {above}"
+
+
+def test_report_modules_and_functions_stay_small():
+    """The report's modules: none over 600 lines, no function over 80."""
+    long_modules, long_functions = [], []
+    for path in sorted((PACKAGE / "report").rglob("*.py")):
+        text = path.read_text()
+        if text.count("\n") > 600:
+            long_modules.append(f"{path.name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 80:
+                    long_functions.append(f"{path.name}::{node.name}: {lines} lines")
+    assert not long_modules, long_modules
+    assert not long_functions, long_functions

@@ -123,7 +123,7 @@ def with_series(df: pd.DataFrame) -> pd.DataFrame:
 
 def _label_parts(r, shown: set[str]) -> list[str]:
     causal = "causal" if flag(r["causal"]) else "full"
-    if "causal_align" in shown:
+    if "causal_align" in shown and flag(r["causal"]):
         causal += " " + str(r["causal_align"]).replace("_", "-")
     kv = f"/{r['kv_heads']}" if r["kv_heads"] != r["heads"] else ""
     optional = {  # shown when it varies between the series of one table
@@ -155,7 +155,9 @@ def series_labels(series: pd.DataFrame, always=()) -> pd.Series:
     labels = pd.Series(
         [" ".join(_label_parts(r, shown)) for _, r in series.iterrows()], index=series.index
     )
-    clash = pd.DataFrame({"impl": series.get("impl", ""), "label": labels}).duplicated(keep=False)
+    ident = ["|".join(map(str, t)) for t in series[key].itertuples(index=False)]  # per series
+    named = pd.DataFrame({"impl": series.get("impl", ""), "label": labels, "ident": ident})
+    clash = named.groupby(["impl", "label"])["ident"].transform("nunique") > 1
     if clash.any():  # a format that hides a difference: spell the key out
         labels[clash] = [" ".join(f"{c}={r[c]}" for c in key) for _, r in series[clash].iterrows()]
     return labels.astype("string")

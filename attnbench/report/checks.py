@@ -110,11 +110,15 @@ def checks_section(df: pd.DataFrame) -> list[str]:
             "",
         ]
     flagged = pd.concat([throttled, mismatch, noisy, over_peak, faulting, contended])
-    flagged = flagged.drop_duplicates(subset=list(analysis.CASE_KEY))
+    return lines + _flagged_table(flagged.drop_duplicates(subset=list(analysis.CASE_KEY)))
+
+
+def _flagged_table(flagged: pd.DataFrame) -> list[str]:
+    """Every ok row some check flagged, once."""
     if flagged.empty:
-        return lines + ["No row was flagged.", ""]
+        return ["No row was flagged.", ""]
     flagged = flagged.assign(case=[case_label(r) for _, r in flagged.iterrows()])
-    return lines + [
+    return [
         table(
             flagged,
             {

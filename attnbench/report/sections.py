@@ -219,7 +219,8 @@ def _unfitted_line(unfit: list) -> list[str]:
         impls = sorted({str(g["impl"].iloc[0]) for g in groups})
         failed = sum(int(g["n_failed"].iloc[0]) for g in groups)
         more = f", {failed} failed rows (see non-ok rows)" if failed else ""
-        parts.append(f"{reason} ({len(groups)} series of {', '.join(impls)}{more})")
+        rules = ", ".join(sorted({str(g["seq_kv_rule"].iloc[0]) for g in groups}))
+        parts.append(f"{reason} ({len(groups)} series of {', '.join(impls)}; {rules}{more})")
     return [f"No fit for {len(unfit)} series: {'; '.join(parts)}.", ""]
 
 
