@@ -150,7 +150,8 @@ def test_nothing_fitted_from_status_not_ok():
 
 
 def test_wins_are_spans_of_the_lengths_won_and_ties_are_marked(tmp_path):
-    from attnbench.report.report import _winners_section
+    from attnbench.report.analyse import analyse_device
+    from attnbench.report.sections import winners_section
 
     times = {64: (1.0, 2.0), 128: (1.0, 2.0), 256: (2.0, 1.0), 512: (1.0, 1.02)}  # (a, b)
     rows = []
@@ -161,5 +162,5 @@ def test_wins_are_spans_of_the_lengths_won_and_ties_are_marked(tmp_path):
     wins = analysis.wins_by_family(analysis.fastest_agreeing(df)).set_index("impl")
     assert wins.loc["a", "spans"] == "64–128, 512" and wins.loc["a", "ties"] == 1
     assert wins.loc["b", "spans"] == "256" and wins.loc["b", "ties"] == 0
-    text = "\n".join(_winners_section(df))
+    text = "\n".join(winners_section(analyse_device(df)))
     assert "**a** 3/4 (N 64–128, 512; 1 tie)" in text and "b 1/4 (N 256)" in text

@@ -15,7 +15,8 @@ from attnbench.case import Case
 from attnbench.measure import ceilings, contention, timing
 from attnbench.measure.contention import Contention, Usage, between
 from attnbench.measure.timing import TimerConfig
-from attnbench.report.report import _checks_section, _header
+from attnbench.report.checks import checks_section
+from attnbench.report.header import header_lines
 from attnbench.run.inputs import make_inputs
 from attnbench.run.row import Settings, ground_truth, measure
 from attnbench.store.results import read_results
@@ -97,7 +98,7 @@ def test_the_report_counts_and_lists_contended_rows(tmp_path):
         {**ok_row("c", "naive", case, 1.0, 1.0), "cpu_share": 0.9, "contended": False},
         {**ok_row("c", "sdpa", case, 2.0, 1.0), "cpu_share": 0.2, "contended": True},
     ]
-    text = "\n".join(_checks_section(read_results(write_run(tmp_path, "c", rows))))
+    text = "\n".join(checks_section(read_results(write_run(tmp_path, "c", rows))))
     assert "1 CPU row(s) were contended" in text and "lowest cpu_share 0.20" in text
     assert "| sdpa |" in text and "| naive |" not in text
 
@@ -114,6 +115,6 @@ def test_the_report_says_when_the_ceilings_waited_for_the_cpu(tmp_path):
     run = write_run(tmp_path, "c", [ok_row("c", "naive", case, 1.0, 1.0)])
     df = read_results(run)
     ceil = {"matmul_tflops": {"float32": 0.05}, "matmul_n": 1024, "copy_gb_s": 10.0}
-    quiet = "\n".join(_header("c", df, {**env(), "ceilings": {**ceil, "contended": False}}))
-    busy = "\n".join(_header("c", df, {**env(), "ceilings": {**ceil, "contended": True}}))
+    quiet = "\n".join(header_lines("c", df, {**env(), "ceilings": {**ceil, "contended": False}}))
+    busy = "\n".join(header_lines("c", df, {**env(), "ceilings": {**ceil, "contended": True}}))
     assert "every try waited for the CPU" in busy and "every try waited" not in quiet

@@ -61,7 +61,7 @@ def test_no_report_module_imports_an_impl():
 
 
 # Size limits: one concern per function and per module. SIZED: the rooms held to them.
-SIZED = ("run", "measure")
+SIZED = ("run", "measure", "report")
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 600
 

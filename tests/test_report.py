@@ -4,7 +4,7 @@ import pytest
 from synth import env, smoke_rows, write_run
 
 from attnbench.cli import main
-from attnbench.report import plots, report
+from attnbench.report import checks, plots, report
 
 
 @pytest.fixture
@@ -226,6 +226,45 @@ def test_measurement_checks_say_no_row_page_faulted_instead_of_zero_rows(tmp_pat
     for r in rows:
         r["page_faults"] = 2.0 if r["status"] == "ok" else None
     df = read_results(write_run(tmp_path, "pf", rows))
-    text = "\n".join(report._checks_section(df))
+    text = "\n".join(checks.checks_section(df))
     assert "0 CPU row(s)" not in text
     assert "No CPU row page-faulted inside the timing (at most 2 minor faults" in text
+
+
+def test_no_two_series_share_a_label(tmp_path, stub_figures):
+    """Three masks (none, document, block_sparse) of the same shapes: each series is named
+    apart in the analysis and in the rendered scaling table, and decode series (one query,
+    the cache varies) are fitted against the cache length."""
+    from synth import ok_row
+
+    from attnbench.case import Case
+    from attnbench.report.analyse import analyse_device
+    from attnbench.store.results import read_results
+
+    masks = {"none": None, "document": "uniform:16-64", "block_sparse": "block=16:local=1"}
+    rows = []
+    for n in (128, 256, 512, 1024):
+        for mask, pattern in masks.items():
+            for impl, causal in (("a", False), ("a", True), ("b", False)):
+                row = ok_row("m", impl, Case(1, 2, 2, n, n, 16, causal=causal), n * n, n)
+                rows.append({**row, "mask": mask, "pattern": pattern})
+        for q in (1, 4):
+            case = Case(1, 4, 2, q, 8 * n, 16, causal=True, causal_align="bottom_right",
+                        phase="decode")  # fmt: skip
+            rows.append(ok_row("m", "a", case, 1e-4 * n, 1e-3 * n))
+    run = write_run(tmp_path / "results", "m", rows)
+    a = analyse_device(read_results(run), env())
+    series = a.fits.drop_duplicates(["impl", "series"])
+    assert len(series) == len(a.fits) // 2 == 3 * 3 + 2  # every series named apart
+    of_a = {s for s in series.loc[series["impl"] == "a", "series"] if "decode" not in s}
+    for mask in ("no mask", "document uniform:16-64", "block_sparse block=16:local=1"):
+        assert sum(mask in label for label in of_a) == 2, (mask, of_a)  # full and causal
+    decode = a.fits[a.fits["seq_kv_rule"].str.startswith("Sq=")]
+    assert set(decode["axis"]) == {"seq_kv"} and len(decode) == 4
+    time = decode[decode["metric"] == "time_ms"]
+    assert time["slope"].between(0.9, 1.1).all() and (time["seq_max"] == 8192).all()
+    text = report.write_report(run, tmp_path / "reports").read_text()
+    table = text.split("### Scaling exponents")[1].split("\n\n")[2]
+    named = [tuple(line.split(" | ")[:2]) for line in table.splitlines()[2:]]
+    assert len(named) == 11 and len(set(named)) == len(named), named
+    assert table.count("pts, Skv 2048–8192)") == 4  # decode: time and memory vs the cache

@@ -5,11 +5,13 @@ metrics and are only counted, so a failure can never pass for a measurement.
 
 Scaling fit rule
 ----------------
-A *series* is one impl with everything in the case key fixed except the sequence length.
-N is ``seq_q``. ``seq_kv`` either follows ``seq_q`` (``Skv=Sq``, or ``Skv=r*Sq`` for a
-constant ratio r) or is held fixed (``Skv=<value>``); that relation is part of the series
-key (column ``seq_kv_rule``), so a self-attention series and a fixed-Skv series are never
-mixed in one fit.
+A *series* is one impl with everything in the case key fixed except the sequence lengths.
+N is ``seq_q``, and ``seq_kv`` either follows it (``Skv=Sq``, or ``Skv=r*Sq`` for a constant
+ratio r) or is held fixed (``Skv=<value>``); or, in a decode series (a few new queries
+against a growing KV cache), ``seq_q`` is held fixed (``Sq=<value>``) and N is ``seq_kv``.
+That relation is part of the series key (column ``seq_kv_rule``; ``with_series`` adds it
+and ``seq_n``, the N of each row), so series of different relations are never mixed in one
+fit.
 
 For each series and metric (``time_ms``, ``peak_mem_mib``) we fit
 ``log(metric) = slope * log(N) + c`` by least squares over the points *not dominated by
@@ -39,7 +41,6 @@ import numpy as np
 import pandas as pd
 
 from attnbench.case import MODES, Case, CaseError
-from attnbench.models import ATTN_IMPLEMENTATIONS
 from attnbench.store.schema import CASE_KEY
 
 SEQ_COLUMNS = ("seq_q", "seq_kv")
@@ -80,9 +81,10 @@ def agreeing(df: pd.DataFrame) -> pd.Series:
 def seq_kv_rule(df: pd.DataFrame) -> pd.Series:
     """How seq_kv relates to seq_q within each set of cases that differ only in length.
 
-    Rows with seq_kv == seq_q get ``Skv=Sq``. The others, per group, are labelled by their
-    constant ratio (``Skv=2*Sq``) when that yields fewer series than labelling by the fixed
-    seq_kv (``Skv=512``), and by the fixed seq_kv otherwise."""
+    Rows with seq_kv == seq_q get ``Skv=Sq``. The others, per group, are labelled by the
+    relation that yields the fewest series: a constant ratio (``Skv=2*Sq``), a fixed seq_kv
+    (``Skv=512``), or a fixed seq_q (``Sq=1``: the series varies the keys). Decode rows
+    (phase decode: a few new queries against a growing cache) always take the fixed seq_q."""
     rule = pd.Series("Skv=Sq", index=df.index, dtype="string")
     cross = df[(df["seq_kv"] != df["seq_q"]).fillna(True).astype(bool)]
     if cross.empty:
@@ -90,22 +92,82 @@ def seq_kv_rule(df: pd.DataFrame) -> pd.Series:
     group_cols = [c for c in SERIES_KEY if c not in ("impl", "seq_kv_rule")]
     for _, g in cross.groupby(group_cols, dropna=False, sort=False):
         ratio = g["seq_kv"].astype("Float64") / g["seq_q"].astype("Float64")
-        if ratio.nunique() < g["seq_kv"].nunique():
+        by_ratio = ratio.nunique() < g["seq_kv"].nunique()
+        fewest = min(ratio.nunique(), g["seq_kv"].nunique())
+        if str(g["phase"].iloc[0]) == "decode" or g["seq_q"].nunique() < fewest:
+            rule.loc[g.index] = [f"Sq={v}" for v in g["seq_q"]]
+        elif by_ratio:
             rule.loc[g.index] = [f"Skv={r:g}*Sq" for r in ratio]
         else:
             rule.loc[g.index] = [f"Skv={v}" for v in g["seq_kv"]]
     return rule
 
 
+def length_axis(rule) -> str:
+    """The length a series varies: seq_kv for a fixed-query rule (``Sq=1``), else seq_q."""
+    return "seq_kv" if str(rule).startswith("Sq=") else "seq_q"
+
+
 def with_series(df: pd.DataFrame) -> pd.DataFrame:
+    """df with ``seq_kv_rule`` (the series key's length relation) and ``seq_n``, the length
+    the row's series varies (seq_q, or seq_kv for a fixed-query series); a frame that has
+    them already comes back as it is, so a series is defined once per analysis."""
+    if {"seq_kv_rule", "seq_n"} <= set(df.columns):
+        return df
     out = df.copy()
     out["seq_kv_rule"] = seq_kv_rule(out)
+    axis = out["seq_kv_rule"].map(length_axis)
+    out["seq_n"] = out["seq_kv"].where(axis == "seq_kv", out["seq_q"])
     return out
+
+
+def _label_parts(r, shown: set[str]) -> list[str]:
+    causal = "causal" if flag(r["causal"]) else "full"
+    if "causal_align" in shown and flag(r["causal"]):
+        causal += " " + str(r["causal_align"]).replace("_", "-")
+    kv = f"/{r['kv_heads']}" if r["kv_heads"] != r["heads"] else ""
+    optional = {  # shown when it varies between the series of one table
+        "model": r["model"],
+        "phase": r["phase"],
+        "mask": "no mask" if r["mask"] == "none" else r["mask"],
+        "window": f"W{r['window']}",
+        "pattern": r["pattern"],
+        "level": f"level={r['level']}",
+        "device": r["device"],
+    }
+    head = [optional[c] for c in ("model", "phase") if c in shown]
+    mid = [optional[c] for c in ("mask", "window", "pattern") if c in shown]
+    tail = [optional[c] for c in ("level", "device") if c in shown]
+    parts = [*head, r["mode"], causal, *mid, r["dtype"], f"B{r['batch']}"]
+    parts += [f"H{r['heads']}{kv}", f"D{r['head_dim']}", *tail, r["seq_kv_rule"]]
+    return [str(p) for p in parts if not pd.isna(p) and str(p) not in ("", "W<NA>", "Wnan")]
+
+
+def series_labels(series: pd.DataFrame, always=()) -> pd.Series:
+    """A label per series (rows carrying SERIES_KEY): mode, causal, dtype, B, H, D and the
+    length relation, plus every other key column that varies between the rows (mask, pattern,
+    window, model, phase, ...) and those in ``always``, so that no two series of one impl
+    share a label."""
+    if series.empty:
+        return pd.Series([], index=series.index, dtype="string")
+    key = [c for c in SERIES_KEY if c != "impl" and c in series]
+    shown = {c for c in key if series[c].nunique(dropna=False) > 1} | set(always)
+    labels = pd.Series(
+        [" ".join(_label_parts(r, shown)) for _, r in series.iterrows()], index=series.index
+    )
+    ident = ["|".join(map(str, t)) for t in series[key].itertuples(index=False)]  # per series
+    named = pd.DataFrame({"impl": series.get("impl", ""), "label": labels, "ident": ident})
+    clash = named.groupby(["impl", "label"])["ident"].transform("nunique") > 1
+    if clash.any():  # a format that hides a difference: spell the key out
+        labels[clash] = [" ".join(f"{c}={r[c]}" for c in key) for _, r in series[clash].iterrows()]
+    return labels.astype("string")
 
 
 def case_family(df: pd.DataFrame) -> pd.Series:
     """A readable family label per row: mode, dtype, causal/full, head dim, and gqa/cross
     when they apply (batch, heads and lengths vary inside a family)."""
+    if "family" in df:  # added once by the run's analysis
+        return df["family"]
     if df.empty:
         return pd.Series([], index=df.index, dtype="string")
     multi_device = df["device"].nunique() > 1
@@ -211,13 +273,15 @@ def scaling_exponents(
     overhead_factor: float = OVERHEAD_FACTOR,
     min_points: int = MIN_FIT_POINTS,
 ) -> pd.DataFrame:
-    """One row per (series, metric): SERIES_KEY, metric, slope, slope_se, n_points,
-    seq_min, seq_max (N range fitted), overhead_limited, n_ok, n_failed, failed (status
+    """One row per (series, metric): SERIES_KEY, axis (the length N the series varies:
+    seq_q, or seq_kv for a fixed-query series such as decode), metric, slope, slope_se,
+    n_points, seq_min, seq_max (N range fitted), overhead_limited, n_ok, n_failed, failed (status
     counts of the failed rows, e.g. "1 oom"), reason (why there is no fit, or its caveat).
 
     Every series with any row appears; one whose rows all failed has slope NA and says so."""
     columns = [
         *SERIES_KEY,
+        "axis",
         "metric",
         "slope",
         "slope_se",
@@ -241,11 +305,12 @@ def scaling_exponents(
         fail_note = ", ".join(f"{n} {s}" for s, n in counts.items()) if len(failed) else pd.NA
         for metric in metrics:
             fit = fit_loglog(
-                ok["seq_q"], ok[metric], overhead_factor=overhead_factor, min_points=min_points
+                ok["seq_n"], ok[metric], overhead_factor=overhead_factor, min_points=min_points
             )
             rows.append(
                 {
                     **dict(zip(SERIES_KEY, key)),
+                    "axis": length_axis(key[-1]),
                     "metric": metric,
                     "slope": fit["slope"],
                     "slope_se": fit["slope_se"],
@@ -446,93 +511,3 @@ def kernel_table(kernels: pd.DataFrame, top: int = 8) -> pd.DataFrame:
     agg["share"] = agg["total_us"] / agg.groupby("impl")["total_us"].transform("sum")
     agg = agg.sort_values(["impl", "total_us"], ascending=[True, False])
     return agg.groupby("impl", as_index=False).head(top).reset_index(drop=True)
-
-
-def recommendations(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (model, phase) of the rows from model presets: the impl that is fastest (and
-    agrees with the reference) in the most cases, its wins, its median margin over the
-    runner-up and median peak memory in the cases it won, and every other impl that was
-    not ok or disagreed somewhere, with why. Ties in wins go to the lower median time.
-
-    ``attn_implementation``: among the rows of transformers' attention functions (the hf_*
-    impls, models.ATTN_IMPLEMENTATIONS), the transformers setting whose function wins the
-    most cases by the same rule, and ``attn_wins`` its wins among them (NA without such
-    rows)."""
-    columns = [
-        "model",
-        "phase",
-        "cases",
-        "impl",
-        "wins",
-        "margin",
-        "time_ms",
-        "peak_mem_mib",
-        "runner_up",
-        "attn_implementation",
-        "attn_wins",
-        "not_run",
-    ]
-    rows_of_models = df[df["model"].fillna("").astype(str) != ""]
-    if rows_of_models.empty:
-        return pd.DataFrame(columns=columns)
-    winners = fastest_agreeing(rows_of_models)
-    hf_rows = rows_of_models[rows_of_models["impl"].isin(ATTN_IMPLEMENTATIONS)]
-    hf_winners = fastest_agreeing(hf_rows)
-    out = []
-    for (model, phase), g in rows_of_models.groupby(["model", "phase"], dropna=False, sort=False):
-        row = {"model": model, "phase": phase if isinstance(phase, str) else ""}
-        row["cases"] = int(g[list(CASE_COLUMNS)].drop_duplicates().shape[0])
-        hf_best, hf_counts = _most_wins(_of(hf_winners, model, phase))
-        if hf_best is not None:
-            row.update(
-                attn_implementation=ATTN_IMPLEMENTATIONS[hf_best],
-                attn_wins=int(hf_counts.loc[hf_best, "wins"]),
-            )
-        w = _of(winners, model, phase)
-        best, counts = _most_wins(w)
-        if best is not None:
-            won = w[w["impl"] == best]
-            mem = g[(g["impl"] == best) & agreeing(g)]["peak_mem_mib"].dropna()
-            row.update(
-                impl=best,
-                wins=int(counts.loc[best, "wins"]),
-                margin=float(won["margin"].median()) if won["margin"].notna().any() else None,
-                time_ms=float(won["time_ms"].median()),
-                peak_mem_mib=float(mem.median()) if len(mem) else None,
-                runner_up=won["runner_up"].dropna().mode().iloc[0]
-                if won["runner_up"].notna().any()
-                else None,
-            )
-        row["not_run"] = _not_run(g)
-        out.append(row)
-    return pd.DataFrame(out, columns=columns)
-
-
-def _of(winners: pd.DataFrame, model, phase) -> pd.DataFrame:
-    """The won cases (impl not NA) of one model and phase."""
-    if winners.empty:
-        return winners
-    w = winners[(winners["model"] == model) & (winners["phase"].fillna("") == (phase or ""))]
-    return w[w["impl"].notna()]
-
-
-def _most_wins(w: pd.DataFrame) -> tuple[str | None, pd.DataFrame | None]:
-    """The impl winning the most cases of ``w`` (ties: the lower median time), and the wins
-    and median time of each impl."""
-    if w.empty:
-        return None, None
-    counts = w.groupby("impl").agg(wins=("impl", "size"), time=("time_ms", "median"))
-    return counts.sort_values(["wins", "time"], ascending=[False, True]).index[0], counts
-
-
-def _not_run(g: pd.DataFrame) -> str:
-    """Impls with a row that is not ok or disagrees, each with its first reason."""
-    bad = g[~agreeing(g)]
-    parts = []
-    for impl, rows in bad.groupby("impl", sort=True):
-        first = rows.iloc[0]
-        status = first["status"] if first["status"] != "ok" else "disagrees"
-        reason = str(first["reason"]).split(";")[0] if not pd.isna(first["reason"]) else ""
-        n = f" in {len(rows)}/{len(g[g['impl'] == impl])} cases"
-        parts.append(f"{impl}: {status}{n}" + (f" ({reason})" if reason else ""))
-    return "; ".join(parts)

@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 
 from attnbench.report import plots
+from attnbench.report.header import busy_machine, case_label, device_name
 from attnbench.report.markdown import MISSING, table
-from attnbench.report.report import busy_machine, case_label, device_name
 from attnbench.store.atomic import atomic_dir
 from attnbench.store.env import code_version
 from attnbench.store.schema import CASE_KEY
@@ -162,6 +162,21 @@ def render(
     frames: tuple[pd.DataFrame, pd.DataFrame],
     fail_above_pct: float | None,
 ) -> str:
+    lines = _heading(names, envs, frames)
+    counts = cmp["outcome"].value_counts()
+    lines += [
+        "## Summary",
+        "",
+        ", ".join(f"{counts[o]} {o}" for o in OUTCOMES if o in counts) + ".",
+        "",
+    ]
+    if fail_above_pct is not None:
+        lines += _gate_lines(cmp, fail_above_pct)
+    return "\n".join(lines + _tables(cmp, names)).rstrip() + "\n"
+
+
+def _heading(names, envs, frames) -> list[str]:
+    """Title, the two runs side by side, and warnings about their environments."""
     a_name, b_name = names
     lines = [
         f"# attnbench compare: `{a_name}` (A) vs `{b_name}` (B)",
@@ -202,35 +217,39 @@ def render(
             f"so ratios can move by far more than any code change.",
             "",
         ]
-    counts = cmp["outcome"].value_counts()
-    lines += [
-        "## Summary",
-        "",
-        ", ".join(f"{counts[o]} {o}" for o in OUTCOMES if o in counts) + ".",
-        "",
-    ]
-    if fail_above_pct is not None:
-        reg = regressions(cmp, fail_above_pct)
-        verdict = (
-            f"**FAIL**: {len(reg)} case(s) slower, outside the noise, by more than "
-            f"{fail_above_pct:g}% or newly failing"
-            if len(reg)
-            else f"**FAIL**: {NOTHING_COMPARED}"
-            if gate_fails(cmp, fail_above_pct)
-            else f"PASS: no case slower, outside the noise, by more than {fail_above_pct:g}%, "
-            f"none newly failing"
-        )
-        lines += [f"Gate: {verdict}.", ""]
-        if len(reg):
-            lines.append(_case_table(reg))
-        quiet = within_noise(cmp, fail_above_pct)
-        if len(quiet):
-            lines += [
-                f"{len(quiet)} case(s) moved by more than {fail_above_pct:g}% but within the "
-                f"noise of the two runs (their p20–p80 ranges overlap): not counted.",
-                "",
-                _case_table(quiet),
-            ]
+    return lines
+
+
+def _gate_lines(cmp: pd.DataFrame, fail_above_pct: float) -> list[str]:
+    """The gate's verdict, the cases that fail it, and those past it within the noise."""
+    reg = regressions(cmp, fail_above_pct)
+    verdict = (
+        f"**FAIL**: {len(reg)} case(s) slower, outside the noise, by more than "
+        f"{fail_above_pct:g}% or newly failing"
+        if len(reg)
+        else f"**FAIL**: {NOTHING_COMPARED}"
+        if gate_fails(cmp, fail_above_pct)
+        else f"PASS: no case slower, outside the noise, by more than {fail_above_pct:g}%, "
+        f"none newly failing"
+    )
+    lines = [f"Gate: {verdict}.", ""]
+    if len(reg):
+        lines.append(_case_table(reg))
+    quiet = within_noise(cmp, fail_above_pct)
+    if len(quiet):
+        lines += [
+            f"{len(quiet)} case(s) moved by more than {fail_above_pct:g}% but within the "
+            f"noise of the two runs (their p20–p80 ranges overlap): not counted.",
+            "",
+            _case_table(quiet),
+        ]
+    return lines
+
+
+def _tables(cmp: pd.DataFrame, names: tuple[str, str]) -> list[str]:
+    """Per impl geomeans, the compared cases, and every case not compared, by outcome."""
+    a_name, b_name = names
+    lines = []
     gm = geomean_by_impl(cmp)
     if len(gm):
         lines += ["### Per impl", ""]
@@ -261,7 +280,7 @@ def render(
         rows = cmp[cmp["outcome"] == outcome]
         lines += [f"## {title} ({len(rows)})", ""]
         lines.append(_case_table(rows) if len(rows) else "None.\n")
-    return "\n".join(lines).rstrip() + "\n"
+    return lines
 
 
 def _case_table(rows: pd.DataFrame) -> str:

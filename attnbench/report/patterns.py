@@ -104,9 +104,16 @@ def verdict(pairs_exp: float, pairs_time_exp: float, by_n: dict, times: pd.Serie
     )
 
 
-def sections(df: pd.DataFrame, level: str = "##") -> list[str]:
-    """The two sections, or nothing when the run has no ok row of a pattern mask."""
-    waste = wasted_work(df)
+def sections(
+    df: pd.DataFrame,
+    level: str = "##",
+    waste: pd.DataFrame | None = None,
+    fits: pd.DataFrame | None = None,
+) -> list[str]:
+    """The two sections, or nothing when the run has no ok row of a pattern mask. ``waste``
+    and ``fits``: wasted_work and sparsity_fits of df when already computed (with the
+    series labels in ``series``)."""
+    waste = wasted_work(df) if waste is None else waste
     if waste.empty:
         return []
     lines = [
@@ -133,7 +140,10 @@ def sections(df: pd.DataFrame, level: str = "##") -> list[str]:
             formats={"useful_pct": ".1f"},
         ),
     ]
-    fits = sparsity_fits(df)
+    if fits is None:
+        fits = sparsity_fits(df)
+    if "series" not in fits:
+        fits = fits.assign(series=analysis.series_labels(fits, always=("mask", "pattern")))
     lines += [
         f"{level}# Sparsity: time against N and against kept pairs",
         "",
@@ -145,7 +155,7 @@ def sections(df: pd.DataFrame, level: str = "##") -> list[str]:
         "other, is cannot tell.",
         "",
         table(
-            fits.assign(series=[_series(r) for _, r in fits.iterrows()]),
+            fits,
             {
                 "impl": "impl",
                 "series": "series (N varies)",
@@ -159,11 +169,3 @@ def sections(df: pd.DataFrame, level: str = "##") -> list[str]:
         ),
     ]
     return lines
-
-
-def _series(r) -> str:
-    causal = "causal" if analysis.flag(r["causal"]) else "full"
-    return (
-        f"{r['mode']} {causal} {r['mask']} {r['pattern']} {r['dtype']} B{r['batch']} "
-        f"H{r['heads']} D{r['head_dim']}"
-    )

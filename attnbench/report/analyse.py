@@ -1,0 +1,129 @@
+"""A run's analysis, computed once and handed to every section and figure of its report:
+series, fits, families, winners, speedups, recommendations; one part per kind of device."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pandas as pd
+
+from attnbench.report import analysis, patterns
+from attnbench.report.header import busy_machine, device_name
+from attnbench.report.layout import run_colors
+from attnbench.report.recommend import recommendations
+
+
+@dataclass(frozen=True)
+class DeviceAnalysis:
+    """Everything the per-device sections and figures show, for one device's rows."""
+
+    name: str  # the device as figures title it (a busy machine says so)
+    suffix: str  # figure files are <stem><suffix>.png ("" for a run on one device)
+    env: dict  # the run's env.json, with this device's ceilings
+    baseline: str | None  # the impl speedups are relative to
+    frame: pd.DataFrame  # its rows, with seq_kv_rule, seq_n (analysis.with_series), family
+    colors: dict  # impl -> colour, alike in every figure of the run
+    families: list  # case families, fwd before bwd, then by name
+    fits: pd.DataFrame  # analysis.scaling_exponents, with each series' label (``series``)
+    winners: pd.DataFrame  # analysis.fastest_agreeing: one row per case
+    wins: pd.DataFrame  # analysis.wins_by_family
+    speedups: pd.DataFrame | None  # analysis.speedups; None without a baseline with ok rows
+    disagreements: pd.DataFrame  # ok rows that disagree or were not checked
+    waste: pd.DataFrame  # patterns.wasted_work (empty without pattern masks)
+    sparsity: pd.DataFrame  # patterns.sparsity_fits, with each series' label
+
+
+@dataclass(frozen=True)
+class RunAnalysis:
+    run_id: str
+    env: dict
+    frame: pd.DataFrame  # every row of the run
+    baseline: str | None
+    recommendations: pd.DataFrame
+    devices: tuple  # DeviceAnalysis per kind of device (one unless a Ray run mixed them)
+    kernels: pd.DataFrame | None  # kernels.csv (--profile), or None
+
+
+def analyse_device(
+    df: pd.DataFrame,
+    env: dict | None = None,
+    baseline: str | None = None,
+    name: str | None = None,
+    suffix: str = "",
+) -> DeviceAnalysis:
+    env = env or {}
+    name = name or device_name(env, df)
+    if busy_machine(env):
+        name += f" · BUSY machine: load {env['load_avg_1m']} on {env['cpu_count']} cores"
+    frame = analysis.with_series(df)
+    frame = frame.assign(family=analysis.case_family(frame))
+    fits = analysis.scaling_exponents(frame)
+    fits = fits.assign(series=analysis.series_labels(fits))
+    has_base = baseline and analysis.ok_rows(frame[frame["impl"] == baseline]).shape[0]
+    sparsity = patterns.sparsity_fits(frame)
+    if not sparsity.empty:
+        labels = analysis.series_labels(sparsity, always=("mask", "pattern"))
+        sparsity = sparsity.assign(series=labels)
+    winners = analysis.fastest_agreeing(frame)
+    return DeviceAnalysis(
+        name=name,
+        suffix=suffix,
+        env=env,
+        baseline=baseline,
+        frame=frame,
+        colors=run_colors(env, frame["impl"].dropna().unique()),
+        families=analysis.family_order(frame),
+        fits=fits,
+        winners=winners,
+        wins=analysis.wins_by_family(winners),
+        speedups=analysis.speedups(frame, baseline) if has_base else None,
+        disagreements=analysis.disagreements(frame),
+        waste=patterns.wasted_work(frame),
+        sparsity=sparsity,
+    )
+
+
+def device_names(df: pd.DataFrame) -> list[str]:
+    if "device_name" not in df:
+        return []
+    return sorted(map(str, df["device_name"].dropna().unique()))
+
+
+def analyse(
+    df: pd.DataFrame,
+    env: dict,
+    run_id: str,
+    baseline: str | None = None,
+    kernels: pd.DataFrame | None = None,
+) -> RunAnalysis:
+    """The whole run's analysis. ``baseline``: the impl speedups are relative to (default:
+    the one the run recorded)."""
+    baseline = baseline or env.get("baseline")
+    names = device_names(df)
+    if len(names) < 2:
+        devices = (analyse_device(df, env, baseline),)
+    else:  # several kinds of device (a Ray run): every analysis and figure per device
+        devices = tuple(
+            analyse_device(
+                df[df["device_name"] == name],
+                {**env, "ceilings": _ceilings(env, name)},
+                baseline,
+                name,
+                "__" + re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_"),
+            )
+            for name in names
+        )
+    return RunAnalysis(
+        run_id=run_id,
+        env=env,
+        frame=df,
+        baseline=baseline,
+        recommendations=recommendations(df),
+        devices=devices,
+        kernels=kernels,
+    )
+
+
+def _ceilings(env: dict, name: str):
+    return (env.get("devices") or {}).get(name, {}).get("ceilings") or env.get("ceilings")

@@ -1,0 +1,218 @@
+"""The report's closing sections over every row of a run: measurement checks, what ran
+(--profile), the non-ok rows, and the same cases across kinds of device."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from attnbench.measure.profiling import CROSS_CHECK_EVERY, MISMATCH_PCT
+from attnbench.measure.timing import NOISY_SPREAD, PAGE_FAULTS_FLAG
+from attnbench.report import analysis
+from attnbench.report.header import case_label
+from attnbench.report.markdown import table
+
+FAILURE_ORDER = {s: i for i, s in enumerate(("crash", "error", "timeout", "oom", "unsupported"))}
+
+
+def failures_section(df: pd.DataFrame, not_run: dict | None = None) -> list[str]:
+    bad = analysis.failures(df)
+    lines = ["## Non-ok rows", ""]
+    if not_run:  # impls the sweep left out, and why (env.json not_run)
+        lines += [
+            "Not run, so without rows: "
+            + "; ".join(f"`{name}` ({why})" for name, why in not_run.items())
+            + ".",
+            "",
+        ]
+    if bad.empty:
+        return lines + ["Every row is ok.", ""]
+    bad = bad.assign(
+        case=[case_label(r) for _, r in bad.iterrows()],
+        _o=bad["status"].map(lambda s: FAILURE_ORDER.get(s, -1)),
+    )
+    bad = bad.sort_values(["_o", "impl"], kind="stable")
+    lines += [f"{len(bad)} rows. Their metrics are blank and never enter a table, fit or plot.", ""]
+    cols = {"impl": "impl", "case": "case", "status": "status", "reason": "reason"}
+    gaps = bad["status"].eq("unsupported").fillna(False).astype(bool)
+    lines += [f"### Failures ({int((~gaps).sum())})", ""]
+    lines += [table(bad[~gaps], cols) if (~gaps).any() else "None.\n"]
+    lines += [f"### Unsupported: capability gaps, not run ({int(gaps.sum())})", ""]
+    if gaps.any():
+        grouped = (
+            bad[gaps]
+            .groupby(["impl", "reason"], sort=True, dropna=False)
+            .size()
+            .reset_index(name="rows")
+        )
+        lines += [table(grouped, {"impl": "impl", "reason": "reason", "rows": "rows"})]
+    else:
+        lines += ["None.\n"]
+    return lines
+
+
+def checks_section(df: pd.DataFrame) -> list[str]:
+    """Ok rows whose measurement is in doubt: a throttling GPU, a median that the profiler's
+    kernel time does not explain, a noisy row, a pct_peak over the ceiling, CPU page faults
+    inside the timing, or a CPU row whose threads waited for a CPU (contended)."""
+    ok = analysis.ok_rows(df)
+    for name in ("cpu_share", "contended"):  # runs made before these columns existed
+        if name not in ok:
+            ok = ok.assign(**{name: pd.NA})
+    lines = ["## Measurement checks", ""]
+    throttled = ok[ok["throttle"].notna() & (ok["throttle"] != "none")]
+    mismatch = ok[ok["reason"].fillna("").str.contains("profiler kernel time")]
+    noisy = ok[analysis.noisy(ok)]
+    over_peak = ok[ok["pct_peak"].gt(100).fillna(False).astype(bool)]
+    faulting = ok[ok["page_faults"].ge(PAGE_FAULTS_FLAG).fillna(False).astype(bool)]
+    contended = ok[ok["contended"].eq(True).fillna(False).astype(bool)]
+    lines += [
+        f"{len(noisy)} of {len(ok)} ok rows are noisy (p20–p80 spread over "
+        f"{100 * NOISY_SPREAD:.0f}% of the median; grey in the time plot): their medians can "
+        f"move between identical runs.",
+        "",
+    ]
+    if len(over_peak):
+        lines += [
+            f"{len(over_peak)} row(s) exceed the measured matmul ceiling (pct_peak > 100%): "
+            f"the ceiling was measured low, so pct_peak and the roofline are not trustworthy "
+            f"in this run.",
+            "",
+        ]
+    if len(faulting):
+        lines += [
+            f"{len(faulting)} CPU row(s) page-faulted inside the timing ({PAGE_FAULTS_FLAG:g} "
+            f"or more minor faults per timed call; most {ok['page_faults'].max():.0f}): their "
+            f"times include paging memory in and may move between identical runs "
+            f"(docs/method.md, CPU timing and the allocator).",
+            "",
+        ]
+    elif ok["page_faults"].notna().any():
+        lines += [
+            f"No CPU row page-faulted inside the timing (at most "
+            f"{ok['page_faults'].max():.0f} minor faults per timed call; "
+            f"{PAGE_FAULTS_FLAG:g} or more would be flagged).",
+            "",
+        ]
+    if ok["cpu_share"].notna().any():
+        lines += [
+            f"{len(contended)} CPU row(s) were contended: their threads waited for a CPU "
+            f"while being timed (another process was using it), so their times are inflated "
+            f"and may move between identical runs (docs/method.md, contention); lowest "
+            f"cpu_share {ok['cpu_share'].min():.2f}.",
+            "",
+        ]
+    lines += _cross_check_lines(ok)
+    if ok["sm_clock_mhz"].notna().any():
+        lines += [
+            f"SM clock while timing: {ok['sm_clock_mhz'].min():.0f}–"
+            f"{ok['sm_clock_mhz'].max():.0f} MHz (row medians); "
+            f"{len(throttled)} row(s) saw the GPU slow its clocks.",
+            "",
+        ]
+    flagged = pd.concat([throttled, mismatch, noisy, over_peak, faulting, contended])
+    return lines + _flagged_table(flagged.drop_duplicates(subset=list(analysis.CASE_KEY)))
+
+
+def _flagged_table(flagged: pd.DataFrame) -> list[str]:
+    """Every ok row some check flagged, once."""
+    if flagged.empty:
+        return ["No row was flagged.", ""]
+    flagged = flagged.assign(case=[case_label(r) for _, r in flagged.iterrows()])
+    return [
+        table(
+            flagged,
+            {
+                "impl": "impl",
+                "case": "case",
+                "throttle": "throttle",
+                "time_ms": "time_ms",
+                "profiler_ms": "profiler_ms",
+                "page_faults": "faults/call",
+                "cpu_share": "cpu_share",
+                "reason": "reason",
+            },
+            formats={
+                "time_ms": ".4g",
+                "profiler_ms": ".4g",
+                "page_faults": ".0f",
+                "cpu_share": ".2f",
+            },
+        )
+    ]
+
+
+def _cross_check_lines(ok: pd.DataFrame) -> list[str]:
+    """Which ok rows the profiler cross-checked (``profiler_ms``), and the largest gap."""
+    checked = ok[ok["profiler_ms"].notna()]
+    cuda = ok[ok["device"].astype(str).str.startswith("cuda")]
+    if checked.empty:
+        return [
+            "No profiler cross-check (it runs on CUDA rows only: the first and every "
+            f"{CROSS_CHECK_EVERY}th row of each impl, every row with --profile).",
+            "",
+        ]
+    diff = ((checked["time_ms"] - checked["profiler_ms"]).abs() / checked["time_ms"]).max()
+    lines = [
+        f"The profiler cross-checked {len(checked)} of {len(cuda)} ok CUDA rows (the first "
+        f"and every {CROSS_CHECK_EVERY}th row of each impl; every row with --profile). "
+        f"Largest difference between the harness's median and the profiler's kernel time: "
+        f"{100 * float(diff):.1f}% (rows beyond {MISMATCH_PCT:g}% are listed below).",
+        "",
+    ]
+    if len(checked) < len(cuda):
+        per_impl = (
+            checked.assign(case=[case_label(r) for _, r in checked.iterrows()])
+            .groupby("impl", sort=True)["case"]
+            .agg(lambda cases: "; ".join(cases))
+            .reset_index()
+        )
+        lines += [table(per_impl, {"impl": "impl", "case": "cross-checked rows"})]
+    return lines
+
+
+def kernels_section(kernels: pd.DataFrame | None) -> list[str]:
+    if kernels is None or kernels.empty:
+        return []
+    lines = [
+        "## What ran (--profile)",
+        "",
+        "Per impl, the kernels (GPU) or ops (CPU, self time) the profiler saw over its "
+        "profiled cases, largest first. Chrome traces, one per (case, impl): the run's "
+        "`traces/` folder beside results.csv (open in chrome://tracing or Perfetto).",
+        "",
+    ]
+    top = analysis.kernel_table(kernels)
+    return lines + [
+        table(
+            top,
+            {
+                "impl": "impl",
+                "kernel": "kernel",
+                "calls": "calls",
+                "total_us": "total µs",
+                "share": "share",
+            },
+            formats={"total_us": ".1f", "share": ".1%"},
+        )
+    ]
+
+
+def across_devices_section(df: pd.DataFrame, names: list[str]) -> list[str]:
+    """Median time of each (case, impl) on each device, side by side."""
+    ok = df[df["status"] == "ok"].copy()
+    if ok.empty:
+        return []
+    ok["case"] = ok.apply(case_label, axis=1)
+    wide = ok.pivot_table(
+        index=["case", "impl"], columns="device_name", values="time_ms", aggfunc="median"
+    )
+    wide = wide.reindex(columns=names).reset_index()
+    return [
+        "## Across devices",
+        "",
+        "Median time per call (ms) of each case and impl on each kind of device that ran it "
+        "(blank: not run there, or not ok).",
+        "",
+        table(wide, {c: c for c in wide.columns}, formats={n: ".4g" for n in names}),
+        "",
+    ]

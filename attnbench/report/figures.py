@@ -1,0 +1,74 @@
+"""The table of figures: each figure of a report declared once (file stem, heading,
+caption, and how it is drawn from one device's analysis, analyse.DeviceAnalysis)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from attnbench.report import plots
+
+
+class Figure(NamedTuple):
+    stem: str  # file name without suffix: <stem><device suffix>.png
+    heading: str
+    caption: str
+    draw: Callable  # DeviceAnalysis -> matplotlib Figure (plots.plot_*, looked up when drawn)
+    needs_baseline: bool = False  # left out of a run without a baseline impl
+
+
+FIGURES = (
+    Figure(
+        "time_vs_seq",
+        "Time per call",
+        "Median time per call vs N (seq_q; the cache length seq_kv in a decode series) on "
+        "log-log axes; the band is the p20–p80 range of the samples. The legend gives the "
+        "fitted exponent (≥: overhead-limited, a lower bound).",
+        lambda a: plots.plot_time_vs_seq(a.frame, a.fits, device_name=a.name, colors=a.colors),
+    ),
+    Figure(
+        "memory_vs_seq",
+        "Peak memory",
+        "Peak memory above what was allocated before the call. "
+        "An impl that materialises the score matrix grows ~N^2, a tiled one ~N.",
+        lambda a: plots.plot_memory_vs_seq(a.frame, a.fits, device_name=a.name, colors=a.colors),
+    ),
+    Figure(
+        "tflops_vs_seq",
+        "Throughput",
+        "Matmul FLOPs of the unmasked (query, key) pairs divided by the median time.",
+        lambda a: plots.plot_tflops_vs_seq(a.frame, device_name=a.name, colors=a.colors),
+    ),
+    Figure(
+        "speedup_vs_seq",
+        "Speedup vs baseline",
+        "Baseline time / impl time, only where both are ok; above 1 is faster than the baseline.",
+        lambda a: plots.plot_speedup_vs_seq(
+            a.frame, a.baseline, device_name=a.name, colors=a.colors, speedups=a.speedups
+        ),
+        needs_baseline=True,
+    ),
+    Figure(
+        "error_vs_seq",
+        "Numerical error",
+        "Worst relative error against the float64 reference; "
+        "the dashed line is the agreement bound each row was held to. Circled points disagree.",
+        lambda a: plots.plot_error_vs_seq(a.frame, device_name=a.name, colors=a.colors),
+    ),
+    Figure(
+        "support_matrix",
+        "Support matrix",
+        "Rows per status for each impl and case family.",
+        lambda a: plots.plot_support_matrix(a.frame, device_name=a.name),
+    ),
+    Figure(
+        "roofline",
+        "Roofline",
+        "Achieved TFLOP/s against arithmetic intensity (FLOPs per byte "
+        "of the least traffic: q, k, v read and out written once, plus dout and the gradients "
+        "with backward), under the ceilings measured at the start of this run.",
+        lambda a: plots.plot_roofline(
+            a.frame, a.env.get("ceilings") or {}, device_name=a.name, colors=a.colors
+        ),
+    ),
+)

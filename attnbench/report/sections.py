@@ -1,0 +1,321 @@
+"""The report's analysis sections of one device's rows, rendered from its analysis
+(analyse.DeviceAnalysis): recommendations, who wins where, speedups, scaling exponents and
+numerical agreement."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from attnbench.report import analysis
+from attnbench.report.header import borrowed_kernels, case_label
+from attnbench.report.markdown import MISSING, table
+
+
+def recommendations_section(rec: pd.DataFrame) -> list[str]:
+    """Which impl for which model and phase (recommend.recommendations: rows from --model)."""
+    if rec.empty:
+        return []
+    lines = [
+        "## Recommendations",
+        "",
+        "Per model preset and phase: the impl that is fastest, among those agreeing with the "
+        "float64 reference, in the most of its cases; its margin over the runner-up (median "
+        "of runner-up time / its time over the cases it won) and its median peak memory; "
+        "then every impl that failed or disagreed somewhere, with its first reason. "
+        "Measured on this run's device only.",
+        "",
+    ]
+    labels = {
+        "model": "model",
+        "phase": "phase",
+        "impl": "use",
+        "wins": "fastest in",
+        "margin": "margin",
+        "runner_up": "runner-up",
+        "time_ms": "median ms",
+        "peak_mem_mib": "peak MiB",
+        "attn_implementation": "attn_implementation",
+        "not_run": "could not run / disagreed",
+    }
+    if rec["attn_implementation"].notna().any():
+        lines += [
+            "attn_implementation: for transformers users, the `attn_implementation` to set "
+            "for that model and phase on this machine: the one whose attention function "
+            "(the hf_* rows, called as a model calls it) is fastest, agreeing, in the most "
+            "cases, and in how many.",
+            "",
+        ]
+    else:
+        del labels["attn_implementation"]
+    rec = rec.assign(
+        wins=["" if pd.isna(w) else f"{int(w)}/{c}" for w, c in zip(rec["wins"], rec["cases"])],
+        impl=["no impl agrees" if pd.isna(i) else f"**{i}**" for i in rec["impl"]],
+        attn_implementation=[
+            "" if pd.isna(a) else f"`{a}` ({int(n)}/{c})"
+            for a, n, c in zip(rec["attn_implementation"], rec["attn_wins"], rec["cases"])
+        ],
+    )
+    return lines + [
+        table(
+            rec,
+            labels,
+            formats={"margin": lambda m: f"{m:.2f}x", "time_ms": ".3g", "peak_mem_mib": ".4g"},
+        ),
+        "",
+    ]
+
+
+def winners_section(a) -> list[str]:
+    """Who wins where, from a DeviceAnalysis (analyse.py)."""
+    winners, wins = a.winners, a.wins
+    lines = [
+        "### Who wins where",
+        "",
+        "Fastest impl per case among the ok rows that agree with the reference, counted "
+        "per case family (N: the lengths it won, a–b where it won every length between; "
+        "ties: wins within the noise of the runner-up, whose p20–p80 range overlaps the "
+        "winner's; margin: median of runner-up time / winner time).",
+        "",
+    ]
+    if winners.empty:
+        return lines + ["No cases.", ""]
+    rows = []
+    order = {f: i for i, f in enumerate(a.families)}
+    borrowed = set(a.frame.loc[borrowed_kernels(a.frame), "impl"])  # said where they win
+    for fam, g in sorted(winners.groupby("family"), key=lambda t: order.get(t[0], 0)):
+        w = wins[wins["family"] == fam]
+        text = [
+            ("**{}**" if i == 0 else "{}").format(
+                r.impl + (" (PyTorch's kernels)" if r.impl in borrowed else "")
+            )
+            + f" {r.wins}/{r.cases} (N {r.spans}"
+            + (f"; {r.ties} tie{'s' if r.ties > 1 else ''}" if r.ties else "")
+            + ")"
+            for i, r in enumerate(w.itertuples())
+        ]
+        none = int(g["impl"].isna().sum())
+        if none:
+            text.append(f"no agreeing impl: {none}/{len(g)}")
+        top = w["impl"].iloc[0] if len(w) else None
+        margin = g.loc[g["impl"] == top, "margin"].dropna()
+        rows.append(
+            {
+                "family": fam,
+                "wins": "; ".join(text),
+                "margin": float(margin.median()) if len(margin) else None,
+            }
+        )
+    lines.append(
+        table(
+            pd.DataFrame(rows),
+            {
+                "family": "case family",
+                "wins": "fastest agreeing impl (cases won)",
+                "margin": "margin of the top winner",
+            },
+            formats={"margin": lambda m: f"{m:.2f}x"},
+        )
+    )
+    return lines
+
+
+def speedup_section(a) -> list[str]:
+    """Speedups against the baseline, from a DeviceAnalysis (analyse.py)."""
+    df, baseline = a.frame, a.baseline
+    if not baseline:
+        return [
+            "### Speedup",
+            "",
+            "No impl of this run is registered as the baseline "
+            "(`register(..., baseline=True)`), so no speedups are computed; pick one with "
+            "`attnbench report --baseline IMPL`.",
+            "",
+        ]
+    lines = [f"### Speedup vs {baseline}", ""]
+    if a.speedups is None:
+        impls = ", ".join(sorted(df["impl"].dropna().unique()))
+        return lines + [
+            f"The baseline `{baseline}` has no ok rows in this run, so no speedups "
+            f"are computed; choose another with `--baseline` (impls: {impls}).",
+            "",
+        ]
+    sp = a.speedups
+    sp = sp[(sp["impl"] != baseline) & sp["speedup"].notna()]
+    lines += [
+        f"{baseline} time / impl time over the cases where both are ok (above 1: faster "
+        f"than {baseline}).",
+        "",
+    ]
+    if sp.empty:
+        return lines + ["No case has both the baseline and another impl ok.", ""]
+    agg = (
+        sp.groupby(["impl", "family"], sort=True)["speedup"]
+        .agg(["size", "median", "min", "max"])
+        .reset_index()
+    )
+    order = {f: i for i, f in enumerate(a.families)}
+    agg = agg.sort_values(
+        ["impl", "family"], key=lambda c: c.map(order) if c.name == "family" else c
+    )
+    x = lambda v: f"{v:.2f}x"  # noqa: E731
+    lines.append(
+        table(
+            agg,
+            {
+                "impl": "impl",
+                "family": "case family",
+                "size": "cases",
+                "median": "median",
+                "min": "min",
+                "max": "max",
+            },
+            formats={"median": x, "min": x, "max": x},
+        )
+    )
+    return lines
+
+
+AXIS = {"seq_q": "N", "seq_kv": "Skv"}  # how a fitted range names its length
+
+
+def _slope_text(r) -> str:
+    if pd.isna(r["slope"]):
+        return MISSING
+    bound = "≥" if analysis.flag(r["overhead_limited"]) else ""
+    return (
+        f"{bound}{r['slope']:.2f} ± {r['slope_se']:.2f} "
+        f"({r['n_points']} pts, {AXIS.get(r['axis'], 'N')} {r['seq_min']}–{r['seq_max']})"
+    )
+
+
+def _notes(by: dict, first) -> str:
+    notes = []
+    for m in analysis.FIT_METRICS:
+        if m not in by or pd.isna(by[m]["reason"]):
+            continue
+        # the overhead-limited caveat is the ≥ sign, explained above the table
+        parts = [
+            part
+            for part in str(by[m]["reason"]).split("; ")
+            if not part.startswith("overhead-limited")
+        ]
+        if parts:
+            notes.append(f"{m}: {'; '.join(parts)}")
+    if not pd.isna(first["failed"]):
+        notes.append(f"failed rows: {first['failed']}")
+    return "; ".join(notes)
+
+
+def _unfitted_line(unfit: list) -> list[str]:
+    """The series with no fit of any metric, in one line: how many, why, which impls."""
+    if not unfit:
+        return []
+    why: dict[str, list] = {}
+    for g in unfit:
+        reason = g["reason"].dropna()
+        why.setdefault(str(reason.iloc[0]) if len(reason) else "no fit", []).append(g)
+    parts = []
+    for reason, groups in why.items():
+        impls = sorted({str(g["impl"].iloc[0]) for g in groups})
+        failed = sum(int(g["n_failed"].iloc[0]) for g in groups)
+        more = f", {failed} failed rows (see non-ok rows)" if failed else ""
+        rules = ", ".join(sorted({str(g["seq_kv_rule"].iloc[0]) for g in groups}))
+        parts.append(f"{reason} ({len(groups)} series of {', '.join(impls)}; {rules}{more})")
+    return [f"No fit for {len(unfit)} series: {'; '.join(parts)}.", ""]
+
+
+def exponents_section(fits: pd.DataFrame) -> list[str]:
+    """Scaling exponents from analysis.scaling_exponents with a ``series`` label column (a
+    DeviceAnalysis's fits); series without any fit collapse into one line."""
+    lines = [
+        "### Scaling exponents",
+        "",
+        "Least-squares slope of log(metric) vs log(N), N = seq_q (in a decode series, where "
+        "the queries are fixed, N = seq_kv, the cache length: Skv below), over the points past "
+        "the fixed-overhead cut (first N where the metric reaches 4x its minimum; "
+        'rule and rationale: docs/reports.md, "Fit rule"). ≥ marks an overhead-limited fit '
+        "(fewer than 3 lengths past the cut, the 3 largest fitted): a lower bound "
+        "when the only departure from a power law is a constant overhead. "
+        "No fit on fewer than 3 lengths. Series without any ok row are left out (see "
+        "non-ok rows).",
+        "",
+    ]
+    fits = fits[fits["n_ok"] > 0]
+    if fits.empty:
+        return lines + ["No series with ok rows.", ""]
+    rows, unfit = [], []
+    groups = fits.groupby(list(analysis.SERIES_KEY), dropna=False, sort=True)
+    groups = sorted(
+        groups, key=lambda t: (t[1]["impl"].iloc[0], analysis.mode_rank(t[1]["mode"].iloc[0]))
+    )
+    for _key, g in groups:
+        if g["slope"].isna().all():
+            unfit.append(g)
+            continue
+        first = g.iloc[0]
+        by = {r["metric"]: r for _, r in g.iterrows()}
+        rows.append(
+            {
+                "impl": first["impl"],
+                "series": first["series"],
+                "time": _slope_text(by["time_ms"]) if "time_ms" in by else MISSING,
+                "mem": (_slope_text(by["peak_mem_mib"]) if "peak_mem_mib" in by else MISSING),
+                "notes": _notes(by, first),
+            }
+        )
+    if rows:
+        lines.append(_exponents_table(pd.DataFrame(rows)))
+    return lines + _unfitted_line(unfit)
+
+
+def _exponents_table(rows: pd.DataFrame) -> str:
+    columns = {
+        "impl": "impl",
+        "series": "series (N varies)",
+        "time": "time exponent",
+        "mem": "memory exponent",
+        "notes": "notes",
+    }
+    if not rows["notes"].astype(bool).any():
+        del columns["notes"]
+    return table(rows, columns)
+
+
+def disagreement_section(a) -> list[str]:
+    """Ok rows that disagree or were not checked, from a DeviceAnalysis (analyse.py)."""
+    df, bad = a.frame, a.disagreements
+    lines = ["### Numerical agreement", ""]
+    if bad.empty:
+        n = len(analysis.ok_rows(df))
+        return lines + [f"All {n} ok rows agree with the float64 reference within their bound.", ""]
+    bad = bad.assign(
+        case=[case_label(r) for _, r in bad.iterrows()],
+        verdict=bad["agrees"].map({False: "disagrees"}).fillna("not checked"),
+    )
+    lines += [
+        f"{len(bad)} ok row(s) disagree or were not checked: their times are real but "
+        f"they are never counted as winners.",
+        "",
+    ]
+    lines.append(
+        table(
+            bad,
+            {
+                "impl": "impl",
+                "case": "case",
+                "verdict": "verdict",
+                "rel_err": "rel_err",
+                "err_bound": "bound",
+                "max_abs_err": "max_abs_err",
+                "max_abs_bound": "max-abs bound",
+                "reason": "reason",
+            },
+            formats={
+                "rel_err": ".2e",
+                "err_bound": ".2e",
+                "max_abs_err": ".2e",
+                "max_abs_bound": ".2e",
+            },
+        )
+    )
+    return lines
