@@ -204,8 +204,7 @@ def _magnitude(
         )
         n_k = torch.zeros(B, Hq, Skv, 1, dtype=f64, device=q.device)  # queries seeing key j
         low_k2 = low_v2 = None
-    per_row = B * Hq * Skv * 8
-    step = max(1, CHUNK_BYTES // max(per_row, 1))
+    step = max(1, CHUNK_BYTES // max(B * Hq * Skv * 8, 1))  # query rows per chunk
     j = torch.arange(Skv, device=q.device)[None, :]
     for start in range(0, Sq, step):
         rows = slice(start, min(start + step, Sq))
@@ -227,9 +226,8 @@ def _magnitude(
         doc = do[:, :, rows]
         dp = doc @ vv.transpose(-1, -2)
         delta = (doc * out).sum(-1, keepdim=True)
-        a = w * (dp.abs() + delta.abs())
         ds = p * (dp - delta)
-        a2 = a.square()
+        a2 = (w * (dp.abs() + delta.abs())).square()
         dq[:, :, rows] = scale * ds @ kk
         m_dq[:, :, rows] = scale * (a2 @ kk2).sqrt()
         sk2 += scale**2 * (a2.transpose(-1, -2) @ qc.square())
