@@ -105,6 +105,27 @@ PRESETS: dict[str, dict] = {
 }
 
 
+# the options that set a Spec's grid fields (flags and sweep-file keys of the same names)
+SPEC_OPTIONS = (
+    "batch",
+    "heads",
+    "kv_heads",
+    "seq_len",
+    "seq_len_kv",
+    "head_dim",
+    "dtype",
+    "causal",
+    "mode",
+    "mask",
+    "window",
+    "level",
+    "causal_align",
+    "model",
+    "phase",
+    "docs",
+    "sparsity",
+)
+
 # presets sized for a GPU: on a CPU they run only when --device cpu asks for it
 GPU_PRESETS = ("gpu", "first-light", "race")
 

@@ -114,6 +114,12 @@ def collect_env(argv: list[str], seed: int, device: str) -> dict:
     }
 
 
+def version_line() -> str:
+    """attnbench --version: the version, and the checkout it runs from if any."""
+    root = checkout.root()
+    return f"attnbench {checkout.version()}" + (f" (checkout {root})" if root else "")
+
+
 def code_version(env: dict) -> str | None:
     """Which attnbench made a run, in words: the commit of a checkout (and whether it had
     uncommitted changes), or the version of an installed package; None when env.json says
