@@ -97,7 +97,7 @@ class Pool:
             if plan.isolate
             else InProcess(plan.seed, settings, plan.device)
         ]
-        return {"devices": devices, "ceilings": measured}
+        return {"ceilings": measured, "devices": devices}  # env.json's order, as before
 
     def close(self) -> None:
         for ex in self.executors:
