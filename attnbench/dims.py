@@ -139,7 +139,7 @@ DIMS: tuple[Dim, ...] = (
         "prefill, decode or train when the case comes from --phase, else blank",
         ("phase",),
         old=None,
-        # a model without a phase keeps the label's two spaces of the first labels
+        # a model without a phase: two spaces after the model (grid.json and draws keys)
         part=lambda c: f"{c.phase} " if c.phase else (" " if c.model else ""),
         rank=1,
     ),

@@ -97,7 +97,7 @@ class Pool:
             if plan.isolate
             else InProcess(plan.seed, settings, plan.device)
         ]
-        return {"ceilings": measured, "devices": devices}  # env.json's order, as before
+        return {"ceilings": measured, "devices": devices}  # env.json's order on one machine
 
     def close(self) -> None:
         for ex in self.executors:
