@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from attnbench.dims import DIMS
+from attnbench.dims import label as case_label
 from attnbench.errors import UsageError
 from attnbench.masks import ALIGNS, MASKS, key_bounds, offset
 from attnbench.patterns import PATTERN_MASKS, canonical
@@ -271,34 +273,22 @@ class Case:
 
     @classmethod
     def from_row(cls, row) -> Case:
-        """The case of a results row (a dict or a pandas row; blank cells are missing)."""
-
-        def value(name, kind):
-            v = row[name] if name in row else None  # results written before the column
-            return None if v is None or str(v) in ("", "<NA>", "nan", "None") else kind(v)
-
-        ints = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "window")
-        labels = ("causal_align", "model", "phase")  # blank in rows written before them
-        fields = {
-            f: value(f, int if f in ints else bool if f == "causal" else str)
-            for f in cls.__dataclass_fields__
-        }
-        return cls(**{k: v for k, v in fields.items() if v is not None or k not in labels})
+        """The case of a results row (a dict or a pandas row; blank cells are missing). A
+        column added after the first runs (dims.py) that is missing or blank takes the
+        field's default, which is what older rows meant."""
+        fields = {}
+        for dim in DIMS:
+            v = row[dim.name] if dim.name in row else None  # results written before the column
+            v = None if v is None or str(v) in ("", "<NA>", "nan", "None") else v
+            if v is not None:
+                fields[dim.name] = dim.read(v)
+            elif not dim.later:
+                fields[dim.name] = None
+        return cls(**fields)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     def label(self) -> str:
-        kv = f"/{self.kv_heads}" if self.gqa else ""
-        sk = f"x{self.seq_kv}" if self.cross else ""
-        mask = {"none": "", "padding": " padding", "window": f" window{self.window}"}.get(
-            self.mask, f" {self.mask} {self.pattern}"
-        )
-        level = " layer" if self.level == "layer" else ""
-        align = " bottom-right" if self.causal_align == "bottom_right" else ""
-        who = f"{self.model} {self.phase} ".lstrip() if self.model or self.phase else ""
-        return (
-            f"{who}B{self.batch} H{self.heads}{kv} S{self.seq_q}{sk} D{self.head_dim} "
-            f"{self.dtype} {'causal' if self.causal else 'full'}{align}{mask} "
-            f"{self.mode}{level}"
-        )
+        """'B1 H4/2 S128x256 D64 float32 causal fwd' and so on: dims.label."""
+        return case_label(self)

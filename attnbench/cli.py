@@ -9,36 +9,25 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import math
 import os
 import sys
 import tempfile
-import time
-from dataclasses import replace
-from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
-import torch
 
-from attnbench import checkout, registry
-from attnbench.case import Case
+from attnbench import registry
 from attnbench.errors import UsageError
-from attnbench.measure import allocator, ceilings
-from attnbench.measure.timing import TimerConfig
-from attnbench.models import models_table
-from attnbench.options import OPTIONS, as_text, flag, load_config, parse_value
-from attnbench.run.executors import InProcess, Subprocess
-from attnbench.run.row import Settings
-from attnbench.run.sweep import run_sweep
-from attnbench.spec import GPU_PRESETS, Spec
+from attnbench.options import OPTIONS, flag, load_config, parse_value
+from attnbench.report.terminal import list_impls, models_table, summary_table
+from attnbench.run import executors
+from attnbench.run.plan import Plan, Target, check_device, warn_if_busy
 from attnbench.store.atomic import write_json_atomic
-from attnbench.store.env import collect_env, device_env, device_name
-from attnbench.store.repro import MEASURE_OPTIONS, repro_command
-from attnbench.store.results import done_keys, read_results
-from attnbench.store.rundir import GRID_FILE, load_run, run_folder
-from attnbench.store.schema import CASE_KEY
+from attnbench.store.env import version_line
+from attnbench.store.repro import repro_command
+from attnbench.store.results import done_keys, load_run, read_results
+from attnbench.store.rundir import RunDir
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
 COMMANDS = {  # command -> what it does, for attnbench --help
@@ -76,18 +65,13 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
-def _version() -> str:
-    root = checkout.root()
-    return f"attnbench {checkout.version()}" + (f" (checkout {root})" if root else "")
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage(), file=sys.stdout if argv else sys.stderr)
         return EXIT_OK if argv else EXIT_USAGE
     if argv[0] in ("-V", "--version"):
-        print(_version())
+        print(version_line())
         return EXIT_OK
     command, rest = argv[0], argv[1:]
     try:
@@ -201,95 +185,6 @@ def resolve_options(args: argparse.Namespace) -> dict:
     return values
 
 
-def _device(text: str | None, local: bool = True) -> str:
-    """The sweep's device; with ``local`` False (Ray) the GPUs may be on other machines."""
-    if text is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if not local and text.startswith("cuda:"):
-        raise UsageError(
-            f"--device {text}: with --executor ray give --device cuda (each actor owns one GPU)"
-        )
-    if local and text.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(
-            f"--device {text}: no CUDA device is visible to torch "
-            f"{torch.__version__}; use --device cpu"
-        )
-    return text
-
-
-def triton_cache_dir() -> str:
-    """Triton's default cache folder ($TRITON_HOME or ~, then .triton/cache), without
-    importing triton."""
-    home = os.environ.get("TRITON_HOME") or os.path.expanduser("~")
-    return os.path.join(home, ".triton", "cache")
-
-
-def _check_executor(opts: dict) -> str:
-    executor = opts.get("executor", "local")
-    if executor != "ray":
-        for name in ("ray_address", "ray_actors"):
-            if name in opts:
-                raise UsageError(f"{flag(name)} needs --executor ray")
-    elif opts.get("isolate") is False:
-        raise UsageError("--no-isolate needs --executor local (Ray actors are always isolated)")
-    return executor
-
-
-def _select_impls(
-    names: list[str] | None, impls: dict, spec: Spec, cases: list[Case]
-) -> tuple[list, dict[str, str]]:
-    """The impls to run, and those left out (name -> why). Named impls all run (their rows
-    say what they cannot do); without names, the preset's impls (or every impl) that can run
-    some case of the grid, so that no preset fills its rows with 'unsupported'."""
-    if names is None:
-        if spec.impls is not None:  # the preset's own
-            pool = [impls[n] for n in spec.impls if n in impls]
-            left_out = {n: "not registered here" for n in spec.impls if n not in impls}
-        else:
-            pool = [i for i in impls.values() if spec.compiled or not i.compiled]
-            left_out = {
-                i.name: "uses torch.compile (a compile per shape): name it in --impls"
-                for i in impls.values()
-                if i not in pool
-            }
-        selected = []
-        for impl in pool:
-            reasons = [impl.reasons(c) for c in cases]
-            if all(reasons):
-                left_out[impl.name] = "; ".join(reasons[0])
-            else:
-                selected.append(impl)
-        return selected, left_out
-    for name in names:
-        if name not in impls:
-            close = difflib.get_close_matches(name, list(impls), n=1)
-            did = f"; did you mean {close[0]!r}?" if close else ""
-            raise UsageError(
-                f"--impls: unknown impl {name!r}{did} "
-                f"(known: {', '.join(impls)}; see attnbench list)"
-            )
-    return [impls[n] for n in names], {}
-
-
-def _left_out_text(left_out: dict[str, str]) -> str:
-    lines = ["not run, as no --impls named them (name them to record their rows anyway):"]
-    return "\n".join(lines + [f"  {name}: {why}" for name, why in left_out.items()])
-
-
-def _plan_text(cases: list, selected: list, left_out: dict, device: str) -> str:
-    shown = [f"  {c.label()}" for c in cases[:DRY_RUN_CASES]]
-    more = len(cases) - len(shown)
-    lines = [
-        f"dry run: {len(cases)} cases x {len(selected)} impls = {len(cases) * len(selected)} "
-        f"rows on {device} (nothing run, nothing written)",
-        f"impls: {', '.join(i.name for i in selected)}",
-        "cases:",
-        *shown,
-        *([f"  ... and {more} more"] if more > 0 else []),
-    ]
-    return "\n".join(lines + ([_left_out_text(left_out)] if left_out else []))
-
-
 def _check_folders(*pairs: tuple[str, Path]) -> None:
     """Each folder can be written: it is a folder, or can be made in the nearest existing one
     (tried with a temporary file, removed at once), before any work starts."""
@@ -315,223 +210,44 @@ def _check_folders(*pairs: tuple[str, Path]) -> None:
         os.unlink(probe)
 
 
-def _check_profile_filter(profile: tuple[str, ...] | None, impls: list, cases: list) -> None:
-    """--profile with texts that no (impl, case) pair contains would profile nothing."""
-    if not profile:
-        return
-    pairs = [f"{i.name} {c.label()}" for i in impls for c in cases]
-    if not any(all(part in text for part in profile) for text in pairs):
-        raise UsageError(
-            f"--profile {','.join(profile)}: no (impl, case) pair contains all of "
-            f"{list(profile)}; pairs look like {pairs[0]!r} (give parts of it, "
-            f"comma separated, or 'all')"
-        )
-
-
 def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = None) -> int:
     args = build_parser(command).parse_args(argv)
     if args.list_models:
-        print(models_table())
-        return EXIT_OK
+        return _print(models_table())
     opts = resolve_options(args)
-    executor = _check_executor(opts)
-    device = _device(opts.get("device"), local=executor == "local" and not args.dry_run)
-    if opts.get("cuda_graph") and not device.startswith("cuda"):
-        raise UsageError(
-            f"--cuda-graph replays CUDA graphs, but the device is {device}; use --device cuda "
-            f"or leave --cuda-graph out"
-        )
-    plugins = opts.get("plugin", [])
-    for text in plugins:
-        registry.plugin_source(text)  # a missing plugin is bad input, before any work
-    impls = registry.discover(plugins)
+    target = Target.from_options(opts, dry_run=args.dry_run)
     if args.list:
-        print(list_impls(impls, device.split(":")[0]))
-        return EXIT_OK
-    preset = opts.get("preset") or default_preset or ("gpu" if device.startswith("cuda") else "cpu")
-    spec = Spec.from_preset(
-        preset,
-        device,
-        **{
-            k: opts.get(k)
-            for k in (
-                "batch",
-                "heads",
-                "kv_heads",
-                "seq_len",
-                "seq_len_kv",
-                "head_dim",
-                "dtype",
-                "causal",
-                "mode",
-                "mask",
-                "window",
-                "level",
-                "causal_align",
-                "model",
-                "phase",
-                "docs",
-                "sparsity",
-            )
-        },
-        rep_ms=[opts["rep_ms"]] if "rep_ms" in opts else None,
-    )
-    if preset in GPU_PRESETS and device == "cpu" and "device" not in opts:
-        what = f"the {preset} preset" if command != "sweep" else f"--preset {preset}"
-        size = f"{len(spec.cases())} cases" + (f" x {len(spec.impls)} impls" if spec.impls else "")
-        raise UsageError(
-            f"{what} is a GPU grid ({size} of {'/'.join(spec.dtype)}, N up to "
-            f"{max(spec.seq_len)}) and no CUDA device is visible to torch "
-            f"{torch.__version__}; run it on a GPU, or add --device cpu to run it here anyway"
-        )
-    cases = spec.cases()
-    selected, left_out = _select_impls(opts.get("impls"), impls, spec, cases)
-    if not selected:
-        raise UsageError(
-            f"no impl can run any case of this grid on {device}; name impls with --impls "
-            f"(see attnbench list)"
-        )
-    _check_profile_filter(opts.get("profile"), selected, cases)
+        return _print(list_impls(target.impls, target.device_type))
+    plan = Plan.from_options(opts, target, command=command, default_preset=default_preset)
     if args.dry_run:
-        print(_plan_text(cases, selected, left_out, device))
-        return EXIT_OK
-    seed = opts.get("seed", 0)
-    grid = {
-        "preset": preset,
-        "device": device,
-        "seed": seed,
-        "rep_ms": spec.rep_ms[0],
-        "impls": [i.name for i in selected],
-        "cases": [c.label() for c in cases],
-    }
+        return _print(plan.dry_run_text())
     _check_folders(("--results-dir", args.results_dir), ("--reports-dir", args.reports_dir))
-    run_id, run_dir = run_folder(
-        args.results_dir,
-        args.run_id,
-        resume=args.resume,
-        grid=grid,
-        default_id=f"{datetime.now():%Y%m%d-%H%M%S}-{device.split(':')[0]}-{preset}",
-    )
-    isolate = opts.get("isolate", True) or "timeout" in opts
-    settings = Settings(
-        timer=TimerConfig(rep_ms=spec.rep_ms[0], cuda_graph=opts.get("cuda_graph", False)),
-        profile=opts.get("profile"),
-        traces_dir=run_dir / "traces",
-        malloc_tunables=opts.get("malloc_tunables", True),
-    )
-    dtypes, quick = sorted({c.dtype for c in cases}), spec.rep_ms[0] < 50
-    compile_cache = tempfile.TemporaryDirectory(prefix="attnbench-inductor-")
-    # torch.compile's cache private to this sweep (its workers inherit it): no kernel compiled
-    # by another process, for other settings, can be picked up; an explicit setting wins
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", compile_cache.name)
-    # inductor points an unset TRITON_CACHE_DIR into its own cache folder (the temporary one
-    # above), and every Triton kernel compiled after that (triton_flash's, its autotuning
-    # results) would be lost with it: Triton's own cache stays where Triton keeps it
-    os.environ.setdefault("TRITON_CACHE_DIR", triton_cache_dir())
-    if executor == "ray":  # before anything is written: a bad address is a usage error
-        from attnbench.run import ray_executor
-
-        started = time.perf_counter()
-        executors = ray_executor.start(
-            opts.get("ray_address"),
-            plugins=[registry.plugin_source(p) for p in plugins],
-            seed=seed,
-            settings=settings,
-            timeout_s=opts.get("timeout"),
-            device=device,
-            threads=opts.get("threads"),
-            actors=opts.get("ray_actors"),
-            command=command,
-        )
-        print(
-            f"ray: {len(executors)} actor{'s' if len(executors) > 1 else ''} up in "
-            f"{time.perf_counter() - started:.1f} s "
-            f"({', '.join(sorted({f'{e.device_name}@{e.host}' for e in executors}))})"
-        )
-    if "threads" in opts and executor == "local":
-        torch.set_num_threads(opts["threads"])
-    done = done_keys(run_dir) if args.resume else set()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / GRID_FILE, grid)
-    print(
-        f"{len(cases)} cases x {len(selected)} impls on {device} -> {run_dir}"
-        + (f" ({len(done)} rows already done)" if done else "")
-    )
-    if left_out:
-        print(_left_out_text(left_out))
-    _warn_if_busy(device)
-    env = collect_env(["attnbench", command, *argv], seed, device)
-    env["impls"] = {
-        i.name: {"source": i.source, "baseline": i.baseline, "color": i.color} for i in selected
-    }
-    env["baseline"] = registry.baseline(selected)
-    env["options"] = {k: as_text(opts[k]) for k in MEASURE_OPTIONS if k in opts}  # repro
-    env["not_run"] = left_out
-    env["profile"] = None if opts.get("profile") is None else list(opts["profile"])
-    env["malloc"] = allocator.describe(settings.malloc_tunables, isolate)
-    if executor == "ray":  # each actor measures its own device; the driver's is one of them
-        env["devices"] = ray_executor.measure_devices(executors, dtypes, device, quick)
-        here = env["devices"].get(device_name(device)) or next(iter(env["devices"].values()))
-        env["ceilings"] = here["ceilings"]
-    else:
-        env["ceilings"] = ceilings.measure(dtypes, device, quick=quick)
-        here = device_env(device)
-        env["devices"] = {
-            here.pop("device_name"): {
-                "hosts": [here.pop("host")],
-                "actors": 1,
-                **here,
-                "ceilings": env["ceilings"],
-            }
-        }
-        settings = replace(
-            settings,
-            matmul_tflops=env["ceilings"]["matmul_tflops"],
-            copy_gb_s=env["ceilings"]["copy_gb_s"],
-            ceilings_contended=env["ceilings"]["contended"],
-        )
-        executors = [
-            Subprocess(plugins, seed, settings, opts.get("timeout"), opts.get("threads"))
-            if isolate
-            else InProcess(seed, settings)
-        ]
-    env_name = "env.json" if not args.resume else f"env-resume-{datetime.now():%H%M%S}.json"
-    write_json_atomic(run_dir / env_name, env)
-    try:
-        run_sweep(
-            cases,
-            selected,
-            run_dir,
-            executors,
-            run_id=run_id,
-            seed=seed,
-            done=done,
-            progress=not (args.no_progress or args.row_lines),
-            row_lines=args.row_lines,
-            group_by_device_name=opts.get("group_by_device_name", True),
-        )
-    except KeyboardInterrupt:
-        print(
-            f"\ninterrupted; every finished row is in {run_dir / 'results.csv'}. Continue "
-            f"with: attnbench {command} {' '.join(argv)} --resume"
-            + ("" if args.run_id else f" --run-id {run_id}"),
-            file=sys.stderr,
-        )
-        return 130
-    finally:
-        for ex in executors:
-            ex.close()
-        if executor == "ray":
-            ray_executor.shutdown()
-        compile_cache.cleanup()
-    print(summary_table(read_results(run_dir), [i.name for i in selected]))
+    run_id, run = plan.run_dir(args.results_dir, args.run_id, resume=args.resume)
+    with executors.start(target.executor, plan) as pool:
+        if pool.started:
+            print(pool.started)
+        done = done_keys(run.path) if args.resume else set()
+        run.write_grid(plan.grid)
+        print(plan.start_text(run, len(done)))
+        if warning := warn_if_busy(plan.device):
+            print(warning, file=sys.stderr)
+        env = plan.env(argv) | pool.measure_devices()
+        write_json_atomic(run.env_to_write(args.resume), env)
+        try:
+            plan.sweep(run, run_id, pool.executors, done, args.no_progress, args.row_lines)
+        except KeyboardInterrupt:
+            print(plan.interrupted_text(argv, run, run_id, bool(args.run_id)), file=sys.stderr)
+            return 130
+    print(summary_table(read_results(run.path), [i.name for i in plan.impls]))
     if args.no_report:
-        print(f"\nresults: {run_dir / 'results.csv'}")
-        return EXIT_OK
+        return _print(f"\nresults: {run.results}")
     from attnbench.report.report import write_report  # matplotlib: only once there are rows
 
-    report_path = write_report(run_dir, args.reports_dir)
-    print(f"\nresults: {run_dir / 'results.csv'}\nreport:  {report_path}")
+    return _print(f"\nresults: {run.results}\nreport:  {write_report(run.path, args.reports_dir)}")
+
+
+def _print(text: str) -> int:
+    print(text)
     return EXIT_OK
 
 
@@ -555,7 +271,9 @@ def list_command(argv: list[str]) -> int:
         registry.plugin_source(text)
     # what runs on a device is a question worth asking on a machine without one
     device = (
-        _device(None) if args.device is None else parse_value("device", args.device, "--device")
+        check_device(None)
+        if args.device is None
+        else parse_value("device", args.device, "--device")
     )
     print(list_impls(registry.discover(plugins), device.split(":")[0]))
     return EXIT_OK
@@ -649,17 +367,15 @@ def repro(argv: list[str]) -> int:
     p.add_argument("row", type=int, help="the row's position in results.csv (0: the first)")
     args = p.parse_args(argv)
     df, env = load_run(args.run_dir)
+    run = RunDir(args.run_dir)
     if not 0 <= args.row < len(df):
         raise UsageError(
-            f"row {args.row}: {args.run_dir / 'results.csv'} has rows 0 to {len(df) - 1}"
+            f"row {args.row}: {run.results} has rows 0 to {len(df) - 1}"
             if len(df)
-            else f"row {args.row}: {args.run_dir / 'results.csv'} has no rows"
+            else f"row {args.row}: {run.results} has no rows"
         )
-    try:
-        grid = json.loads((args.run_dir / GRID_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        grid = {}  # the preset and rep_ms then come from the defaults
-    print(repro_command(df.iloc[args.row], env, grid))
+    # without grid.json the preset and rep_ms come from the defaults
+    print(repro_command(df.iloc[args.row], env, run.read_grid()))
     return EXIT_OK
 
 
@@ -713,122 +429,3 @@ def compare(argv: list[str]) -> int:
     if args.fail_above is not None and gate_fails(cmp, args.fail_above):
         return EXIT_REGRESSION
     return EXIT_OK
-
-
-LIST_WIDTH = 100  # attnbench list: lines no wider than this
-DRY_RUN_CASES = 10  # --dry-run names this many cases, then counts the rest
-
-
-def _compact(values, every=(), short=None) -> str:
-    """A capability list in a few characters: 'all' when it is every allowed value, else
-    the values (abbreviated by ``short``), an evenly spaced run of numbers as 'a-b/step' and
-    a doubling one as 'a-b/x2'."""
-    values = list(values)
-    if every and set(values) >= set(every):
-        return "all"
-    if len(values) > 3 and all(isinstance(v, int) and v > 0 for v in values):
-        steps = {b - a for a, b in zip(values, values[1:])}
-        if len(steps) == 1:
-            return f"{values[0]}-{values[-1]}/{steps.pop()}"
-        if all(b == 2 * a for a, b in zip(values, values[1:])):
-            return f"{values[0]}-{values[-1]}/x2"
-    return ",".join((short or {}).get(v, str(v)) for v in values)
-
-
-def list_impls(impls: dict, device: str) -> str:
-    """Every impl on one line each (what it supports, where it came from), then a note per
-    impl (what it is; why it cannot run here), every line within LIST_WIDTH characters."""
-    import textwrap
-
-    from attnbench.case import DEVICES, DTYPES
-    from attnbench.masks import MASKS
-
-    dtypes = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-    # mask names in the table, as the legend spells them out
-    MASK_SHORT = {"padding": "pad", "window": "win", "document": "doc", "block_sparse": "bsp"}
-    rows, notes = [], []
-    for impl in impls.values():
-        here = impl.available and device in impl.devices
-        rows.append(
-            {
-                "impl": impl.name,
-                "here": "yes" if here else "no",
-                "dev": _compact(impl.devices, DEVICES),
-                "dtypes": _compact(impl.dtypes, DTYPES, dtypes),
-                "head_dims": "any" if impl.head_dims is None else _compact(impl.head_dims),
-                "c/x/g/b": "/".join(
-                    "y" if f else "n" for f in (impl.causal, impl.cross, impl.gqa, impl.backward)
-                ),
-                "masks": _compact(impl.masks, MASKS, MASK_SHORT),
-                "br": "y" if "bottom_right" in impl.causal_align else "n",
-                "pg": "y" if impl.paged else "n",
-                "from": registry.origin(impl),
-            }
-        )
-        why = impl.unavailable or ("" if here else f"not on {device}")
-        where = "" if registry.origin(impl) == "built-in" else f" [{impl.source}]"
-        text = "; ".join(t for t in (why, impl.description) if t) + where
-        notes.append(
-            textwrap.fill(
-                f"{impl.name}: {text or '(no description)'}",
-                width=LIST_WIDTH,
-                subsequent_indent="    ",
-                break_on_hyphens=False,
-            )
-        )
-    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in rows[0]} if rows else {}
-    table = "\n".join(
-        " ".join(str(r[c]).ljust(w) for c, w in widths.items()).rstrip()
-        for r in [dict(zip(widths, widths)), *rows]
-    )
-    legend = textwrap.fill(
-        "here: runs on this device; dev: devices (all: cpu and cuda); c/x/g/b: causal / cross "
-        "(seq_q != seq_kv) / GQA / "
-        "backward; masks: pad(ding), win(dow), doc(ument), bsp = block_sparse; br: bottom-right "
-        "causal; pg: takes a paged KV cache; from: built-in (attnbench.impls), impls/ (the "
-        "checkout's drop-in folder), --plugin, entry point",
-        width=LIST_WIDTH,
-        break_on_hyphens=False,
-    )
-    return "\n".join([table, "", legend, "", *notes])
-
-
-def summary_table(df: pd.DataFrame, impls: list[str] | None = None) -> str:
-    """Median ms per case (rows) and impl (columns) over the whole run (a resumed run too);
-    a status word where there is no time, '!' after a time whose output disagrees with the
-    reference. Impls that are unsupported in every case are named below, not tabulated."""
-    if df.empty:
-        return "no rows were run"
-
-    def cell(r):
-        if r["status"] != "ok":
-            return r["status"]
-        return f"{r['time_ms']:.3g}" + ("" if r["agrees"] is not False else " !")
-
-    rows = df.drop_duplicates([c for c in CASE_KEY if c in df], keep="last")
-    cells = pd.DataFrame(
-        {
-            "case": [Case.from_row(r).label() for _, r in rows.iterrows()],
-            "impl": rows["impl"].to_numpy(),
-            "cell": [cell(r) for _, r in rows.iterrows()],
-        }
-    )
-    table = cells.pivot(index="case", columns="impl", values="cell").fillna("")
-    order = [i for i in (impls or []) if i in table.columns] or list(dict.fromkeys(cells["impl"]))
-    table = table.loc[list(dict.fromkeys(cells["case"])), order]
-    never = [c for c in table.columns if (table[c] == "unsupported").all()]
-    text = "time_ms (median; '!' = disagrees with the reference)\n"
-    text += table.drop(columns=never).to_string() if len(never) < len(order) else ""
-    if never:
-        text += f"\nunsupported in every case (reasons in the report): {', '.join(never)}"
-    return text
-
-
-def _warn_if_busy(device: str) -> None:
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    if device == "cpu" and load > 0.5 * (os.cpu_count() or 1):
-        print(
-            f"warning: load average {load:.1f} on {os.cpu_count()} cores; other processes "
-            f"will disturb CPU timings (see --threads)",
-            file=sys.stderr,
-        )

@@ -6,6 +6,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 
 from attnbench.case import MODES, PHASES, Case, CaseError, canonical_dtype
+from attnbench.dims import DIMS
 from attnbench.masks import ALIGNS, MASKS
 from attnbench.models import model as find_model
 from attnbench.patterns import PATTERN_MASKS, SPARSITY_DEFAULTS
@@ -104,6 +105,9 @@ PRESETS: dict[str, dict] = {
     ),
 }
 
+
+# the options that set a Spec's grid fields (flags and sweep-file keys of the same names)
+SPEC_OPTIONS = tuple(option for dim in DIMS for option in dim.options)
 
 # presets sized for a GPU: on a CPU they run only when --device cpu asks for it
 GPU_PRESETS = ("gpu", "first-light", "race")

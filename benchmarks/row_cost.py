@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from attnbench import registry  # noqa: E402
 from attnbench.case import Case  # noqa: E402
 from attnbench.measure.timing import TimerConfig  # noqa: E402
-from attnbench.run.executors import InProcess, Subprocess  # noqa: E402
+from attnbench.run.local import InProcess, Subprocess  # noqa: E402
 from attnbench.run.row import Settings  # noqa: E402
 from attnbench.run.sweep import run_sweep  # noqa: E402
 

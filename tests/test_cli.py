@@ -518,7 +518,7 @@ def test_a_sweep_keeps_tritons_cache_where_triton_keeps_it(monkeypatch):
     """Inductor points an unset TRITON_CACHE_DIR into its own (a sweep's temporary) cache; the
     sweep sets Triton's own default first, so triton_flash's compiled kernels outlive it."""
     triton = pytest.importorskip("triton")
-    from attnbench.cli import triton_cache_dir
+    from attnbench.run.executors import triton_cache_dir
 
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     if hasattr(triton, "knobs"):

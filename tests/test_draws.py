@@ -10,7 +10,7 @@ from attnbench.cli import main
 from attnbench.run.inputs import draws, from_draws, make_inputs, paged
 from attnbench.seeds import STREAMS, generator
 from attnbench.store.results import read_results
-from attnbench.store.rundir import DRAWS_FILE, read_draws
+from attnbench.store.rundir import RunDir, read_draws
 
 
 def test_seed_streams_have_distinct_offsets_and_give_distinct_draws():
@@ -56,7 +56,7 @@ def test_a_runs_draws_rebuild_its_masks_and_its_rows_flops(tmp_path):
     rows = read_results(tmp_path / "d")
     drawing = rows[rows["mask"] != "none"]
     assert len(stored) == len(drawing) == 6  # one record per case that draws, none for none
-    lines = (tmp_path / "d" / DRAWS_FILE).read_text().splitlines()
+    lines = (tmp_path / "d" / RunDir.DRAWS).read_text().splitlines()
     assert len(lines) == 6
     for _, r in drawing.iterrows():
         case, lens, pattern, _ = from_draws(stored[Case.from_row(r).label()])

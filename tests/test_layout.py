@@ -109,3 +109,45 @@ def test_no_module_over_the_limit():
         if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
     ]
     assert not long, f"over {MAX_MODULE_LINES} lines: {long}"
+
+
+CLI_MAY_IMPORT = (
+    "attnbench.run",
+    "attnbench.report",
+    "attnbench.store",
+    "attnbench.options",
+    "attnbench.registry",
+    "attnbench.errors",
+)
+
+
+def test_cli_only_parses_and_dispatches():
+    """cli.py imports only the rooms that plan, run, store and report, and its sweep command
+    stays a dispatcher (the work is in run/plan.py, run/executors.py, store/rundir.py)."""
+    deps = imports()["attnbench.cli"] - {"attnbench"}  # "from attnbench import registry"
+    above = [d for d in deps if not d.startswith(CLI_MAY_IMPORT)]
+    assert not above, f"attnbench.cli imports {above}"
+    tree = ast.parse((PACKAGE / "cli.py").read_text())
+    sweep = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "sweep")
+    lines = sweep.end_lineno - sweep.lineno + 1
+    assert lines <= 40, f"cli.sweep has {lines} lines (at most 40)"
+
+
+def test_run_folder_file_names_are_spelled_only_in_rundir():
+    """Every file name of a run folder is declared once, in store/rundir.py's RunDir."""
+    from attnbench.store.rundir import RunDir
+
+    names = [v for k, v in vars(RunDir).items() if k.isupper() and "{" not in v]
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "rundir.py":
+            continue
+        code = [
+            node.value
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and not node.value.lstrip().startswith(("\n", '"'))
+        ]
+        for name in names:
+            spelled = [c for c in code if c == name or c == f"/{name}"]
+            assert not spelled, f"{path.relative_to(PACKAGE)} spells {name!r}: use RunDir"

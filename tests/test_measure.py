@@ -17,7 +17,7 @@ from attnbench.case import Case
 from attnbench.measure.profiling import device_events
 from attnbench.measure.timing import TimerConfig, time_fn
 from attnbench.registry import Impl
-from attnbench.run.executors import InProcess
+from attnbench.run.local import InProcess
 from attnbench.run.row import Settings
 from attnbench.store.results import read_results
 

@@ -8,34 +8,10 @@ import pytest
 
 from attnbench.cli import main
 from attnbench.measure import clocks, profiling
+from attnbench.store.env import FIELDS
 from attnbench.store.results import read_results
 
-ENV_FIELDS = (
-    "time_utc",
-    "command",
-    "seed",
-    "device",
-    "gpu_name",
-    "gpu_sm_count",
-    "gpu_mem_gib",
-    "gpu_l2_mib",
-    "gpu_capability",
-    "driver",
-    "cpu_name",
-    "cpu_threads",
-    "cpu_count",
-    "load_avg_1m",
-    "python",
-    "platform",
-    "torch",
-    "cuda",
-    "cudnn",
-    "triton",
-    "xformers",
-    "git_sha",
-    "git_dirty",
-    "ceilings",
-)
+ENV_FIELDS = (*FIELDS, "ceilings")  # the machine's, and the ceilings the sweep measured
 
 
 @pytest.fixture(scope="module")

@@ -23,27 +23,13 @@ from attnbench.report import plots
 from attnbench.report.header import busy_machine, case_label, device_name
 from attnbench.report.markdown import MISSING, table
 from attnbench.store.atomic import atomic_dir
-from attnbench.store.env import code_version
+from attnbench.store.env import COMPARE_FIELDS, code_version
 from attnbench.store.schema import CASE_KEY
 
 WITHIN_NOISE = "unchanged (within noise)"
 SHOWN_PER_OUTCOME = 5  # the terminal summary names this many cases per outcome; compare.md all
 SIDE_COLUMNS = ("status", "reason", "time_ms", "time_ms_p20", "time_ms_p80")
 OUTCOMES = ("compared", "not ok in B", "not ok in A", "not ok in both", "only in A", "only in B")
-ENV_FIELDS = (
-    "device",
-    "gpu_name",
-    "cpu_name",
-    "cpu_threads",
-    "torch",
-    "cuda",
-    "cudnn",
-    "triton",
-    "xformers",
-    "git_sha",
-    "git_dirty",
-    "command",
-)
 
 
 def compare_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
@@ -146,7 +132,7 @@ def geomean_by_impl(cmp: pd.DataFrame) -> pd.DataFrame:
 def env_differences(env_a: dict, env_b: dict) -> list[tuple[str, str, str]]:
     return [
         (k, str(env_a.get(k)), str(env_b.get(k)))
-        for k in ENV_FIELDS
+        for k in COMPARE_FIELDS
         if env_a.get(k) != env_b.get(k) and k != "command"
     ]
 

@@ -21,7 +21,7 @@ from attnbench.errors import UsageError
 from attnbench.measure.backends import PYTORCH_PREFIX, backends_in
 from attnbench.report.analysis import CASE_COLUMNS, ok_rows
 from attnbench.store.atomic import atomic_dir
-from attnbench.store.rundir import GRID_FILE
+from attnbench.store.rundir import RunDir
 from attnbench.store.schema import CASE_KEY, LATER_KEYS
 
 MIN_MS = 0.05  # rows shorter than this are dominated by launch overhead: not judged
@@ -151,7 +151,7 @@ def _grid(path: Path, df: pd.DataFrame, from_rows: bool = False) -> dict:
     """What a run sweeps: grid.json's device, impls and cases, or its rows' case keys."""
     if not from_rows:
         try:
-            grid = json.loads((path / GRID_FILE).read_text())
+            grid = json.loads(RunDir(path).grid.read_text())
             return {key: grid.get(key) for key in ("device", "impls", "cases")}
         except (OSError, ValueError):
             pass
@@ -175,7 +175,7 @@ def check_runs(runs: list[tuple[Path, pd.DataFrame, dict]]) -> None:
         if "profile" in env:
             profiled = env["profile"] is not None
         else:  # env.json written before it recorded --profile: its kernel table says
-            profiled = (Path(path) / "kernels.csv").exists()
+            profiled = RunDir(path).kernels.exists()
         if not profiled:
             raise UsageError(
                 f"run {label} ({path}) was made without --profile; fidelity needs two runs "
@@ -194,11 +194,11 @@ def check_runs(runs: list[tuple[Path, pd.DataFrame, dict]]) -> None:
 
 
 def write_fidelity(run_a: Path, run_b: Path, out: Path) -> tuple[pd.DataFrame, list[str]]:
-    from attnbench.store.rundir import load_run
+    from attnbench.store.results import load_run
 
     a, _ = load_run(run_a)
     b, _ = load_run(run_b)
-    labels = backend_labels(_text(Path(run_a) / "results.csv"), _text(Path(run_a) / "kernels.csv"))
+    labels = backend_labels(_text(RunDir(run_a).results), _text(RunDir(run_a).kernels))
     checks = pd.concat([timer_vs_profiler(a), repeatability(a, b), labels], ignore_index=True)
     lines = verdicts(checks)
     with atomic_dir(out) as tmp:

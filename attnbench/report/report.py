@@ -13,7 +13,8 @@ from attnbench.report.figures import FIGURES
 from attnbench.report.header import borrowed_lines, counts_line, header_lines
 from attnbench.report.patterns import sections as pattern_sections
 from attnbench.store.atomic import atomic_dir
-from attnbench.store.rundir import load_run
+from attnbench.store.results import load_run
+from attnbench.store.rundir import RunDir
 
 
 def render(
@@ -75,11 +76,9 @@ def write_report(run_dir, reports_dir, baseline: str | None = None, svg: bool = 
     so a reader never sees half a report."""
     run_dir = Path(run_dir)
     df, env = load_run(run_dir)
-    run_id = run_dir.resolve().name
-    target = Path(reports_dir) / run_id
-    kernels_csv = run_dir / "kernels.csv"
-    kernels = pd.read_csv(kernels_csv) if kernels_csv.exists() else None
-    with atomic_dir(target) as tmp:
-        text = render(df, env, run_id, tmp, baseline, kernels, svg)
-        (tmp / "report.md").write_text(text, encoding="utf-8")
-    return target / "report.md"
+    run = RunDir(run_dir)
+    kernels = pd.read_csv(run.kernels) if run.kernels.exists() else None
+    with atomic_dir(run.report_dir(reports_dir)) as tmp:
+        text = render(df, env, run.run_id, tmp, baseline, kernels, svg)
+        (tmp / RunDir.REPORT).write_text(text, encoding="utf-8")
+    return run.report(reports_dir)

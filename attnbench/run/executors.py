@@ -1,231 +1,160 @@
 """Executors: where rows are measured. One protocol, so the sweep never asks which it has:
 
-    prepare(case)   inputs and the float64 reference, once per case, outside any row's timeout
-    measure(impl)   one row (``row.Measured``); a failure of any kind is a row, never an
-                    exception
+    host, device_name  the machine and the device that measure its rows
+    prepare(case)      inputs and the float64 reference, once per case, outside any row's
+                       timeout
+    measure(impl)      one row (``row.Measured``); a failure of any kind is a row, never an
+                       exception
     close()
 
-``InProcess`` measures in this process (no start-up cost; a crash of the impl is a crash of
-the sweep). ``Subprocess`` measures in a worker process, so that a segfault, an abort, a
-poisoned CUDA context or a hang costs one row (status crash / timeout) and a fresh worker. The
-Ray executor (``attnbench.run.ray_executor``) puts the same protocol on one Ray actor per
-device."""
+``start(kind, plan)`` is the one place that knows the executor kinds: ``local`` (a worker
+process, ``local.Subprocess``, or this process with --no-isolate, ``local.InProcess``) and
+``ray`` (one actor per device, ``ray_executor``). It returns a ``Pool``: the executors, the
+devices they measure on (env.json ``devices`` and ``ceilings``), and ``close``."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import signal
 import tempfile
-from pathlib import Path
+import time
+from dataclasses import replace
 from typing import Protocol
 
 from attnbench.case import Case
-from attnbench.errors import AttnbenchError
-from attnbench.measure import allocator
-from attnbench.registry import Impl
-from attnbench.run import heap
-from attnbench.run.row import Measured, Prepared, Settings, failed
+from attnbench.measure import ceilings
+from attnbench.registry import Impl, plugin_source
+from attnbench.run.local import InProcess, Subprocess
+from attnbench.run.row import Measured
 
-STDERR_TAIL_CHARS = 600
-CLOSE_WAIT_S = 10.0  # a worker's clean exit at the end of a sweep
+KINDS = ("local", "ray")
 
 
 class Executor(Protocol):
+    host: str | None  # the machine that measures (None until a Ray actor has started)
+    device_name: str | None  # the device that measures: GPU name on CUDA, else CPU model
+
     def prepare(self, case: Case, impls: list[Impl]) -> None: ...
     def measure(self, impl: Impl) -> Measured: ...
     def close(self) -> None: ...
 
 
-class InProcess:
-    def __init__(self, seed: int, settings: Settings):
-        self.seed, self.settings = seed, settings
-        self.prepared: Prepared | None = None
-        if settings.malloc_tunables:
-            allocator.pin_in_process()
+def triton_cache_dir() -> str:
+    """Triton's default cache folder ($TRITON_HOME or ~, then .triton/cache), without
+    importing triton."""
+    home = os.environ.get("TRITON_HOME") or os.path.expanduser("~")
+    return os.path.join(home, ".triton", "cache")
 
-    def prepare(self, case: Case, impls: list[Impl]) -> None:
-        self.prepared = Prepared(case, self.seed, self.settings)
-        if any(not i.reasons(case) for i in impls):
-            self.prepared.build()
 
-    def measure(self, impl: Impl) -> Measured:
-        return self.prepared.measure(impl)
+class Pool:
+    """A sweep's executors of one kind; ``started`` is a line to print, or None."""
+
+    def __init__(self, kind: str, plan, executors: list[Executor], started: str | None):
+        self.kind, self.plan, self.executors, self.started = kind, plan, executors, started
+        self._compile_cache = tempfile.TemporaryDirectory(prefix="attnbench-inductor-")
+
+    def measure_devices(self) -> dict:
+        """env.json's ``devices`` ({device_name: {hosts, actors, versions, ceilings}}) and
+        ``ceilings`` (the driver's device). Each executor's settings then carry its device's
+        ceilings (pct_peak, bound); local executors are made here, once they are known."""
+        plan = self.plan
+        if self.kind == "ray":  # each actor measures its own device; the driver's is one
+            from attnbench.run import ray_executor
+            from attnbench.store.env import device_name
+
+            devices = ray_executor.measure_devices(
+                self.executors, plan.dtypes, plan.device, plan.quick
+            )
+            here = devices.get(device_name(plan.device)) or next(iter(devices.values()))
+            return {"devices": devices, "ceilings": here["ceilings"]}
+        from attnbench.store.env import device_env
+
+        measured = ceilings.measure(plan.dtypes, plan.device, quick=plan.quick)
+        here = device_env(plan.device)
+        devices = {
+            here.pop("device_name"): {
+                "hosts": [here.pop("host")],
+                "actors": 1,
+                **here,
+                "ceilings": measured,
+            }
+        }
+        settings = replace(
+            plan.settings,
+            matmul_tflops=measured["matmul_tflops"],
+            copy_gb_s=measured["copy_gb_s"],
+            ceilings_contended=measured["contended"],
+        )
+        opts = plan.opts
+        self.executors = [
+            Subprocess(
+                plan.target.plugins,
+                plan.seed,
+                settings,
+                opts.get("timeout"),
+                opts.get("threads"),
+                plan.device,
+            )
+            if plan.isolate
+            else InProcess(plan.seed, settings, plan.device)
+        ]
+        return {"ceilings": measured, "devices": devices}  # env.json's order on one machine
 
     def close(self) -> None:
-        self.prepared = None
+        for ex in self.executors:
+            ex.close()
+        if self.kind == "ray":
+            from attnbench.run import ray_executor
+
+            ray_executor.shutdown()
+        self._compile_cache.cleanup()
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
-class WorkerFailed(AttnbenchError):
-    def __init__(self, status: str, reason: str):
-        super().__init__(reason)
-        self.status, self.reason = status, reason
+def start(kind: str, plan) -> Pool:
+    """The executors of ``kind`` for ``plan``: Ray's actors are started here (before anything
+    is written: a bad address is a usage error), local ones once the device's ceilings are
+    measured (``Pool.measure_devices``). torch.compile gets a cache private to this sweep."""
+    pool = Pool(kind, plan, [], None)
+    # torch.compile's cache private to this sweep (its workers inherit it): no kernel compiled
+    # by another process, for other settings, can be picked up; an explicit setting wins
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", pool._compile_cache.name)
+    # inductor points an unset TRITON_CACHE_DIR into its own cache folder (the temporary one
+    # above), and every Triton kernel compiled after that (triton_flash's, its autotuning
+    # results) would be lost with it: Triton's own cache stays where Triton keeps it
+    os.environ.setdefault("TRITON_CACHE_DIR", triton_cache_dir())
+    opts = plan.opts
+    if kind == "ray":
+        from attnbench.run import ray_executor
 
-
-def _die_with_parent() -> None:
-    """Linux: this process gets SIGKILL when its parent dies (a sweep or Ray actor killed
-    with -9 leaves no worker running on); elsewhere nothing."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _serve(
-    conn, plugins: list[str], seed: int, settings, stderr_path: str, threads: int | None = None
-) -> None:
-    """The worker's loop: ("prepare", case, build) then any number of ("measure", impl name),
-    until the parent closes the pipe (then it returns, and the process exits cleanly)."""
-    _die_with_parent()
-    fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    os.dup2(fd, 2)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
-    if threads:
+        started = time.perf_counter()
+        try:
+            pool.executors = ray_executor.start(
+                opts.get("ray_address"),
+                plugins=[plugin_source(p) for p in plan.target.plugins],
+                seed=plan.seed,
+                settings=plan.settings,
+                timeout_s=opts.get("timeout"),
+                device=plan.device,
+                threads=opts.get("threads"),
+                actors=opts.get("ray_actors"),
+                command=plan.command,
+            )
+        except BaseException:
+            pool._compile_cache.cleanup()
+            raise
+        n = len(pool.executors)
+        pool.started = (
+            f"ray: {n} actor{'s' if n > 1 else ''} up in "
+            f"{time.perf_counter() - started:.1f} s "
+            f"({', '.join(sorted({f'{e.device_name}@{e.host}' for e in pool.executors}))})"
+        )
+    elif "threads" in opts:
         import torch
 
-        torch.set_num_threads(threads)
-    from attnbench import registry
-
-    impls = registry.discover(plugins)
-    heap.freeze_startup()  # a row's garbage collection then skips the start-up's objects
-    prepared = None
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            return
-        if msg[0] == "prepare":
-            prepared = Prepared(msg[1], seed, settings)
-            if msg[2]:
-                prepared.build()
-            conn.send(("ok", None))
-        elif msg[0] == "measure":
-            conn.send(("ok", prepared.measure(impls[msg[1]])))
-
-
-class Subprocess:
-    """One worker process at a time, started once and replaced after a crash or a timeout."""
-
-    def __init__(
-        self,
-        plugins: list[str],
-        seed: int,
-        settings: Settings,
-        timeout_s: float | None,
-        threads: int | None = None,
-    ):
-        self.plugins, self.seed, self.settings, self.timeout_s = plugins, seed, settings, timeout_s
-        self.threads = threads  # torch's CPU threads in the worker (None: torch's choice)
-        self.proc = self.conn = None
-        self.case: Case | None = None
-        self.build = False
-        self.broken: WorkerFailed | None = None
-        self._dir = tempfile.TemporaryDirectory(prefix="attnbench-worker-")
-        self.stderr_path = Path(self._dir.name) / "stderr.log"
-
-    def prepare(self, case: Case, impls: list[Impl]) -> None:
-        self.start_case(case, any(not i.reasons(case) for i in impls))
-
-    def start_case(self, case: Case, build: bool) -> None:
-        """prepare() when the caller knows whether any impl will run (``build``)."""
-        self.case, self.broken, self.build = case, None, build
-        try:
-            self._call(("prepare", case, self.build), None)
-        except WorkerFailed as exc:
-            self.broken = exc
-
-    def measure(self, impl: Impl) -> Measured:
-        if self.broken:
-            return failed(
-                impl,
-                self.case,
-                self.broken.status,
-                f"while preparing the case: {self.broken.reason}",
-            )
-        try:
-            return self._call(("measure", impl.name), self.timeout_s)
-        except WorkerFailed as exc:
-            return failed(impl, self.case, exc.status, exc.reason)
-
-    def _start(self) -> None:
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.stderr_path.write_text("")
-        self.proc = ctx.Process(
-            target=_serve,
-            daemon=True,
-            args=(
-                child,
-                self.plugins,
-                self.seed,
-                self.settings,
-                str(self.stderr_path),
-                self.threads,
-            ),
-        )
-        with allocator.worker_environment(self.settings.malloc_tunables):
-            self.proc.start()  # the worker reads GLIBC_TUNABLES at its start
-        child.close()
-
-    def _call(self, msg: tuple, timeout_s: float | None):
-        if self.proc is None or not self.proc.is_alive():
-            self._start()
-            if msg[0] == "measure" and self.case is not None:  # a fresh worker: prepare again
-                self._call(("prepare", self.case, self.build), None)
-        self.conn.send(msg)
-        if not self.conn.poll(timeout_s):
-            self.stop()
-            raise WorkerFailed(
-                "timeout", f"no result after {timeout_s:g} s; the worker process was killed"
-            )
-        try:
-            return self.conn.recv()[1]
-        except (EOFError, ConnectionError, OSError):
-            self.proc.join(5)
-            code = self.proc.exitcode
-            self.proc = None
-            raise WorkerFailed(
-                "crash",
-                f"worker process died ({describe_exit(code)}); stderr: {self._stderr_tail()}",
-            ) from None
-
-    def _stderr_tail(self) -> str:
-        try:
-            text = self.stderr_path.read_text(errors="replace")
-        except OSError:
-            return "(unreadable)"
-        text = " | ".join(line.strip() for line in text.splitlines() if line.strip())
-        return (
-            ("..." + text[-STDERR_TAIL_CHARS:])
-            if len(text) > STDERR_TAIL_CHARS
-            else (text or "(empty)")
-        )
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5)
-        self.proc = None
-
-    def close(self) -> None:
-        """The worker exits on its own when its pipe closes, releasing what it holds (the
-        semaphores of torch.compile's worker pools, which a killed process leaks); it is
-        killed only if it has not exited within CLOSE_WAIT_S."""
-        if self.proc is not None and self.proc.is_alive():
-            self.conn.close()
-            self.proc.join(CLOSE_WAIT_S)
-        self.stop()
-        self._dir.cleanup()
-
-
-def describe_exit(exitcode: int | None) -> str:
-    if exitcode is None:
-        return "no exit code"
-    if exitcode < 0:
-        try:
-            return f"killed by signal {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit code {exitcode}"
+        torch.set_num_threads(opts["threads"])
+    return pool

@@ -1,5 +1,6 @@
 """The Ray executor: one Ray actor per device (a GPU, or ``--threads`` CPUs), across the
-machines of a Ray cluster, behind the executor protocol of ``executors.py``.
+machines of a Ray cluster, behind the executor protocol of ``executors.py`` (whose ``start``
+starts it for ``--executor ray``).
 
 ``RayActor`` is the proxy the sweep drives, one per device; it owns one ``_Actor`` at a time,
 which runs whole cases on its device in a worker process of its own (the local executor's
@@ -29,7 +30,7 @@ from attnbench.case import Case
 from attnbench.errors import UsageError
 from attnbench.registry import Impl
 from attnbench.run import heap
-from attnbench.run.executors import CLOSE_WAIT_S, Subprocess
+from attnbench.run.local import CLOSE_WAIT_S, Subprocess
 from attnbench.run.row import Measured, Settings, failed, one_line
 
 INSTALL_HINT = "pip install 'ray>=2.40'"  # the ray extra's own requirement: works from a wheel
@@ -110,7 +111,7 @@ class _Actor:
         if self.worker is None or self.worker.settings != settings:  # the ceilings came in
             self.close()
             self.worker = Subprocess(
-                self.plugins, self.seed, settings, self.timeout_s, self.threads
+                self.plugins, self.seed, settings, self.timeout_s, self.threads, self.device
             )
         self.worker.start_case(case, build)
 

@@ -31,7 +31,7 @@ from attnbench.registry import Impl, Unsupported
 from attnbench.run.call import BadOutput, Call
 from attnbench.run.inputs import Inputs, make_inputs
 from attnbench.run.layer import layer_reference
-from attnbench.store.rundir import ERRORS_FILE
+from attnbench.store.rundir import RunDir
 from attnbench.store.schema import COLUMNS
 
 REASON_CHARS = 500  # a failed row's reason keeps about this much of its error
@@ -302,7 +302,7 @@ def error_reason(exc: BaseException) -> tuple[str, str | None]:
         return text, None
     half = REASON_CHARS // 2
     short = (
-        f"{text[:half]} [...] {text[-half:]} (cut short: the full error is in {ERRORS_FILE} "
+        f"{text[:half]} [...] {text[-half:]} (cut short: the full error is in {RunDir.ERRORS} "
         f"in the run folder)"
     )
     return short, "".join(traceback.format_exception(exc))

@@ -29,7 +29,7 @@ from attnbench.run.inputs import draws
 from attnbench.run.row import Measured, base_row, failed, release
 from attnbench.store.env import device_name
 from attnbench.store.results import kernels_writer, row_key, row_writer, samples_writer
-from attnbench.store.rundir import DRAWS_FILE, ERRORS_FILE, append_line, read_draws
+from attnbench.store.rundir import RunDir, append_line
 
 REASON_CHARS = 160  # --row-lines: a failed row's reason, shortened between words
 
@@ -55,12 +55,12 @@ def run_sweep(
 
     ``done`` may map each key to the device_name that ran it (a resumed run): with
     ``group_by_device_name``, a family that was started on one kind of device is then handed
-    only to executors of that kind (an executor's optional ``device_name`` attribute), if any
+    only to executors of that kind (an executor's ``device_name``), if any
     is present, so that no scaling series mixes devices."""
     families = _families(cases, impls, done)
     if len(executors) > 1:  # the costliest first, so that the last family to finish is short
         families.sort(key=lambda f: -sum(c.flops() * len(ims) for c, ims in f))
-    names = {getattr(ex, "device_name", None) for ex in executors}
+    names = {ex.device_name for ex in executors}
     started = _started_on(cases, impls, done) if group_by_device_name else {}
     pins = [started.get(family_key(f[0][0])) for f in families]
     work = _Work(families, [p if p in names else None for p in pins])
@@ -119,9 +119,8 @@ def _started_on(cases: list[Case], impls: list[Impl], done) -> dict[tuple, str]:
 
 def _lane(executor: Executor, work: _Work, writer: _Writer, stop: threading.Event) -> None:
     """One executor's loop: take a family, run its cases in order, hand each row over."""
-    host = getattr(executor, "host", None) or socket.gethostname()
     while not stop.is_set():
-        family = work.take(getattr(executor, "device_name", None))
+        family = work.take(executor.device_name)
         if family is None:
             return
         oom_at: dict[str, Case] = {}  # impl -> the smallest case of this family it ran out at
@@ -135,11 +134,9 @@ def _lane(executor: Executor, work: _Work, writer: _Writer, stop: threading.Even
                     return
                 measured = _skip_after_oom(impl, case, oom_at) or executor.measure(impl)
                 row = measured.row  # what ran it: the executor's device, else this machine's
-                row["host"] = row.get("host") or getattr(executor, "host", None) or host
+                row["host"] = row.get("host") or executor.host or socket.gethostname()
                 row["device_name"] = (
-                    row.get("device_name")
-                    or getattr(executor, "device_name", None)
-                    or device_name(case.device)
+                    row.get("device_name") or executor.device_name or device_name(case.device)
                 )
                 if measured.row["status"] == "oom":
                     oom_at.setdefault(impl.name, case)
@@ -178,7 +175,7 @@ class _Writer:
         self._out = row_writer(self.run_dir)
         self._samples = samples_writer(self.run_dir)
         self._kernels = kernels_writer(self.run_dir)
-        self._drawn = set(read_draws(self.run_dir))  # a resumed run's cases keep theirs
+        self._drawn = set(RunDir(self.run_dir).read_draws())  # a resumed run's cases keep theirs
         return self
 
     def draws(self, case: Case, impls: list[Impl]) -> None:
@@ -189,7 +186,7 @@ class _Writer:
         record = draws(case, self.seed, paged=paged)
         with self._lock:
             if record is not None and case.label() not in self._drawn:
-                append_line(self.run_dir / DRAWS_FILE, json.dumps(record) + "\n")
+                append_line(RunDir(self.run_dir).draws, json.dumps(record) + "\n")
             self._drawn.add(case.label())
 
     def write(self, measured: Measured, label: str) -> None:
@@ -198,7 +195,7 @@ class _Writer:
         with self._lock:
             if measured.error:  # before the row, which names the file
                 append_line(
-                    self.run_dir / ERRORS_FILE,
+                    RunDir(self.run_dir).errors,
                     f"== {label} ({row['status']}) ==\n{measured.error.rstrip()}\n\n",
                 )
             self._samples.write([{**row, "sample": i, "time_ms": t} for i, t in enumerate(times)])

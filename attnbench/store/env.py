@@ -79,12 +79,50 @@ def git_state(root: Path | None = None) -> dict:
     }
 
 
+# env.json's fields of the machine and the code, in the file's order, declared once: each with
+# where else it is used: "device" (each device's entry in env.json ``devices``), "compare"
+# (attnbench compare's table of what differs between two runs)
+FIELDS: dict[str, tuple[str, ...]] = {
+    "time_utc": (),
+    "command": ("compare",),
+    "seed": (),
+    "device": ("compare",),
+    "gpu_name": ("device", "compare"),
+    "gpu_sm_count": ("device",),
+    "gpu_mem_gib": ("device",),
+    "gpu_l2_mib": (),
+    "gpu_capability": ("device",),
+    "driver": ("device",),
+    "cpu_name": ("device", "compare"),
+    "cpu_threads": ("device", "compare"),
+    "cpu_count": (),
+    "load_avg_1m": (),
+    "python": ("device",),
+    "platform": ("device",),
+    "torch": ("device", "compare"),
+    "cuda": ("device", "compare"),
+    "cudnn": ("device", "compare"),
+    **dict.fromkeys(GPU_STATE_FIELDS, ()),
+    "triton": ("device", "compare"),
+    "xformers": ("device", "compare"),
+    "xformers_kernels": ("device",),
+    "git_sha": ("device", "compare"),
+    "git_dirty": ("compare",),
+    "git_dirty_files": (),
+    "attnbench": (),
+    "checkout": (),
+}
+DEVICE_FIELDS = tuple(k for k, uses in FIELDS.items() if "device" in uses)
+COMPARE_FIELDS = tuple(k for k, uses in FIELDS.items() if "compare" in uses)
+
+
 def collect_env(argv: list[str], seed: int, device: str) -> dict:
+    """env.json's FIELDS for this machine and ``device``."""
     import torch
 
     cuda = torch.cuda.is_available() and device.startswith("cuda")
     props = torch.cuda.get_device_properties(device) if cuda else None
-    return {
+    values = {
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join(argv),
         "seed": seed,
@@ -112,6 +150,13 @@ def collect_env(argv: list[str], seed: int, device: str) -> dict:
         "attnbench": checkout.version(),
         "checkout": checkout.root() is not None,
     }
+    return {k: values[k] for k in FIELDS}
+
+
+def version_line() -> str:
+    """attnbench --version: the version, and the checkout it runs from if any."""
+    root = checkout.root()
+    return f"attnbench {checkout.version()}" + (f" (checkout {root})" if root else "")
 
 
 def code_version(env: dict) -> str | None:
@@ -134,27 +179,6 @@ def device_name(device: str) -> str:
     if device.startswith("cuda") and torch.cuda.is_available():
         return torch.cuda.get_device_name(device)
     return cpu_name()
-
-
-# what env.json's ``devices`` records of each device (with the hosts and ceilings)
-DEVICE_FIELDS = (
-    "gpu_name",
-    "gpu_sm_count",
-    "gpu_mem_gib",
-    "gpu_capability",
-    "driver",
-    "cpu_name",
-    "cpu_threads",
-    "python",
-    "platform",
-    "torch",
-    "cuda",
-    "cudnn",
-    "triton",
-    "xformers",
-    "xformers_kernels",
-    "git_sha",
-)
 
 
 def device_env(device: str) -> dict:

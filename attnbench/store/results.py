@@ -1,14 +1,18 @@
 """Durable CSV append (each row flushed and fsynced), tail repair for resume, and typed reads
-of results.csv; the columns are in store/schema.py."""
+of a run's results (with env.json, for reporting, with errors that say how to fix the input);
+the columns are in store/schema.py, the file names in store/rundir.py."""
 
 from __future__ import annotations
 
 import csv
+import json
 import os
 from pathlib import Path
 
 import pandas as pd
 
+from attnbench.errors import UsageError
+from attnbench.store.rundir import RunDir
 from attnbench.store.schema import CASE_KEY, COLUMNS, KERNEL_COLUMNS, LATER_KEYS, SAMPLE_COLUMNS
 
 
@@ -78,12 +82,11 @@ def done_keys(run_dir: Path) -> dict[tuple[str, ...], str | None]:
     """Keys of the rows already in run_dir/results.csv, each with the device_name that ran it
     (None when unknown), after repairing its tail; samples and kernels of rows that never
     reached results.csv are dropped."""
-    results = Path(run_dir) / "results.csv"
-    repair_tail(results)
-    with open(results, newline="", encoding="utf-8") as f:
+    run = RunDir(run_dir)
+    repair_tail(run.results)
+    with open(run.results, newline="", encoding="utf-8") as f:
         keys = {row_key(r): r.get("device_name") or None for r in csv.DictReader(f)}
-    for name, columns in (("samples.csv", SAMPLE_COLUMNS), ("kernels.csv", KERNEL_COLUMNS)):
-        path = Path(run_dir) / name
+    for path, columns in ((run.samples, SAMPLE_COLUMNS), (run.kernels, KERNEL_COLUMNS)):
         if not path.exists():
             continue
         repair_tail(path)
@@ -101,22 +104,22 @@ def done_keys(run_dir: Path) -> dict[tuple[str, ...], str | None]:
 
 
 def row_writer(run_dir: Path) -> CsvAppender:
-    return CsvAppender(Path(run_dir) / "results.csv", tuple(COLUMNS))
+    return CsvAppender(RunDir(run_dir).results, tuple(COLUMNS))
 
 
 def samples_writer(run_dir: Path) -> CsvAppender:
-    return CsvAppender(Path(run_dir) / "samples.csv", SAMPLE_COLUMNS)
+    return CsvAppender(RunDir(run_dir).samples, SAMPLE_COLUMNS)
 
 
 def kernels_writer(run_dir: Path) -> CsvAppender:
-    return CsvAppender(Path(run_dir) / "kernels.csv", KERNEL_COLUMNS)
+    return CsvAppender(RunDir(run_dir).kernels, KERNEL_COLUMNS)
 
 
 def read_results(path: Path) -> pd.DataFrame:
     """results.csv (or its run folder) as a typed frame; blank cells stay missing."""
     path = Path(path)
     if path.is_dir():
-        path = path / "results.csv"
+        path = RunDir(path).results
     df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
     for name, (dtype, _) in COLUMNS.items():
         if name in LATER_KEYS and name not in df:  # rows written before the column existed
@@ -130,3 +133,44 @@ def read_results(path: Path) -> pd.DataFrame:
         else:
             df[name] = df[name].astype(dtype)
     return df
+
+
+class RunError(UsageError):
+    """The run folder cannot be reported on; the message says how to fix it."""
+
+
+def load_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
+    """results.csv as a typed frame and env.json (empty dict when absent), or RunError."""
+    run = RunDir(run_dir)
+    if not run.path.is_dir():
+        raise RunError(
+            f"run folder {run.path} does not exist; pass a folder written by a "
+            f"sweep, e.g. results/<run-id>"
+        )
+    csv_path = run.results
+    if not csv_path.is_file():
+        raise RunError(
+            f"{csv_path} not found; pass the folder of a sweep run that wrote {run.RESULTS}"
+        )
+    try:
+        df = read_results(csv_path)
+    except (ValueError, TypeError, pd.errors.ParserError) as exc:
+        raise RunError(
+            f"{csv_path} cannot be read as attnbench results ({exc}); regenerate it with a sweep"
+        ) from exc
+    missing = [c for c in (*CASE_KEY, "status") if c not in df.columns]
+    if missing:
+        raise RunError(
+            f"{csv_path} lacks columns {', '.join(missing)}; it was not written by "
+            f"attnbench.store.results (regenerate it with a sweep)"
+        )
+    env = {}
+    if run.env.is_file():
+        try:
+            env = json.loads(run.env.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise RunError(
+                f"{run.env} is not valid JSON ({exc}); delete it to report "
+                f"without environment details"
+            ) from exc
+    return df, env

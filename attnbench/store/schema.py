@@ -1,7 +1,16 @@
 """The row schema, defined here once: every column of results.csv with its pandas dtype and
-meaning (docs/columns.md is generated from it), the statuses, and the row's identity."""
+meaning (docs/columns.md is generated from it), the statuses, and the row's identity. The case
+columns come from the case dimensions (dims.py); this module places them in the CSV's order."""
 
 from __future__ import annotations
+
+from attnbench.dims import DIM, DIMS
+
+
+def _case(*names: str) -> dict[str, tuple[str, str]]:
+    """The columns of case dimensions, in the order given (the CSV's)."""
+    return {n: (DIM[n].dtype, DIM[n].meaning) for n in names}
+
 
 STATUSES = ("ok", "unsupported", "oom", "error", "timeout", "crash")
 
@@ -9,16 +18,18 @@ STATUSES = ("ok", "unsupported", "oom", "error", "timeout", "crash")
 COLUMNS: dict[str, tuple[str, str]] = {
     "run_id": ("string", "the sweep this row belongs to"),
     "impl": ("string", "registered impl name"),
-    "mode": ("string", "fwd, bwd (backward alone) or fwd_bwd"),
-    "batch": ("Int64", "B"),
-    "heads": ("Int64", "Hq, query heads"),
-    "kv_heads": ("Int64", "Hkv, key/value heads (< heads: GQA/MQA)"),
-    "seq_q": ("Int64", "Sq, query length"),
-    "seq_kv": ("Int64", "Skv, key/value length"),
-    "head_dim": ("Int64", "D"),
-    "dtype": ("string", "float32, bfloat16 or float16"),
-    "causal": ("boolean", "causal mask, aligned as causal_align says"),
-    "device": ("string", "cpu or cuda"),
+    **_case(
+        "mode",
+        "batch",
+        "heads",
+        "kv_heads",
+        "seq_q",
+        "seq_kv",
+        "head_dim",
+        "dtype",
+        "causal",
+        "device",
+    ),
     "status": ("string", "one of " + ", ".join(STATUSES)),
     "reason": ("string", "why the status is not ok, or why agrees is false"),
     "time_ms": ("Float64", "median time of one call, milliseconds"),
@@ -69,34 +80,14 @@ COLUMNS: dict[str, tuple[str, str]] = {
         "time_ms is inflated, and reason says so; blank on CUDA",
     ),
     "seed": ("Int64", "seed of the inputs"),
-    "mask": (
-        "string",
-        "none, padding (per-batch valid key lengths), window, document (packed documents), "
-        "block_sparse or strided (sparse patterns); combines with causal",
-    ),
-    "window": ("Int64", "window width W with mask=window, else blank"),
-    "pattern": (
-        "string",
-        "mask document: the --docs spec (fixed:LEN, uniform:MIN-MAX or LEN+LEN+...); "
-        "block_sparse and strided: the --sparsity spec, defaults filled in; else blank",
-    ),
+    **_case("mask", "window", "pattern"),
     "work_flops": (
         "Float64",
         "FLOPs of the (query, key) pairs the impl's computation covers, masked ones "
         "included, as the impl declares it (its tiles or call shapes; docs/method.md: "
         "wasted work); blank where it declares none. flops / work_flops is the useful share",
     ),
-    "level": (
-        "string",
-        "op (attention alone) or layer (projections + attention + output projection)",
-    ),
-    "causal_align": (
-        "string",
-        "top_left (query i sees keys j <= i, SDPA's is_causal) or bottom_right (j <= i + "
-        "seq_kv - seq_q, FlashAttention >= 2.1; decoding); also places a window",
-    ),
-    "model": ("string", "the model preset the case comes from (--model), else blank"),
-    "phase": ("string", "prefill, decode or train when the case comes from --phase, else blank"),
+    **_case("level", "causal_align", "model", "phase"),
     "backend": (
         "string",
         "SDPA backend that ran (flash, efficient, cudnn, math); xformers: the operators it "
@@ -181,28 +172,9 @@ METRICS = (  # blank in every row that is not ok
     "throttle",
     "cuda_graph",
 )
-CASE_KEY = (
-    "impl",
-    "mode",
-    "batch",
-    "heads",
-    "kv_heads",
-    "seq_q",
-    "seq_kv",
-    "head_dim",
-    "dtype",
-    "causal",
-    "device",
-    "mask",
-    "window",
-    "level",
-    "causal_align",
-    "model",
-    "phase",
-    "pattern",
-)
+CASE_KEY = ("impl", *(d.name for d in DIMS))  # a row's identity: its impl and its case
 # key columns added after the first runs, and what rows written before them hold (None: blank)
-LATER_KEYS = {"causal_align": "top_left", "model": None, "phase": None, "pattern": None}
+LATER_KEYS = {d.name: d.old for d in DIMS if d.later}
 SAMPLE_COLUMNS = ("run_id", *CASE_KEY, "sample", "time_ms")
 # --profile: one line per (row, kernel or op), the device's time summed over PROFILED_CALLS
 KERNEL_COLUMNS = ("run_id", *CASE_KEY, "kernel", "calls", "total_us", "share")

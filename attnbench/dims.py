@@ -1,0 +1,165 @@
+"""The case dimensions, each declared once: its name (the ``Case`` field and the CSV column),
+its type, what rows written before its column hold, its part of the case label, the sweep
+options that set it, and the column's meaning. ``Case`` (case.py), the row schema
+(store/schema.py: columns, the row's key, old rows), ``Case.from_row``, the Spec options the
+sweep passes on (spec.py) and the one case label (``label``) are derived from this table.
+
+The table is in the order of the row's key (store/schema.py CASE_KEY, also the column order
+of samples.csv and kernels.csv); ``rank`` orders the label's parts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+REQUIRED = object()  # a column every row has had since the first runs
+PANDAS_DTYPES = {int: "Int64", bool: "boolean", str: "string"}
+
+
+@dataclass(frozen=True)
+class Dim:
+    name: str  # the Case field and the CSV column
+    kind: type  # int, bool or str: what a CSV cell is read back as
+    meaning: str  # the column's meaning (docs/columns.md)
+    options: tuple[str, ...] = ()  # the sweep options (flags, sweep-file keys) that set it
+    old: object = REQUIRED  # what rows written before the column hold (None: blank)
+    part: Callable | None = None  # its text in the case label, leading separator included
+    rank: int = 0  # the part's place in the label
+
+    @property
+    def dtype(self) -> str:
+        """The column's pandas dtype."""
+        return PANDAS_DTYPES[self.kind]
+
+    def read(self, value):
+        """A cell's value as this dimension's type ('False' in a CSV's text is False)."""
+        if self.kind is bool and isinstance(value, str):
+            return value == "True"
+        return self.kind(value)
+
+    @property
+    def later(self) -> bool:
+        """A key column added after the first runs: older rows lack it."""
+        return self.old is not REQUIRED
+
+
+def _mask_part(c) -> str:
+    return {"none": "", "padding": " padding", "window": f" window{c.window}"}.get(
+        c.mask, f" {c.mask} {c.pattern}"
+    )
+
+
+DIMS: tuple[Dim, ...] = (
+    Dim(
+        "mode",
+        str,
+        "fwd, bwd (backward alone) or fwd_bwd",
+        ("mode",),
+        part=lambda c: f" {c.mode}",
+        rank=12,
+    ),
+    Dim("batch", int, "B", ("batch",), part=lambda c: f"B{c.batch}", rank=2),
+    Dim("heads", int, "Hq, query heads", ("heads",), part=lambda c: f" H{c.heads}", rank=3),
+    Dim(
+        "kv_heads",
+        int,
+        "Hkv, key/value heads (< heads: GQA/MQA)",
+        ("kv_heads",),
+        part=lambda c: f"/{c.kv_heads}" if c.kv_heads != c.heads else "",
+        rank=4,
+    ),
+    Dim("seq_q", int, "Sq, query length", ("seq_len",), part=lambda c: f" S{c.seq_q}", rank=5),
+    Dim(
+        "seq_kv",
+        int,
+        "Skv, key/value length",
+        ("seq_len_kv",),
+        part=lambda c: f"x{c.seq_kv}" if c.seq_kv != c.seq_q else "",
+        rank=6,
+    ),
+    Dim("head_dim", int, "D", ("head_dim",), part=lambda c: f" D{c.head_dim}", rank=7),
+    Dim(
+        "dtype",
+        str,
+        "float32, bfloat16 or float16",
+        ("dtype",),
+        part=lambda c: f" {c.dtype}",
+        rank=8,
+    ),
+    Dim(
+        "causal",
+        bool,
+        "causal mask, aligned as causal_align says",
+        ("causal",),
+        part=lambda c: " causal" if c.causal else " full",
+        rank=9,
+    ),
+    # one device per sweep: --device is the Spec's own field, not a list to sweep
+    Dim("device", str, "cpu or cuda"),
+    Dim(
+        "mask",
+        str,
+        "none, padding (per-batch valid key lengths), window, document (packed documents), "
+        "block_sparse or strided (sparse patterns); combines with causal",
+        ("mask",),
+        part=_mask_part,  # with the window or the pattern, which have no part of their own
+        rank=11,
+    ),
+    Dim("window", int, "window width W with mask=window, else blank", ("window",)),
+    Dim(
+        "level",
+        str,
+        "op (attention alone) or layer (projections + attention + output projection)",
+        ("level",),
+        part=lambda c: " layer" if c.level == "layer" else "",
+        rank=13,
+    ),
+    Dim(
+        "causal_align",
+        str,
+        "top_left (query i sees keys j <= i, SDPA's is_causal) or bottom_right (j <= i + "
+        "seq_kv - seq_q, FlashAttention >= 2.1; decoding); also places a window",
+        ("causal_align",),
+        old="top_left",
+        part=lambda c: " bottom-right" if c.causal_align == "bottom_right" else "",
+        rank=10,
+    ),
+    Dim(
+        "model",
+        str,
+        "the model preset the case comes from (--model), else blank",
+        ("model",),
+        old=None,
+        part=lambda c: f"{c.model} " if c.model else "",
+        rank=0,
+    ),
+    Dim(
+        "phase",
+        str,
+        "prefill, decode or train when the case comes from --phase, else blank",
+        ("phase",),
+        old=None,
+        # a model without a phase: two spaces after the model (grid.json and draws keys)
+        part=lambda c: f"{c.phase} " if c.phase else (" " if c.model else ""),
+        rank=1,
+    ),
+    Dim(
+        "pattern",
+        str,
+        "mask document: the --docs spec (fixed:LEN, uniform:MIN-MAX or LEN+LEN+...); "
+        "block_sparse and strided: the --sparsity spec, defaults filled in; else blank",
+        ("docs", "sparsity"),
+        old=None,
+    ),
+)
+DIM = {d.name: d for d in DIMS}
+LABEL_PARTS = sorted((d for d in DIMS if d.part), key=lambda d: d.rank)
+
+
+def label(case, leave_out: tuple[str, ...] = ()) -> str:
+    """The case's label, e.g. 'B1 H4/2 S128x256 D64 float32 causal bottom-right window64
+    fwd': each dimension's part (store/rundir.py's grid.json and draws file key cases by it,
+    so it never changes for a case). ``leave_out`` drops the parts of the dimensions that
+    vary within a series or family; ``case`` is anything with the dimensions as attributes."""
+    text = "".join(d.part(case) for d in LABEL_PARTS if d.name not in leave_out)
+    return " ".join(text.split()) if leave_out else text

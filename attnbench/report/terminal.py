@@ -1,0 +1,119 @@
+"""What the terminal shows besides a run's progress: ``attnbench list`` (every impl on one
+line, then a note per impl), the model presets (--list-models) and the summary table printed
+at the end of a sweep."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pandas as pd
+
+from attnbench import registry
+from attnbench.case import DEVICES, DTYPES, Case
+from attnbench.masks import MASKS
+from attnbench.models import models_table
+from attnbench.store.schema import CASE_KEY
+
+__all__ = ["list_impls", "models_table", "summary_table"]
+
+LIST_WIDTH = 100  # attnbench list: lines no wider than this
+
+
+def _compact(values, every=(), short=None) -> str:
+    """A capability list in a few characters: 'all' when it is every allowed value, else
+    the values (abbreviated by ``short``), an evenly spaced run of numbers as 'a-b/step' and
+    a doubling one as 'a-b/x2'."""
+    values = list(values)
+    if every and set(values) >= set(every):
+        return "all"
+    if len(values) > 3 and all(isinstance(v, int) and v > 0 for v in values):
+        steps = {b - a for a, b in zip(values, values[1:])}
+        if len(steps) == 1:
+            return f"{values[0]}-{values[-1]}/{steps.pop()}"
+        if all(b == 2 * a for a, b in zip(values, values[1:])):
+            return f"{values[0]}-{values[-1]}/x2"
+    return ",".join((short or {}).get(v, str(v)) for v in values)
+
+
+def list_impls(impls: dict, device: str) -> str:
+    """Every impl on one line each (what it supports, where it came from), then a note per
+    impl (what it is; why it cannot run here), every line within LIST_WIDTH characters."""
+    dtypes = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+    # mask names in the table, as the legend spells them out
+    MASK_SHORT = {"padding": "pad", "window": "win", "document": "doc", "block_sparse": "bsp"}
+    rows, notes = [], []
+    for impl in impls.values():
+        here = impl.available and device in impl.devices
+        rows.append(
+            {
+                "impl": impl.name,
+                "here": "yes" if here else "no",
+                "dev": _compact(impl.devices, DEVICES),
+                "dtypes": _compact(impl.dtypes, DTYPES, dtypes),
+                "head_dims": "any" if impl.head_dims is None else _compact(impl.head_dims),
+                "c/x/g/b": "/".join(
+                    "y" if f else "n" for f in (impl.causal, impl.cross, impl.gqa, impl.backward)
+                ),
+                "masks": _compact(impl.masks, MASKS, MASK_SHORT),
+                "br": "y" if "bottom_right" in impl.causal_align else "n",
+                "pg": "y" if impl.paged else "n",
+                "from": registry.origin(impl),
+            }
+        )
+        why = impl.unavailable or ("" if here else f"not on {device}")
+        where = "" if registry.origin(impl) == "built-in" else f" [{impl.source}]"
+        text = "; ".join(t for t in (why, impl.description) if t) + where
+        notes.append(
+            textwrap.fill(
+                f"{impl.name}: {text or '(no description)'}",
+                width=LIST_WIDTH,
+                subsequent_indent="    ",
+                break_on_hyphens=False,
+            )
+        )
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in rows[0]} if rows else {}
+    table = "\n".join(
+        " ".join(str(r[c]).ljust(w) for c, w in widths.items()).rstrip()
+        for r in [dict(zip(widths, widths)), *rows]
+    )
+    legend = textwrap.fill(
+        "here: runs on this device; dev: devices (all: cpu and cuda); c/x/g/b: causal / cross "
+        "(seq_q != seq_kv) / GQA / "
+        "backward; masks: pad(ding), win(dow), doc(ument), bsp = block_sparse; br: bottom-right "
+        "causal; pg: takes a paged KV cache; from: built-in (attnbench.impls), impls/ (the "
+        "checkout's drop-in folder), --plugin, entry point",
+        width=LIST_WIDTH,
+        break_on_hyphens=False,
+    )
+    return "\n".join([table, "", legend, "", *notes])
+
+
+def summary_table(df: pd.DataFrame, impls: list[str] | None = None) -> str:
+    """Median ms per case (rows) and impl (columns) over the whole run (a resumed run too);
+    a status word where there is no time, '!' after a time whose output disagrees with the
+    reference. Impls that are unsupported in every case are named below, not tabulated."""
+    if df.empty:
+        return "no rows were run"
+
+    def cell(r):
+        if r["status"] != "ok":
+            return r["status"]
+        return f"{r['time_ms']:.3g}" + ("" if r["agrees"] is not False else " !")
+
+    rows = df.drop_duplicates([c for c in CASE_KEY if c in df], keep="last")
+    cells = pd.DataFrame(
+        {
+            "case": [Case.from_row(r).label() for _, r in rows.iterrows()],
+            "impl": rows["impl"].to_numpy(),
+            "cell": [cell(r) for _, r in rows.iterrows()],
+        }
+    )
+    table = cells.pivot(index="case", columns="impl", values="cell").fillna("")
+    order = [i for i in (impls or []) if i in table.columns] or list(dict.fromkeys(cells["impl"]))
+    table = table.loc[list(dict.fromkeys(cells["case"])), order]
+    never = [c for c in table.columns if (table[c] == "unsupported").all()]
+    text = "time_ms (median; '!' = disagrees with the reference)\n"
+    text += table.drop(columns=never).to_string() if len(never) < len(order) else ""
+    if never:
+        text += f"\nunsupported in every case (reasons in the report): {', '.join(never)}"
+    return text

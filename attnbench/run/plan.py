@@ -1,0 +1,306 @@
+"""What a sweep will do, from its options (flags over a sweep file, already parsed by
+options.py): where it runs (``Target``: executor kind, device, plugins, the registered impls),
+then what it runs (``Plan``: spec, cases, impls, grid, seed, settings). Every check of the
+options' combinations happens here, before anything is started or written; a bad combination
+is one UsageError line."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+import torch
+
+from attnbench import registry
+from attnbench.case import Case
+from attnbench.errors import UsageError
+from attnbench.measure import allocator
+from attnbench.measure.timing import TimerConfig
+from attnbench.options import as_text, flag
+from attnbench.run.row import Settings
+from attnbench.run.sweep import run_sweep
+from attnbench.spec import GPU_PRESETS, SPEC_OPTIONS, Spec
+from attnbench.store.repro import MEASURE_OPTIONS
+from attnbench.store.rundir import RunDir
+
+DRY_RUN_CASES = 10  # --dry-run names this many cases, then counts the rest
+EXECUTORS = ("local", "ray")
+RAY_ONLY = ("ray_address", "ray_actors")  # options that need --executor ray
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a sweep runs: the executor kind, the device, the plugins and every impl."""
+
+    executor: str
+    device: str
+    plugins: list[str]
+    impls: dict
+
+    @classmethod
+    def from_options(cls, opts: dict, *, dry_run: bool = False) -> Target:
+        executor = opts.get("executor", "local")
+        if executor != "ray":
+            for name in RAY_ONLY:
+                if name in opts:
+                    raise UsageError(f"{flag(name)} needs --executor ray")
+        elif opts.get("isolate") is False:
+            raise UsageError("--no-isolate needs --executor local (Ray actors are always isolated)")
+        device = check_device(opts.get("device"), local=executor == "local" and not dry_run)
+        if opts.get("cuda_graph") and not device.startswith("cuda"):
+            raise UsageError(
+                f"--cuda-graph replays CUDA graphs, but the device is {device}; use --device "
+                f"cuda or leave --cuda-graph out"
+            )
+        plugins = opts.get("plugin", [])
+        for text in plugins:
+            registry.plugin_source(text)  # a missing plugin is bad input, before any work
+        return cls(executor, device, plugins, registry.discover(plugins))
+
+    @property
+    def device_type(self) -> str:
+        return self.device.split(":")[0]
+
+
+def check_device(text: str | None, local: bool = True) -> str:
+    """The sweep's device; with ``local`` False (Ray, or a dry run) the GPUs may be elsewhere."""
+    if text is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not local and text.startswith("cuda:"):
+        raise UsageError(
+            f"--device {text}: with --executor ray give --device cuda (each actor owns one GPU)"
+        )
+    if local and text.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(
+            f"--device {text}: no CUDA device is visible to torch "
+            f"{torch.__version__}; use --device cpu"
+        )
+    return text
+
+
+@dataclass
+class Plan:
+    """A checked sweep: its target, options, spec, cases, the impls to run and those left
+    out (name -> why), and the measuring settings."""
+
+    target: Target
+    opts: dict
+    command: str
+    preset: str
+    spec: Spec
+    cases: list[Case]
+    impls: list
+    left_out: dict[str, str]
+    settings: Settings = field(default_factory=Settings)
+
+    @classmethod
+    def from_options(
+        cls, opts: dict, target: Target, *, command: str = "sweep", default_preset: str | None
+    ) -> Plan:
+        device = target.device
+        preset = (
+            opts.get("preset") or default_preset or ("gpu" if device.startswith("cuda") else "cpu")
+        )
+        spec = Spec.from_preset(
+            preset,
+            device,
+            **{k: opts.get(k) for k in SPEC_OPTIONS},
+            rep_ms=[opts["rep_ms"]] if "rep_ms" in opts else None,
+        )
+        if preset in GPU_PRESETS and device == "cpu" and "device" not in opts:
+            what = f"the {preset} preset" if command != "sweep" else f"--preset {preset}"
+            size = f"{len(spec.cases())} cases" + (
+                f" x {len(spec.impls)} impls" if spec.impls else ""
+            )
+            raise UsageError(
+                f"{what} is a GPU grid ({size} of {'/'.join(spec.dtype)}, N up to "
+                f"{max(spec.seq_len)}) and no CUDA device is visible to torch "
+                f"{torch.__version__}; run it on a GPU, or add --device cpu to run it here anyway"
+            )
+        cases = spec.cases()
+        selected, left_out = select_impls(opts.get("impls"), target.impls, spec, cases)
+        if not selected:
+            raise UsageError(
+                f"no impl can run any case of this grid on {device}; name impls with --impls "
+                f"(see attnbench list)"
+            )
+        check_profile_filter(opts.get("profile"), selected, cases)
+        settings = Settings(
+            timer=TimerConfig(rep_ms=spec.rep_ms[0], cuda_graph=opts.get("cuda_graph", False)),
+            profile=opts.get("profile"),
+            malloc_tunables=opts.get("malloc_tunables", True),
+        )
+        return cls(target, opts, command, preset, spec, cases, selected, left_out, settings)
+
+    @property
+    def device(self) -> str:
+        return self.target.device
+
+    @property
+    def seed(self) -> int:
+        return self.opts.get("seed", 0)
+
+    @property
+    def isolate(self) -> bool:
+        """Rows measured in a worker process (the default; --timeout needs one)."""
+        return self.opts.get("isolate", True) or "timeout" in self.opts
+
+    @property
+    def quick(self) -> bool:
+        """A short timer budget: the ceilings are measured quickly too."""
+        return self.spec.rep_ms[0] < 50
+
+    @property
+    def dtypes(self) -> list[str]:
+        return sorted({c.dtype for c in self.cases})
+
+    @property
+    def grid(self) -> dict:
+        """What the run sweeps (grid.json); a resumed run must sweep the same."""
+        return {
+            "preset": self.preset,
+            "device": self.device,
+            "seed": self.seed,
+            "rep_ms": self.spec.rep_ms[0],
+            "impls": [i.name for i in self.impls],
+            "cases": [c.label() for c in self.cases],
+        }
+
+    def default_run_id(self) -> str:
+        return f"{datetime.now():%Y%m%d-%H%M%S}-{self.target.device_type}-{self.preset}"
+
+    def run_dir(self, results_dir, run_id: str | None, *, resume: bool) -> tuple[str, RunDir]:
+        """The run's id and folder (RunDir.choose), and the settings' traces folder in it."""
+        run_id, run = RunDir.choose(
+            results_dir, run_id, resume=resume, grid=self.grid, default_id=self.default_run_id()
+        )
+        self.settings = replace(self.settings, traces_dir=run.traces)
+        return run_id, run
+
+    def env(self, argv: list[str]) -> dict:
+        """env.json's fields that the plan knows (store/env.py collects the machine's)."""
+        from attnbench.store.env import collect_env
+
+        opts = self.opts
+        env = collect_env(["attnbench", self.command, *argv], self.seed, self.device)
+        env["impls"] = {
+            i.name: {"source": i.source, "baseline": i.baseline, "color": i.color}
+            for i in self.impls
+        }
+        env["baseline"] = registry.baseline(self.impls)
+        env["options"] = {k: as_text(opts[k]) for k in MEASURE_OPTIONS if k in opts}  # repro
+        env["not_run"] = self.left_out
+        env["profile"] = None if opts.get("profile") is None else list(opts["profile"])
+        env["malloc"] = allocator.describe(self.settings.malloc_tunables, self.isolate)
+        return env
+
+    def start_text(self, run: RunDir, done: int) -> str:
+        """The lines printed as the run starts: its size and folder, and impls left out."""
+        text = f"{len(self.cases)} cases x {len(self.impls)} impls on {self.device} -> {run}"
+        text += f" ({done} rows already done)" if done else ""
+        return text + (f"\n{left_out_text(self.left_out)}" if self.left_out else "")
+
+    def dry_run_text(self) -> str:
+        cases, selected = self.cases, self.impls
+        shown = [f"  {c.label()}" for c in cases[:DRY_RUN_CASES]]
+        more = len(cases) - len(shown)
+        lines = [
+            f"dry run: {len(cases)} cases x {len(selected)} impls = "
+            f"{len(cases) * len(selected)} rows on {self.device} (nothing run, nothing written)",
+            f"impls: {', '.join(i.name for i in selected)}",
+            "cases:",
+            *shown,
+            *([f"  ... and {more} more"] if more > 0 else []),
+        ]
+        return "\n".join(lines + ([left_out_text(self.left_out)] if self.left_out else []))
+
+    def sweep(
+        self, run: RunDir, run_id: str, lanes: list, done, no_progress: bool, row_lines: bool
+    ) -> list[dict]:
+        """Every row not ``done``, measured by the executors ``lanes`` into ``run``."""
+        return run_sweep(
+            self.cases,
+            self.impls,
+            run.path,
+            lanes,
+            run_id=run_id,
+            seed=self.seed,
+            done=done,
+            progress=not (no_progress or row_lines),
+            row_lines=row_lines,
+            group_by_device_name=self.opts.get("group_by_device_name", True),
+        )
+
+    def interrupted_text(self, argv: list[str], run: RunDir, run_id: str, named: bool) -> str:
+        """What Ctrl-C prints: where the finished rows are, and the command that continues."""
+        again = f"attnbench {self.command} {' '.join(argv)} --resume" + (
+            "" if named else f" --run-id {run_id}"
+        )
+        return f"\ninterrupted; every finished row is in {run.results}. Continue with: {again}"
+
+
+def select_impls(
+    names: list[str] | None, impls: dict, spec: Spec, cases: list[Case]
+) -> tuple[list, dict[str, str]]:
+    """The impls to run, and those left out (name -> why). Named impls all run (their rows
+    say what they cannot do); without names, the preset's impls (or every impl) that can run
+    some case of the grid, so that no preset fills its rows with 'unsupported'."""
+    if names is None:
+        if spec.impls is not None:  # the preset's own
+            pool = [impls[n] for n in spec.impls if n in impls]
+            left_out = {n: "not registered here" for n in spec.impls if n not in impls}
+        else:
+            pool = [i for i in impls.values() if spec.compiled or not i.compiled]
+            left_out = {
+                i.name: "uses torch.compile (a compile per shape): name it in --impls"
+                for i in impls.values()
+                if i not in pool
+            }
+        selected = []
+        for impl in pool:
+            reasons = [impl.reasons(c) for c in cases]
+            if all(reasons):
+                left_out[impl.name] = "; ".join(reasons[0])
+            else:
+                selected.append(impl)
+        return selected, left_out
+    for name in names:
+        if name not in impls:
+            close = difflib.get_close_matches(name, list(impls), n=1)
+            did = f"; did you mean {close[0]!r}?" if close else ""
+            raise UsageError(
+                f"--impls: unknown impl {name!r}{did} "
+                f"(known: {', '.join(impls)}; see attnbench list)"
+            )
+    return [impls[n] for n in names], {}
+
+
+def left_out_text(left_out: dict[str, str]) -> str:
+    lines = ["not run, as no --impls named them (name them to record their rows anyway):"]
+    return "\n".join(lines + [f"  {name}: {why}" for name, why in left_out.items()])
+
+
+def check_profile_filter(profile: tuple[str, ...] | None, impls: list, cases: list) -> None:
+    """--profile with texts that no (impl, case) pair contains would profile nothing."""
+    if not profile:
+        return
+    pairs = [f"{i.name} {c.label()}" for i in impls for c in cases]
+    if not any(all(part in text for part in profile) for text in pairs):
+        raise UsageError(
+            f"--profile {','.join(profile)}: no (impl, case) pair contains all of "
+            f"{list(profile)}; pairs look like {pairs[0]!r} (give parts of it, "
+            f"comma separated, or 'all')"
+        )
+
+
+def warn_if_busy(device: str) -> str | None:
+    """A warning when other processes load the CPU that a CPU sweep times on, else None."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if device == "cpu" and load > 0.5 * (os.cpu_count() or 1):
+        return (
+            f"warning: load average {load:.1f} on {os.cpu_count()} cores; other processes "
+            f"will disturb CPU timings (see --threads)"
+        )
+    return None
