@@ -203,41 +203,28 @@ def register(
     it fills ``work_flops``.
     """
 
+    declared = dict(locals())  # the arguments as given; Impl's fields bear the same names
+
     def decorate(fn: Callable) -> Callable:
         missing = [(mod, cmd) for mod, cmd in (requires or {}).items() if not _importable(mod)]
         why = [f"needs {mod}, which is not installed (install: {cmd})" for mod, cmd in missing]
         why += [unavailable] if unavailable and not missing else []
-        add(
-            Impl(
-                name=name,
-                fn=fn,
-                devices=_valid(name, "devices", devices, DEVICES),
-                dtypes=_valid(name, "dtypes", dtypes, DTYPES),
-                head_dims=None if head_dims is None else tuple(head_dims),
-                causal=causal,
-                cross=cross,
-                gqa=gqa,
-                backward=backward,
-                layout=_valid(name, "layout", [layout], LAYOUTS)[0],
-                masks=_masks(name, masks, unmasked),
-                causal_align=tuple(
-                    dict.fromkeys(("top_left", *_valid(name, "causal_align", causal_align, ALIGNS)))
-                ),
-                paged=paged,
-                page_tokens=page_tokens,
-                sm=sm,
-                backend=backend,
-                compiled=compiled,
-                baseline=baseline,
-                color=color,
-                description=description or (fn.__doc__ or "").strip().split("\n")[0],
-                source=_current_source,
-                unavailable="; ".join(why) or None,
-                requires=dict(requires or {}),
-                check=check,
-                work=work,
-            )
+        fields = {k: v for k, v in declared.items() if k != "unmasked"}
+        fields.update(
+            devices=_valid(name, "devices", devices, DEVICES),
+            dtypes=_valid(name, "dtypes", dtypes, DTYPES),
+            head_dims=None if head_dims is None else tuple(head_dims),
+            layout=_valid(name, "layout", [layout], LAYOUTS)[0],
+            masks=_masks(name, masks, unmasked),
+            causal_align=tuple(
+                dict.fromkeys(("top_left", *_valid(name, "causal_align", causal_align, ALIGNS)))
+            ),
+            description=description or (fn.__doc__ or "").strip().split("\n")[0],
+            source=_current_source,
+            unavailable="; ".join(why) or None,
+            requires=dict(requires or {}),
         )
+        add(Impl(fn=fn, **fields))
         return fn
 
     return decorate

@@ -60,8 +60,9 @@ def test_no_report_module_imports_an_impl():
             assert not impls, f"{module} imports {impls}"
 
 
-# Size limits: one concern per function and per module. SIZED: the rooms held to them.
-SIZED = ("run", "measure", "report")
+# Size limits: one concern per function and per module, in the whole package but the Triton
+# kernels (a kernel is one long function by nature: its loop must stay in one jit body)
+KERNEL_FOLDERS = ("impls/triton_flash", "impls/triton_flash_fa2")
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 600
 
@@ -84,7 +85,11 @@ def functions(path: Path) -> dict[str, int]:
 
 
 def sized_modules() -> list[Path]:
-    return sorted(p for room in SIZED for p in (PACKAGE / room).rglob("*.py"))
+    return sorted(
+        p
+        for p in PACKAGE.rglob("*.py")
+        if not p.relative_to(PACKAGE).as_posix().startswith(tuple(f"{k}/" for k in KERNEL_FOLDERS))
+    )
 
 
 def test_row_measure_reads_as_the_loop():
