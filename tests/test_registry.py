@@ -58,7 +58,9 @@ def test_reasons_are_readable_and_complete():
     assert registry.Impl(name="any", fn=None).reasons(case) == []
 
 
-def test_plugin_file_registers_its_impl(tmp_path):
+def test_plugin_file_registers_its_impl(tmp_path, monkeypatch):
+    # leave no impl behind: the README's plugin, loaded by another test, has the same name
+    monkeypatch.setattr(registry, "_IMPLS", dict(registry._IMPLS))
     path = write(
         tmp_path / "my_attn.py",
         """
