@@ -157,18 +157,32 @@ def test_abort_is_a_crash_with_the_workers_stderr(faulty_run):
     assert rows["reason"].str.contains("planted abort in f_abort").all()
 
 
-def test_a_long_error_keeps_its_end_and_the_run_keeps_it_whole(faulty_run):
+def test_a_long_compile_error_keeps_the_compilers_error_and_the_run_keeps_it_whole(faulty_run):
     rows = faulty_run["f_long"]
     assert (rows["status"] == "error").all()
     reason = rows.loc[64, "reason"]
     assert reason.startswith("RuntimeError: C++ compile error Command: g++ -I/very/long")
-    assert "Output: error: planted_x (cut short: the full error is in errors.log" in reason
-    assert len(reason) < 700
+    assert (
+        "[...] /tmp/k.cpp:85:55: error: planted_x (cut short: the full error is in errors.log"
+        in reason
+    )
+    assert "warning" not in reason and len(reason) < 700
     log = (faulty_run.run_dir / "errors.log").read_text()
     assert log.count("== f_long: B1 H2 S") == 3
     assert "-I/very/long/include/path/number/30 " in log and "error: planted_x" in log
     assert "Traceback" in log and "tests/plugins/faulty.py" in log
     assert "f_raise" not in log  # a short error is whole in its reason
+
+
+def test_a_long_error_without_a_compilers_line_keeps_its_start_and_its_end():
+    from attnbench.run.row import error_reason
+
+    with pytest.raises(ValueError) as caught:
+        raise ValueError("start " + "x " * 400 + "the end")
+    reason, full = error_reason(caught.value)
+    assert reason.startswith("ValueError: start x") and " [...] " in reason
+    assert reason.endswith("the end (cut short: the full error is in errors.log in the run folder)")
+    assert "the end" in full and "Traceback" in full
 
 
 def test_hang_is_a_timeout_and_the_next_row_gets_a_fresh_worker(tmp_path):

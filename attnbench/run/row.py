@@ -35,6 +35,9 @@ from attnbench.store.rundir import RunDir
 from attnbench.store.schema import COLUMNS
 
 REASON_CHARS = 500  # a failed row's reason keeps about this much of its error
+# a compiler's diagnostic line (gcc, clang, nvcc, ptxas: "file:line:col: error: ..."), which a
+# compile error's message buries between the command line and pages of warnings
+COMPILER_ERROR = re.compile(r"^.*\berror\b: .*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -294,15 +297,17 @@ def _oom_reason(case: Case, exc: BaseException) -> str:
 
 def error_reason(exc: BaseException) -> tuple[str, str | None]:
     """A failed row's reason, one line: the error's type and message, and when that is longer
-    than REASON_CHARS its start and its end (where compilers print the error, after their
-    command line) naming the run's errors log; then also the full error with its traceback,
-    for the log."""
+    than REASON_CHARS its start and its end, or instead of the end a compiler's first error
+    line (after its command line, before its warnings), naming the run's errors log; then
+    also the full error with its traceback, for the log."""
     text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
     if len(text) <= REASON_CHARS:
         return text, None
     half = REASON_CHARS // 2
+    diagnostic = COMPILER_ERROR.search(str(exc))  # the compiler's first error, if any
+    end = " ".join(diagnostic.group(0).split())[:half] if diagnostic else text[-half:]
     short = (
-        f"{text[:half]} [...] {text[-half:]} (cut short: the full error is in {RunDir.ERRORS} "
+        f"{text[:half]} [...] {end} (cut short: the full error is in {RunDir.ERRORS} "
         f"in the run folder)"
     )
     return short, "".join(traceback.format_exception(exc))

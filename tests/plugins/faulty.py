@@ -50,6 +50,12 @@ def f_hang(q, k, v, *, causal, scale):
 
 @register("f_long")
 def f_long(q, k, v, *, causal, scale):
-    """Fails as a compiler does: a long command line first, the error itself at the end."""
+    """Fails as a compiler does: a long command line first, then the error, then warnings."""
     command = "g++ " + " ".join(f"-I/very/long/include/path/number/{i}" for i in range(60))
-    raise RuntimeError(f"C++ compile error\n\nCommand:\n{command}\n\nOutput:\nerror: planted_x")
+    warnings = "".join(
+        f"/tmp/k.cpp:{200 + i}:1: warning: narrowing [-Woverflow]\n" for i in range(20)
+    )
+    raise RuntimeError(
+        f"C++ compile error\n\nCommand:\n{command}\n\nOutput:\n"
+        f"/tmp/k.cpp:85:55: error: planted_x\n{warnings}"
+    )
