@@ -2,7 +2,8 @@
 
 An impl is a function ``(q, k, v, *, causal, scale) -> out`` in the canonical layout
 (q (B, Hq, Sq, D), k/v (B, Hkv, Skv, D), out (B, Hq, Sq, D)) or in the layout it declares
-(``layout="bshd"``: q (B, Sq, Hq, D), ...); the harness converts outside the timed region.
+(``layout="bshd"``: q (B, Sq, Hq, D), ...), returning out in that layout or in the one it
+declares as ``out_layout``; the harness converts outside the timed region.
 An impl that declares masks beyond ``none``, or the bottom-right causal alignment, is also
 called with ``mask=`` (a masks.Mask, whose ``align`` says where the diagonal sits); the others
 never see it. An impl that declares ``paged=True`` gets its k and v as a paged KV cache:
@@ -61,8 +62,9 @@ class Impl:
     causal: bool = True
     cross: bool = True  # seq_q != seq_kv
     gqa: bool = True  # kv_heads < heads
-    backward: bool = True
-    layout: str = "bhsd"
+    backward: bool | tuple[str, ...] = True  # or the devices it has a backward on
+    layout: str = "bhsd"  # of q, k, v (and of out unless out_layout says otherwise)
+    out_layout: str | None = None  # of out (and of its gradient); None: layout
     masks: tuple[str, ...] = ("none",)  # masks.MASKS it supports (combined with causal)
     causal_align: tuple[str, ...] = ("top_left",)  # masks.ALIGNS it supports
     paged: bool = False  # takes k, v as a paged KV cache (pools + block_table)
@@ -90,6 +92,16 @@ class Impl:
         return self.unavailable is None
 
     @property
+    def output_layout(self) -> str:
+        return self.out_layout or self.layout
+
+    def backward_on(self, device_type: str) -> bool:
+        """Whether it has a backward on this device type."""
+        return self.backward is True or (
+            not isinstance(self.backward, bool) and device_type in self.backward
+        )
+
+    @property
     def takes_mask(self) -> bool:
         """Called with ``mask=``: it declared a mask beyond none or bottom-right alignment."""
         return self.masks != ("none",) or self.causal_align != ("top_left",)
@@ -115,22 +127,30 @@ class Impl:
             out.append(
                 f"kv_heads={case.kv_heads} < heads={case.heads} (supported: kv_heads == heads)"
             )
-        if case.backward and not self.backward:
-            out.append(f"mode={case.mode} (supported: fwd; no backward)")
+        if case.backward and not self.backward_on(case.device_type):
+            out.append(self._backward_reason(case))
         if case.mask not in self.masks:
             out.append(f"mask={case.mask} (supported: {', '.join(self.masks)})")
-        if case.causal_align not in self.causal_align:
+        if case.causal_align not in self.causal_align and aligned_differently(case):
             out.append(
                 f"causal_align={case.causal_align} (supported: {', '.join(self.causal_align)})"
             )
         if self.paged and case.level != "op":
             out.append(f"level={case.level} (supported: op; a paged KV cache is an op input)")
-        if self.paged and case.backward and self.backward:
+        if self.paged and case.backward and self.backward_on(case.device_type):
             out.append(f"mode={case.mode} (supported: fwd; a paged KV cache is read-only)")
         out.extend(self._sm_reasons(case))
         if not out and self.check is not None:
             out.extend(self.check(case))
         return out
+
+    def _backward_reason(self, case: Case) -> str:
+        if self.backward is False:
+            return f"mode={case.mode} (supported: fwd; no backward)"
+        return (
+            f"mode={case.mode} on {case.device_type} (supported: fwd; backward on "
+            f"{', '.join(self.backward)} only)"
+        )
 
     def _sm_reasons(self, case: Case) -> list[str]:
         """The GPU's compute capability against ``sm`` (only where CUDA is visible)."""
@@ -142,6 +162,12 @@ class Impl:
             return []
         span = f"sm_{low} to sm_{high}" if high is not None else f"sm_{low} and newer"
         return [f"compute_capability=sm_{have} (supported: {span})"]
+
+
+def aligned_differently(case: Case) -> bool:
+    """Whether top-left and bottom-right alignment give this case different masks: a causal
+    or window mask across unequal lengths. Elsewhere an impl of either alignment runs it."""
+    return (case.causal or case.mask == "window") and case.seq_q != case.seq_kv
 
 
 def _cuda_visible() -> bool:
@@ -162,8 +188,9 @@ def register(
     causal: bool = True,
     cross: bool = True,
     gqa: bool = True,
-    backward: bool = True,
+    backward: bool | Iterable[str] = True,
     layout: str = "bhsd",
+    out_layout: str | None = None,
     masks: Iterable[str] = ("none",),
     unmasked: bool = True,
     causal_align: Iterable[str] = ("top_left",),
@@ -185,9 +212,14 @@ def register(
     ``masks``: the masks.MASKS it supports; "none" (no mask beyond causal) is implied unless
     ``unmasked`` is False (an impl that needs a mask, e.g. one that unpacks documents). An impl
     declaring more, or ``causal_align`` with "bottom_right", is called with ``mask=`` (a
-    masks.Mask). ``paged``: it takes k and v as a paged KV cache (see the module's doc), with
-    pages of ``page_tokens`` tokens (default run/inputs.py PAGE_TOKENS). ``sm``: the CUDA
-    compute capabilities it runs on, (lowest, highest or None), as major * 10 + minor.
+    masks.Mask). ``causal_align``: the alignments it supports; one alone (a bottom-right-only
+    library) leaves the other's cases ``unsupported`` where the two differ (causal or window
+    with seq_q != seq_kv) and runs them elsewhere. ``backward``: True, False, or the devices
+    it has a backward on (``("cuda",)``). ``layout``: of q, k, v and out; ``out_layout``: of
+    out where it differs (a library taking (B, H, S, D) and returning (B, S, H, D)).
+    ``paged``: it takes k and v as a paged KV cache (see the module's doc), with pages of
+    ``page_tokens`` tokens (default run/inputs.py PAGE_TOKENS). ``sm``: the CUDA compute
+    capabilities it runs on, (lowest, highest or None), as major * 10 + minor.
     ``backend``: the SDPA backend it forces, or a function ``(call, device_type) -> name``
     that detects it. ``compiled``: it uses torch.compile (its first call's compile time goes
     to compile_ms). ``baseline``: the impl that speedups are relative to (the run records
@@ -214,11 +246,11 @@ def register(
             devices=_valid(name, "devices", devices, DEVICES),
             dtypes=_valid(name, "dtypes", dtypes, DTYPES),
             head_dims=None if head_dims is None else tuple(head_dims),
+            backward=_backward(name, backward),
             layout=_valid(name, "layout", [layout], LAYOUTS)[0],
+            out_layout=None if out_layout in (None, layout) else _out_layout(name, out_layout),
             masks=_masks(name, masks, unmasked),
-            causal_align=tuple(
-                dict.fromkeys(("top_left", *_valid(name, "causal_align", causal_align, ALIGNS)))
-            ),
+            causal_align=_aligns(name, causal_align),
             description=description or (fn.__doc__ or "").strip().split("\n")[0],
             source=_current_source,
             unavailable="; ".join(why) or None,
@@ -250,6 +282,28 @@ def _masks(name: str, masks: Iterable[str], unmasked: bool) -> tuple[str, ...]:
     if not unmasked and out in ((), ("none",)):
         raise RegistryError(f"impl {name!r}: unmasked=False needs the masks it runs (masks=...)")
     return out
+
+
+def _backward(name: str, backward: bool | Iterable[str]) -> bool | tuple[str, ...]:
+    """True, False, or the devices it has a backward on (all of DEVICES: True)."""
+    if isinstance(backward, bool):
+        return backward
+    if isinstance(backward, str):
+        backward = (backward,)
+    devices = tuple(dict.fromkeys(_valid(name, "backward", backward, DEVICES)))
+    return True if set(devices) == set(DEVICES) else devices or False
+
+
+def _out_layout(name: str, out_layout: str) -> str:
+    return _valid(name, "out_layout", [out_layout], LAYOUTS)[0]
+
+
+def _aligns(name: str, causal_align: Iterable[str]) -> tuple[str, ...]:
+    """The causal alignments it supports, in ALIGNS order; at least one."""
+    given = _valid(name, "causal_align", causal_align, ALIGNS)
+    if not given:
+        raise RegistryError(f"impl {name!r}: causal_align needs one of {list(ALIGNS)}")
+    return tuple(a for a in ALIGNS if a in given)
 
 
 def _valid(name: str, what: str, values: Iterable[str], allowed: Iterable[str]) -> tuple:

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 import torch
 
 from attnbench.case import Case
-from attnbench.masks import ALIGNS
 from attnbench.registry import register
 
 FA2_INSTALL = "pip install 'flash-attn>=2.1' --no-build-isolation"
@@ -84,12 +83,6 @@ def reasons(case: Case) -> list[str]:
     out = []
     if case.head_dim > MAX_HEAD_DIM or case.head_dim % 8:
         out.append(f"head_dim={case.head_dim} (supported: multiples of 8 up to {MAX_HEAD_DIM})")
-    aligned = case.causal or case.mask == "window"
-    if aligned and case.cross and case.causal_align == "top_left":
-        out.append(
-            f"causal_align=top_left with seq_q={case.seq_q} != seq_kv={case.seq_kv} "
-            f"(supported: bottom_right; flash-attn aligns the diagonal bottom-right)"
-        )
     return out
 
 
@@ -149,7 +142,7 @@ def _register():
         devices=("cuda",),
         dtypes=("bfloat16", "float16"),
         layout="bshd",
-        causal_align=ALIGNS,
+        causal_align=("bottom_right",),  # top-left runs where the two coincide (registry)
         check=reasons,
         sm=(80, None),
         requires={"flash_attn": FA2_INSTALL},

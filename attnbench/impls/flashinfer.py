@@ -31,7 +31,6 @@ from __future__ import annotations
 import torch
 
 from attnbench.case import Case
-from attnbench.masks import ALIGNS
 from attnbench.registry import register
 
 INSTALL = "pip install 'flashinfer-python>=0.2'"
@@ -50,11 +49,6 @@ def reasons(case: Case) -> list[str]:
     if case.mask == "window" and not case.causal:
         out.append("mask=window with causal=False (supported: causal; FlashInfer's window is left)")
     aligned = case.causal or case.mask == "window"
-    if aligned and case.cross and case.causal_align == "top_left":
-        out.append(
-            f"causal_align=top_left with seq_q={case.seq_q} != seq_kv={case.seq_kv} "
-            f"(supported: bottom_right; FlashInfer aligns the diagonal bottom-right)"
-        )
     if aligned and case.seq_q > case.seq_kv:
         out.append(
             f"seq_q={case.seq_q} > seq_kv={case.seq_kv} with causal (supported: seq_q <= seq_kv)"
@@ -121,7 +115,7 @@ def _decode(fi, q, k, scale, mask, table, last_page_len, page_tokens):
     head_dims=HEAD_DIMS,
     layout="bshd",
     masks=("window", "document"),
-    causal_align=ALIGNS,
+    causal_align=("bottom_right",),
     backward=False,
     sm=(80, None),
     check=reasons,
@@ -202,7 +196,7 @@ def _paged_prefill(fi, q, k, causal, scale, mask, table, last_page_len):
     head_dims=HEAD_DIMS,
     layout="bshd",
     masks=("window",),
-    causal_align=ALIGNS,
+    causal_align=("bottom_right",),
     paged=True,
     backward=False,
     sm=(80, None),

@@ -19,12 +19,6 @@ from attnbench.registry import Unsupported, register
 _flex = compile_static(flex_attention)
 
 
-def _no_cpu_backward(case):
-    if case.device_type == "cpu" and case.backward:
-        return [f"mode={case.mode} on cpu (supported: fwd; FlexAttention has no CPU backward)"]
-    return []
-
-
 def block_mask(q, k, causal, mask):
     # q (B, Hq, Sq, D); k (B, Hkv, Skv, D)
     if not mask.masked(causal):
@@ -98,7 +92,7 @@ def work_pairs(case, mask) -> int:
     masks=MASKS,
     causal_align=ALIGNS,
     compiled=True,
-    check=_no_cpu_backward,
+    backward=("cuda",),  # FlexAttention has no backward on the CPU
     work=work_pairs,
     description="torch.nn.attention.flex_attention, torch.compile'd, block masks",
 )

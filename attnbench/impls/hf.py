@@ -37,7 +37,6 @@ import torch
 
 from attnbench.case import Case
 from attnbench.impls.flash_attn import FA2_INSTALL
-from attnbench.masks import ALIGNS
 from attnbench.models import ATTN_IMPLEMENTATIONS
 from attnbench.registry import register
 
@@ -176,11 +175,6 @@ def _hf_reasons(case: Case) -> list[str]:
     """What transformers' mask builders cannot express."""
     out = []
     aligned = case.causal or case.mask == "window"
-    if aligned and case.cross and case.causal_align == "top_left":
-        out.append(
-            f"causal_align=top_left with seq_q={case.seq_q} != seq_kv={case.seq_kv} "
-            f"(supported: bottom_right; a transformers model's new tokens follow its cache)"
-        )
     if aligned and case.causal_align == "bottom_right" and case.seq_q > case.seq_kv:
         out.append(
             f"seq_q={case.seq_q} > seq_kv={case.seq_kv} with causal_align=bottom_right "
@@ -201,13 +195,6 @@ def _flash2_reasons(case: Case) -> list[str]:
     return out
 
 
-def _flex_reasons(case: Case) -> list[str]:
-    out = _hf_reasons(case)
-    if case.device_type == "cpu" and case.backward:
-        out.append(f"mode={case.mode} on cpu (supported: fwd; FlexAttention has no CPU backward)")
-    return out
-
-
 def dense_pairs(case: Case, mask) -> int:
     """The whole (Sq, Skv) score matrix of every batch row (eager materialises it)."""
     return case.batch * case.seq_q * case.seq_kv
@@ -216,7 +203,7 @@ def dense_pairs(case: Case, mask) -> int:
 COMMON = dict(
     layout="bshd",
     masks=HF_MASKS,
-    causal_align=ALIGNS,
+    causal_align=("bottom_right",),  # a model's new tokens follow its cache
     requires={"transformers": INSTALL},
     unavailable=_too_old(),
 )
@@ -248,7 +235,8 @@ def hf_sdpa(q, k, v, *, causal, scale, mask):
 @register(
     "hf_flex",
     color="#6b6ecf",
-    check=_flex_reasons,
+    check=_hf_reasons,
+    backward=("cuda",),  # FlexAttention has no backward on the CPU
     compiled=True,
     description="transformers' flex attention (attn_implementation='flex_attention'), "
     "its block mask",

@@ -19,6 +19,16 @@ __all__ = ["list_impls", "models_table", "summary_table"]
 LIST_WIDTH = 100  # attnbench list: lines no wider than this
 
 
+ALIGN_SHORT = {("top_left",): "tl", ("bottom_right",): "br"}  # attnbench list's align column
+
+
+def _bwd(impl) -> str:
+    """y, n, or the devices it has a backward on."""
+    if isinstance(impl.backward, bool):
+        return "y" if impl.backward else "n"
+    return ",".join(impl.backward)
+
+
 def _compact(values, every=(), short=None) -> str:
     """A capability list in a few characters: 'all' when it is every allowed value, else
     the values (abbreviated by ``short``), an evenly spaced run of numbers as 'a-b/step' and
@@ -52,10 +62,10 @@ def list_impls(impls: dict, device: str) -> str:
                 "dtypes": _compact(impl.dtypes, DTYPES, dtypes),
                 "head_dims": "any" if impl.head_dims is None else _compact(impl.head_dims),
                 "c/x/g/b": "/".join(
-                    "y" if f else "n" for f in (impl.causal, impl.cross, impl.gqa, impl.backward)
+                    [*("y" if f else "n" for f in (impl.causal, impl.cross, impl.gqa)), _bwd(impl)]
                 ),
                 "masks": _compact(impl.masks, MASKS, MASK_SHORT),
-                "br": "y" if "bottom_right" in impl.causal_align else "n",
+                "align": ALIGN_SHORT.get(impl.causal_align, "both"),
                 "pg": "y" if impl.paged else "n",
                 "from": registry.origin(impl),
             }
@@ -79,9 +89,11 @@ def list_impls(impls: dict, device: str) -> str:
     legend = textwrap.fill(
         "here: runs on this device; dev: devices (all: cpu and cuda); c/x/g/b: causal / cross "
         "(seq_q != seq_kv) / GQA / "
-        "backward; masks: pad(ding), win(dow), doc(ument), bsp = block_sparse; br: bottom-right "
-        "causal; pg: takes a paged KV cache; from: built-in (attnbench.impls), impls/ (the "
-        "checkout's drop-in folder), --plugin, entry point",
+        "backward (a device: there only); masks: pad(ding), win(dow), doc(ument), bsp = "
+        "block_sparse; align: causal alignment, tl(top-left), br(bottom-right) or both (one "
+        "alone also runs the other's cases of equal lengths); pg: takes a paged KV cache; "
+        "from: built-in (attnbench.impls), impls/ (the checkout's drop-in folder), --plugin, "
+        "entry point",
         width=LIST_WIDTH,
         break_on_hyphens=False,
     )

@@ -46,7 +46,7 @@ class Call:
         leaves = tuple(
             to_layout(t, impl.layout).requires_grad_(grad) for t in (inputs.q, inputs.k, inputs.v)
         )
-        dout = to_layout(inputs.dout, impl.layout) if grad else None
+        dout = to_layout(inputs.dout, impl.output_layout) if grad else None
         return cls(impl, case, leaves, dout, inputs.scale, inputs.mask.fresh())
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -66,6 +66,7 @@ class Call:
                 self.case.heads,
                 self.case.kv_heads,
                 self.impl.layout,
+                self.impl.output_layout,
             )
         return self.attend(*self.leaves)
 
@@ -86,7 +87,7 @@ class Call:
         )
         if not isinstance(out, torch.Tensor):
             raise BadOutput(f"returned {type(out).__name__}, expected a tensor")
-        canon = out if layer else from_layout(out, self.impl.layout)
+        canon = out if layer else from_layout(out, self.impl.output_layout)
         if tuple(canon.shape) != expected:
             raise BadOutput(
                 f"out has shape {tuple(canon.shape)} in layout "
@@ -102,7 +103,7 @@ class Call:
             raise BadOutput("out does not require grad: the impl broke the autograd graph")
         grads = self.grads(out)
         if not layer:
-            grads = tuple(from_layout(g, self.impl.layout) for g in grads)
+            grads = tuple(from_layout(g, self.impl.layout) for g in grads)  # of q, k, v
         return canon.detach(), grads
 
     def timed_fn(self) -> Callable[[], object]:

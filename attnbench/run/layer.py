@@ -42,13 +42,15 @@ def layer_forward(
     heads: int,
     kv_heads: int,
     layout: str,
+    out_layout: str | None = None,
 ) -> torch.Tensor:
-    """x (B, S, d_model) -> (B, S, d_model); ``attn(q, k, v)`` in ``layout``."""
+    """x (B, S, d_model) -> (B, S, d_model); ``attn(q, k, v)`` in ``layout``, its output in
+    ``out_layout`` (None: ``layout``)."""
     wq, wk, wv, wo = weights
     q = split_heads(F.linear(x, wq), heads, layout)  # (B, Hq, S, D) or (B, S, Hq, D)
     k = split_heads(F.linear(x, wk), kv_heads, layout)
     v = split_heads(F.linear(x, wv), kv_heads, layout)
-    return F.linear(merge_heads(attn(q, k, v), layout), wo)
+    return F.linear(merge_heads(attn(q, k, v), out_layout or layout), wo)
 
 
 def layer_reference(
