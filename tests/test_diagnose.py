@@ -2,6 +2,8 @@
 convention bug gets a row whose reason names exactly that convention; a correct impl and a
 random wrong output get no diagnosis."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -36,7 +38,7 @@ def planted(q, k, v, *, causal, scale, mask=None, bug=None):
         w = mask.window + {"window_plus_1": 1, "window_minus_1": -1}.get(bug, 0)
         drop = drop | ((i - j >= w) if causal else ((i - j).abs() >= w))
     empty = drop.all(-1, keepdim=True)  # (Sq, 1)
-    fill = -1e30 if bug == "keyless_uniform" else float("-inf")
+    fill = torch.finfo(s.dtype).min if bug == "keyless_uniform" else float("-inf")
     p = s.masked_fill(drop, fill).softmax(-1)
     if bug not in ("keyless_uniform", "keyless_nan"):
         p = p.masked_fill(empty, 0.0)
@@ -99,8 +101,9 @@ def row(impl, case):
     return measure(impl, case, inputs, ground_truth(case, inputs), FAST).row
 
 
-def verdict(impl, case):
+def verdict(impl, case, dtype="float32"):
     """The verdict alone, as the row's judge step makes it (faster than a whole row)."""
+    case = dataclasses.replace(case, dtype=dtype)
     inputs = make_inputs(case, 0)
     out, _ = Call.prepare(impl, case, inputs).check()
     return diagnose.judge(case, inputs, [out], ground_truth(case, inputs))
@@ -119,6 +122,18 @@ def test_a_planted_convention_bug_is_named(register, bug):
     assert "disagrees with the float64 reference" in r["reason"]
     assert MESSAGES[bug] in r["reason"], r["reason"]
     assert r["reason"].count("out matches") == 1, r["reason"]  # that convention alone
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("bug", sorted(CASES))
+def test_the_half_types_name_the_same_convention(register, bug, dtype):
+    v = verdict(register(bug), CASES[bug], dtype)
+    assert v.agrees is False
+    assert [n for n in v.notes if "out matches" in n] == [
+        n for n in v.notes if MESSAGES[bug] in n
+    ], v.notes
+    assert len([n for n in v.notes if "out matches" in n]) == 1, v.notes
+    assert verdict(register(None), CASES[bug], dtype).agrees is True
 
 
 @pytest.mark.parametrize("bug", sorted(CASES))
@@ -148,3 +163,13 @@ def test_a_custom_scale_is_tried_against_one_over_sqrt_d(register):
     assert [n for n in verdict.notes if "out matches" in n] == [
         "out matches scale 1/sqrt(D); declared 1"
     ]
+
+
+def test_out_of_memory_stops_the_diagnosis_not_the_row(register, monkeypatch):
+    def no_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("planted")
+
+    monkeypatch.setattr(diagnose, "reference", no_memory)
+    r = row(register("causal_align"), CASES["causal_align"])
+    assert r["status"] == "ok" and r["agrees"] is False
+    assert "no diagnosis past causal_align: out of memory" in r["reason"], r["reason"]

@@ -44,12 +44,16 @@ def judge(case: Case, inputs, got: list[torch.Tensor], truth: Truth) -> Verdict:
 
 
 def explain(case: Case, inputs, out: torch.Tensor, truth: Truth) -> list[str]:
-    """The notes of the conventions ``out`` (the call's forward output) matches."""
+    """The notes of the conventions ``out`` (the call's forward output) matches. Out of
+    memory stops the search with a note (the row's verdict stands)."""
     notes = []
     for convention in CONVENTIONS:
         if not convention.applies(case):
             continue
-        alt = convention.alternative(case, inputs, out, truth)
+        try:
+            alt = convention.alternative(case, inputs, out, truth)
+        except (torch.OutOfMemoryError, MemoryError):
+            return [*notes, f"no diagnosis past {convention.name}: out of memory"]
         if alt is None:
             continue
         got, ref, mag, message = alt
@@ -148,7 +152,8 @@ def _scale(which: str):
         if inputs.scale == value:
             return None
         found = _recomputed(case, inputs, truth, scale=value)
-        message = f"scale {which}; declared {inputs.scale:.4g}"
+        rsqrt = " = 1/sqrt(D)" if inputs.scale == case.head_dim**-0.5 else ""
+        message = f"scale {which}; declared {inputs.scale:.4g}{rsqrt}"
         return None if found is None else (out, *found, message)
 
     return alternative
