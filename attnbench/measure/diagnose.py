@@ -4,11 +4,12 @@ are tried on the same output, and each one it matches within the rule's bound gi
 one-line note, e.g. "out matches bottom-right causal; declared top-left".
 
 Each convention is a row of ``CONVENTIONS``: its name, whether it applies to the case, and
-``alternative`` (case, inputs, out, truth) -> (out', ref', magnitude', message), or None
-where it changes nothing. Alternatives are the float64 reference (measure/reference.py) with
-changed arguments, or a transform of the output. Only the forward output is tried, only on
-rows whose output disagrees, and no impl is called again. ``inputs`` is the case's
-run.inputs.Inputs (q, k, v, scale, mask), read by attribute.
+``alternative`` (case, inputs, out, truth) -> (out', ref', magnitude' or a function making
+it, message), or None where it changes nothing. Alternatives are the float64 reference
+(measure/reference.py) with changed arguments, or a transform of the output. Only the
+forward output is tried, only on rows whose output disagrees, and no impl is called again; an
+alternative's magnitude only where the output lies within FAR of it. ``inputs`` is the
+case's run.inputs.Inputs (q, k, v, scale, mask), read by attribute.
 """
 
 from __future__ import annotations
@@ -25,13 +26,16 @@ from attnbench.measure import agreement
 from attnbench.measure.agreement import Truth, Verdict
 from attnbench.measure.reference import Magnitude, magnitude, reference
 
+# An output further than this share of an alternative's norm from it is no match (a match is
+# within the rule's bound, a few u); its magnitude, the costlier half, is then not computed.
+FAR = 0.5
 HYPHEN = {"top_left": "top-left", "bottom_right": "bottom-right"}
 
 
 class Convention(NamedTuple):
     name: str
     applies: Callable[[Case], bool]
-    alternative: Callable  # (case, inputs, out, truth) -> (out, ref, Magnitude, str) | None
+    alternative: Callable  # (case, inputs, out, truth) -> (out, ref, Magnitude | maker, str) | None
 
 
 def judge(case: Case, inputs, got: list[torch.Tensor], truth: Truth) -> Verdict:
@@ -57,14 +61,24 @@ def explain(case: Case, inputs, out: torch.Tensor, truth: Truth) -> list[str]:
         if alt is None:
             continue
         got, ref, mag, message = alt
+        if _far(got, ref):
+            continue
+        mag = mag() if callable(mag) else mag
         if agreement.agrees(agreement.error(got, ref, mag, "out", case.torch_dtype)):
             notes.append(f"out matches {message}")
     return notes
 
 
+def _far(got: torch.Tensor, ref: torch.Tensor) -> bool:
+    """||got - ref|| > FAR ||ref||, or got is not finite: no match, by far."""
+    gap = torch.linalg.vector_norm(got.detach().to(ref.dtype) - ref).item()
+    return not gap <= FAR * torch.linalg.vector_norm(ref).item()
+
+
 def _recomputed(case: Case, inputs, truth: Truth, k=None, v=None, **changed):
-    """The float64 reference and magnitude of ``out`` with ``changed`` arguments (and k, v
-    replaced where given), or None when they leave the reference as it was."""
+    """The float64 reference of ``out`` with ``changed`` arguments (and k, v replaced where
+    given) and a function computing its magnitude, or None when they leave the reference as
+    it was."""
     args = dict(
         causal=case.causal,
         scale=inputs.scale,
@@ -79,7 +93,7 @@ def _recomputed(case: Case, inputs, truth: Truth, k=None, v=None, **changed):
     ref, _ = reference(inputs.q, k, v, **args)
     if torch.equal(ref, truth.ref[0]):
         return None
-    return ref, magnitude(inputs.q, k, v, **args)[0]
+    return ref, lambda: magnitude(inputs.q, k, v, **args)[0]
 
 
 def _other_align(case, inputs, out, truth):
