@@ -248,6 +248,7 @@ def test_a_window_off_by_one_disagrees(fake, monkeypatch, name):
     row = run(impl, decode(seq_q=4, mask="window", window=50, head_dim=64))
     assert row["status"] == "ok" and row["agrees"] is False
     assert "disagrees with the float64 reference" in row["reason"]
+    assert "out matches window 51; declared window 50" in row["reason"], row["reason"]
 
 
 # -- the real libraries, on a GPU --------------------------------------------------------------

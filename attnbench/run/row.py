@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 
 from attnbench.case import MODE_FLOP_FACTOR, Case
-from attnbench.measure import agreement, cuda_graph
+from attnbench.measure import agreement, cuda_graph, diagnose
 from attnbench.measure.agreement import Truth
 from attnbench.measure.backends import borrowed_note
 from attnbench.measure.clocks import ClockSampler
@@ -148,7 +148,7 @@ def measure(
         call = Call.prepare(impl, case, inputs)
         with Watch() as first:
             (out, grads), first_ms = _once(call.check, case.device_type)
-        verdict = agreement.judge(case, [out, *(grads or ())], truth)
+        verdict = diagnose.judge(case, inputs, [out, *(grads or ())], truth)
         del out, grads
         row.update(verdict.columns)
         notes.extend(verdict.notes)

@@ -1,0 +1,201 @@
+"""Disagreements that explain themselves (docs/method.md, "The agreement rule"): when a call's
+output disagrees with the float64 reference, the few neighbouring conventions users get wrong
+are tried on the same output, and each one it matches within the rule's bound gives the row a
+one-line note, e.g. "out matches bottom-right causal; declared top-left".
+
+Each convention is a row of ``CONVENTIONS``: its name, whether it applies to the case, and
+``alternative`` (case, inputs, out, truth) -> (out', ref', magnitude' or a function making
+it, message), or None where it changes nothing. Alternatives are the float64 reference
+(measure/reference.py) with changed arguments, or a transform of the output. Only the
+forward output is tried, only on rows whose output disagrees, and no impl is called again; an
+alternative's magnitude only where the output lies within FAR of it. ``inputs`` is the
+case's run.inputs.Inputs (q, k, v, scale, mask), read by attribute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from attnbench.case import Case
+from attnbench.masks import offset
+from attnbench.measure import agreement
+from attnbench.measure.agreement import Truth, Verdict
+from attnbench.measure.reference import Magnitude, magnitude, reference
+
+# An output further than this share of an alternative's norm from it is no match (a match is
+# within the rule's bound, a few u); its magnitude, the costlier half, is then not computed.
+FAR = 0.5
+HYPHEN = {"top_left": "top-left", "bottom_right": "bottom-right"}
+
+
+class Convention(NamedTuple):
+    name: str
+    applies: Callable[[Case], bool]
+    alternative: Callable  # (case, inputs, out, truth) -> (out, ref, Magnitude | maker, str) | None
+
+
+def judge(case: Case, inputs, got: list[torch.Tensor], truth: Truth) -> Verdict:
+    """agreement.judge, plus a note per convention the output matches when it disagrees."""
+    verdict = agreement.judge(case, got, truth)
+    if verdict.failures and verdict.failures[0] and truth.mag is not None:
+        found = explain(case, inputs, got[0], truth)
+        verdict = dataclasses.replace(verdict, notes=[*verdict.notes, *found])
+    return verdict
+
+
+def explain(case: Case, inputs, out: torch.Tensor, truth: Truth) -> list[str]:
+    """The notes of the conventions ``out`` (the call's forward output) matches. Out of
+    memory stops the search with a note (the row's verdict stands)."""
+    notes = []
+    for convention in CONVENTIONS:
+        if not convention.applies(case):
+            continue
+        try:
+            alt = convention.alternative(case, inputs, out, truth)
+        except (torch.OutOfMemoryError, MemoryError):
+            return [*notes, f"no diagnosis past {convention.name}: out of memory"]
+        if alt is None:
+            continue
+        got, ref, mag, message = alt
+        if _far(got, ref):
+            continue
+        mag = mag() if callable(mag) else mag
+        if agreement.agrees(agreement.error(got, ref, mag, "out", case.torch_dtype)):
+            notes.append(f"out matches {message}")
+    return notes
+
+
+def _far(got: torch.Tensor, ref: torch.Tensor) -> bool:
+    """||got - ref|| > FAR ||ref||, or got is not finite: no match, by far."""
+    gap = torch.linalg.vector_norm(got.detach().to(ref.dtype) - ref).item()
+    return not gap <= FAR * torch.linalg.vector_norm(ref).item()
+
+
+def _recomputed(case: Case, inputs, truth: Truth, k=None, v=None, **changed):
+    """The float64 reference of ``out`` with ``changed`` arguments (and k, v replaced where
+    given) and a function computing its magnitude, or None when they leave the reference as
+    it was."""
+    args = dict(
+        causal=case.causal,
+        scale=inputs.scale,
+        window=case.window,
+        kv_lens=inputs.mask.kv_lens,
+        shift=case.shift,
+        pattern=inputs.mask.pattern,
+    )
+    args.update(changed)
+    k = inputs.k if k is None else k
+    v = inputs.v if v is None else v
+    ref, _ = reference(inputs.q, k, v, **args)
+    if torch.equal(ref, truth.ref[0]):
+        return None
+    return ref, lambda: magnitude(inputs.q, k, v, **args)[0]
+
+
+def _other_align(case, inputs, out, truth):
+    other = "top_left" if case.causal_align == "bottom_right" else "bottom_right"
+    found = _recomputed(case, inputs, truth, shift=offset(other, case.seq_q, case.seq_kv))
+    what = "causal" if case.causal else "window"
+    message = f"{HYPHEN[other]} {what}; declared {HYPHEN[case.causal_align]}"
+    return None if found is None else (out, *found, message)
+
+
+def _kv_head_mod(case, inputs, out, truth):
+    group = case.heads // case.kv_heads
+    # query head h reads kv head h % Hkv: (B, Hkv, Skv, D) -> (B, Hq, Skv, D)
+    k, v = inputs.k.repeat(1, group, 1, 1), inputs.v.repeat(1, group, 1, 1)
+    found = _recomputed(case, inputs, truth, k=k, v=v)
+    message = (
+        f"kv head h % Hkv for query head h; the convention is h // {group} "
+        f"(Hq/Hkv = {group} consecutive query heads per kv head)"
+    )
+    return None if found is None else (out, *found, message)
+
+
+def _window(delta: int):
+    def alternative(case, inputs, out, truth):
+        width = case.window + delta
+        if width < 1:
+            return None
+        found = _recomputed(case, inputs, truth, window=width)
+        message = f"window {width}; declared window {case.window}"
+        return None if found is None else (out, *found, message)
+
+    return alternative
+
+
+def _keyless(fill: str):
+    """Rows with no visible key (zero in the reference) as ``fill``: uniform over all keys
+    (a finite mask value) or NaN (a softmax over nothing)."""
+
+    def alternative(case, inputs, out, truth):
+        empty = truth.mag[0].terms == 0  # (B, Hq, Sq, 1): queries that see no key
+        if not empty.any():
+            return None
+        rows = int(empty.sum())  # (batch, head, query) rows
+        ref, mag = truth.ref[0], truth.mag[0]
+        if fill == "nan":
+            if not (out.isnan().all(-1, keepdim=True) == empty).all():
+                return None
+            message = f"NaN in the {rows} rows with no visible key; the convention is zero there"
+            return out.masked_fill(empty, 0.0), ref, mag, message
+        group = case.heads // case.kv_heads
+        v = inputs.v.detach().to(torch.float64).repeat_interleave(group, 1)  # (B, Hq, Skv, D)
+        n = v.shape[2]
+        mean = v.mean(2, keepdim=True)  # (B, Hq, 1, D): each key weighted 1 / Skv
+        m = mean.abs() + v.square().sum(2, keepdim=True).sqrt() / n
+        uniform = Magnitude(
+            torch.where(empty, m, mag.m), torch.where(empty, n, mag.terms), mag.under
+        )
+        message = (
+            f"the mean of all keys' values in the {rows} rows with no visible key; "
+            f"the convention is zero there"
+        )
+        return out, torch.where(empty, mean, ref), uniform, message
+
+    return alternative
+
+
+def _scale(which: str):
+    def alternative(case, inputs, out, truth):
+        value = 1.0 if which == "1" else case.head_dim**-0.5
+        if inputs.scale == value:
+            return None
+        found = _recomputed(case, inputs, truth, scale=value)
+        rsqrt = " = 1/sqrt(D)" if inputs.scale == case.head_dim**-0.5 else ""
+        message = f"scale {which}; declared {inputs.scale:.4g}{rsqrt}"
+        return None if found is None else (out, *found, message)
+
+    return alternative
+
+
+def _transposed(case, inputs, out, truth):
+    B, Hq, Sq, D = out.shape
+    read = out.reshape(B, Sq, Hq, D).transpose(1, 2)  # its values in (B, S, H, D) order
+    message = "when read in (B, S, H, D) order: a missing transpose; declared (B, H, S, D)"
+    return read, truth.ref[0], truth.mag[0], message
+
+
+def _masked(case: Case) -> bool:
+    return case.causal or case.mask != "none"
+
+
+CONVENTIONS = (
+    Convention(
+        "causal_align",
+        lambda c: (c.causal or c.mask == "window") and c.seq_q != c.seq_kv,
+        _other_align,
+    ),
+    Convention("kv_head_mod", lambda c: c.gqa, _kv_head_mod),
+    Convention("window_minus_1", lambda c: c.mask == "window", _window(-1)),
+    Convention("window_plus_1", lambda c: c.mask == "window", _window(+1)),
+    Convention("keyless_uniform", _masked, _keyless("uniform")),
+    Convention("keyless_nan", _masked, _keyless("nan")),
+    Convention("scale_1", lambda c: True, _scale("1")),
+    Convention("scale_rsqrt_d", lambda c: True, _scale("1/sqrt(D)")),
+    Convention("transpose", lambda c: c.heads > 1 and c.seq_q > 1, _transposed),
+)
