@@ -241,8 +241,7 @@ def register(
         missing = [(mod, cmd) for mod, cmd in (requires or {}).items() if not _importable(mod)]
         why = [f"needs {mod}, which is not installed (install: {cmd})" for mod, cmd in missing]
         why += [unavailable] if unavailable and not missing else []
-        fields = {k: v for k, v in declared.items() if k != "unmasked"}
-        fields.update(
+        fields = {k: v for k, v in declared.items() if k != "unmasked"} | dict(
             devices=_valid(name, "devices", devices, DEVICES),
             dtypes=_valid(name, "dtypes", dtypes, DTYPES),
             head_dims=None if head_dims is None else tuple(head_dims),

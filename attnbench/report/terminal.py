@@ -19,7 +19,7 @@ __all__ = ["list_impls", "models_table", "summary_table"]
 LIST_WIDTH = 100  # attnbench list: lines no wider than this
 
 
-ALIGN_SHORT = {("top_left",): "tl", ("bottom_right",): "br"}  # attnbench list's align column
+ALIGN_SHORT = {("top_left",): "tl", ("bottom_right",): "br"}  # attnbench list's al column
 
 
 def _bwd(impl) -> str:
@@ -65,7 +65,7 @@ def list_impls(impls: dict, device: str) -> str:
                     [*("y" if f else "n" for f in (impl.causal, impl.cross, impl.gqa)), _bwd(impl)]
                 ),
                 "masks": _compact(impl.masks, MASKS, MASK_SHORT),
-                "align": ALIGN_SHORT.get(impl.causal_align, "both"),
+                "al": ALIGN_SHORT.get(impl.causal_align, "both"),
                 "pg": "y" if impl.paged else "n",
                 "from": registry.origin(impl),
             }
@@ -90,7 +90,7 @@ def list_impls(impls: dict, device: str) -> str:
         "here: runs on this device; dev: devices (all: cpu and cuda); c/x/g/b: causal / cross "
         "(seq_q != seq_kv) / GQA / "
         "backward (a device: there only); masks: pad(ding), win(dow), doc(ument), bsp = "
-        "block_sparse; align: causal alignment, tl(top-left), br(bottom-right) or both (one "
+        "block_sparse; al: causal alignment, tl(top-left), br(bottom-right) or both (one "
         "alone also runs the other's cases of equal lengths); pg: takes a paged KV cache; "
         "from: built-in (attnbench.impls), impls/ (the checkout's drop-in folder), --plugin, "
         "entry point",
