@@ -106,6 +106,7 @@ def test_fidelity_stage_gives_a_verdict_per_check(tmp_path):
     assert any(n.endswith("fidelity.csv") for n in packed(tmp_path, "fidelity"))
 
 
+@pytest.mark.slow  # about 3 min (its budget is the point): pytest -m slow -k fresh_copy
 def test_a_call_stopped_by_its_budget_resumes_on_a_fresh_copy(tmp_path):
     """Call 1 (env and first-light) on one copy of the working tree, stopped by its budget
     (the slow impl waits at the first case's longer length, after two rows); its archives
