@@ -8,8 +8,9 @@ Canonical layout: q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D); out (B, Hq, Sq, D).
 
 Causal convention: ``causal_align`` top_left (SDPA's ``is_causal``, the default) lets query i
 see keys j <= i; bottom_right (FlashAttention >= 2.1, decoding with a KV cache) lets it see
-j <= i + Skv - Sq, so the last query sees every key. ``mask`` (none, padding, window)
-combines with it; attnbench/masks.py has the rules.
+j <= i + Skv - Sq, so the last query sees every key. ``mask`` (a kind of attnbench/masks/:
+none, padding, window, document, ...) combines with it, and ``score_mod`` (softcap, alibi)
+changes the scores under any mask; attnbench/masks/ has the rules.
 
 ``model`` and ``phase`` label cases that come from a model preset or a phase (spec.py,
 models.py); they change nothing in the computation.
@@ -28,8 +29,8 @@ import torch
 from attnbench.dims import DIMS
 from attnbench.dims import label as case_label
 from attnbench.errors import UsageError
-from attnbench.masks import ALIGNS, MASKS, key_bounds, offset
-from attnbench.patterns import PATTERN_MASKS, canonical
+from attnbench.masks import ALIGNS, KINDS, canonical_mod, make_mod, offset
+from attnbench.masks.interval import causal_pairs, sum_range  # noqa: F401  (re-exported)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_ALIASES = {
@@ -62,22 +63,6 @@ def canonical_dtype(name: str) -> str:
     return name
 
 
-def causal_pairs(seq_q: int, seq_kv: int, shift: int = 0) -> int:
-    """Number of (query, key) pairs a causal mask leaves unmasked when query i sees keys
-    j <= i + shift (shift 0: top-left; Skv - Sq: bottom-right)."""
-    # row i sees clamp(i + shift + 1, 0, seq_kv) keys: rows below -shift see none, rows from
-    # seq_kv - shift - 1 on see all of them, the rows between a run 1, 2, ...
-    first = min(max(-shift, 0), seq_q)  # rows that see no key
-    last = min(max(seq_kv - shift - 1, first), seq_q)  # rows [first, last) see i + shift + 1
-    ramp = sum_range(first + shift + 1, last + shift + 1)
-    return ramp + (seq_q - last) * seq_kv
-
-
-def sum_range(a: int, b: int) -> int:
-    """a + (a + 1) + ... + (b - 1), 0 when b <= a."""
-    return (b - a) * (a + b - 1) // 2 if b > a else 0
-
-
 @dataclass(frozen=True)
 class Case:
     batch: int
@@ -90,13 +75,14 @@ class Case:
     causal: bool = False
     mode: str = "fwd"
     device: str = "cpu"
-    mask: str = "none"  # none, padding, window (masks.py); combines with causal
+    mask: str = "none"  # a kind of attnbench/masks/ (masks.KINDS); combines with causal
     window: int | None = None  # window width W, with mask=window only
     level: str = "op"  # op: attention alone; layer: the multi-head block around it
-    pattern: str | None = None  # --docs / --sparsity spec of mask document, block_sparse, strided
-    causal_align: str = "top_left"  # top_left or bottom_right (masks.py): causal and window
+    pattern: str | None = None  # the mask kind's spec (--docs, --sparsity, --mask KIND:SPEC)
+    causal_align: str = "top_left"  # top_left or bottom_right (masks/rules.py): causal, window
     model: str = ""  # the model preset the case comes from (models.py), or blank
     phase: str = ""  # prefill, decode or train when the case comes from a phase, or blank
+    score_mod: str = ""  # a score modifier of attnbench/masks/ (softcap:50, alibi), or blank
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
@@ -116,15 +102,15 @@ class Case:
             raise CaseError(f"unknown mode {self.mode!r} (allowed: {', '.join(MODES)})")
         if self.device.split(":")[0] not in DEVICES:
             raise CaseError(f"unknown device {self.device!r} (allowed: {', '.join(DEVICES)})")
-        if self.mask not in MASKS:
-            raise CaseError(f"unknown mask {self.mask!r} (allowed: {', '.join(MASKS)})")
+        if self.mask not in KINDS:
+            raise CaseError(f"unknown mask {self.mask!r} (allowed: {', '.join(KINDS)})")
         if self.level not in LEVELS:
             raise CaseError(f"unknown level {self.level!r} (allowed: {', '.join(LEVELS)})")
         if self.causal_align not in ALIGNS:
             raise CaseError(
                 f"unknown causal_align {self.causal_align!r} (allowed: {', '.join(ALIGNS)})"
             )
-        if self.causal_align != "top_left" and not (self.causal or self.mask == "window"):
+        if self.causal_align != "top_left" and not (self.causal or self.kind.aligned):
             raise CaseError(
                 f"causal_align={self.causal_align} moves the diagonal of a causal or window "
                 f"mask; this case has neither (set causal true or mask window)"
@@ -136,44 +122,37 @@ class Case:
                 f"level=layer is self-attention: seq_q={self.seq_q} and "
                 f"seq_kv={self.seq_kv} must be equal"
             )
-        if self.mask in PATTERN_MASKS or self.pattern is not None:
-            self._validate_pattern()
-            return
-        if self.mask != "window":
-            if self.window is not None:
-                raise CaseError(f"window={self.window} needs mask=window (mask={self.mask})")
-            return
-        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window <= 0:
-            raise CaseError(
-                f"mask=window needs a positive integer window (got {self.window!r}; set --window)"
-            )
-        if self.seq_q + self.shift > self.seq_kv + self.window - 1:
-            raise CaseError(
-                f"mask=window with window={self.window}: queries i >= seq_kv + "
-                f"window - 1 = {self.seq_kv + self.window - 1} would see no key "
-                f"(seq_q={self.seq_q}); use a wider window or more keys"
-            )
+        self._validate_mask()
 
-    def _validate_pattern(self) -> None:
-        """Masks document, block_sparse and strided (patterns.py): self-attention, no window;
-        the spec is stored in its canonical form (defaults filled in)."""
-        if self.mask not in PATTERN_MASKS:
+    def _validate_mask(self) -> None:
+        """The kind's own checks; its spec and the score modifier stored in canonical form."""
+        kind = self.kind
+        if self.pattern is not None and kind.default_spec is None:
+            takes = [k.name for k in KINDS.values() if k.default_spec is not None]
             raise CaseError(
-                f"pattern={self.pattern!r} needs mask {' or '.join(PATTERN_MASKS)} "
-                f"(mask={self.mask})"
+                f"pattern={self.pattern!r} needs mask {' or '.join(takes)} (mask={self.mask})"
             )
-        if self.window is not None:
-            raise CaseError(f"window={self.window} needs mask=window (mask={self.mask})")
-        if self.cross:
-            raise CaseError(
-                f"mask={self.mask} is self-attention: seq_q={self.seq_q} and "
-                f"seq_kv={self.seq_kv} must be equal"
-            )
-        flag = "--docs" if self.mask == "document" else "--sparsity"
         try:
-            object.__setattr__(self, "pattern", canonical(self.mask, self.pattern))
+            kind.check(self)
         except ValueError as exc:
-            raise CaseError(f"mask={self.mask}: {flag} {exc}") from None
+            raise CaseError(str(exc)) from None
+        try:
+            object.__setattr__(self, "pattern", kind.canonical(self.pattern))
+        except ValueError as exc:
+            raise CaseError(f"mask={self.mask}: {kind.spec_flag} {exc}") from None
+        try:
+            object.__setattr__(self, "score_mod", canonical_mod(self.score_mod))
+        except ValueError as exc:
+            raise CaseError(f"{exc} (--score-mod)") from None
+
+    @property
+    def kind(self):
+        """The mask's kind (masks.KINDS)."""
+        return KINDS[self.mask]
+
+    def modifier(self):
+        """The case's score modifier (a masks.ScoreMod), None without one."""
+        return make_mod(self.score_mod, self.heads, self.device)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -201,32 +180,12 @@ class Case:
         return offset(self.causal_align, self.seq_q, self.seq_kv)
 
     def pairs(self, kv_lens: list[int] | None = None, layout=None) -> int:
-        """Unmasked (query, key) pairs per head, summed over the batch, exactly. Key padding
-        needs the per-batch valid key lengths ``kv_lens`` (inputs.key_lengths); masks
-        document, block_sparse and strided their drawn ``layout`` (a patterns.Pattern)."""
-        if self.mask in PATTERN_MASKS:
-            if layout is None:
-                raise ValueError(f"mask={self.mask}: the pair count needs the drawn layout")
-            return layout.pairs(self.causal)
-        if self.mask == "padding" and kv_lens is None:
-            raise ValueError("mask=padding: the pair count needs kv_lens")
-        if self.mask == "none":
-            per_batch = (
-                causal_pairs(self.seq_q, self.seq_kv, self.shift)
-                if self.causal
-                else self.seq_q * self.seq_kv
-            )
-            return self.batch * per_batch
-        lo, hi = key_bounds(
-            torch.arange(self.seq_q),
-            self.seq_kv,
-            causal=self.causal,
-            window=self.window,
-            kv_lens=None if kv_lens is None else torch.tensor(kv_lens),
-            shift=self.shift,
-        )
-        counts = (hi - lo).clamp(min=0).sum()  # over (Bm, Sq)
-        return int(counts) * (1 if kv_lens is not None else self.batch)
+        """Unmasked (query, key) pairs per head, summed over the batch, exactly: the kind's
+        count. Key padding needs the per-batch valid key lengths ``kv_lens``
+        (inputs.key_lengths); kinds with a layout their drawn ``layout`` (a masks.Layout)."""
+        if layout is None and self.pattern is not None:
+            raise ValueError(f"mask={self.mask}: the pair count needs the drawn layout")
+        return self.kind.pairs(self, kv_lens, layout)
 
     @property
     def d_model(self) -> int:

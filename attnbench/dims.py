@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from attnbench.masks import KINDS
+
 REQUIRED = object()  # a column every row has had since the first runs
 PANDAS_DTYPES = {int: "Int64", bool: "boolean", str: "string"}
 
@@ -44,9 +46,7 @@ class Dim:
 
 
 def _mask_part(c) -> str:
-    return {"none": "", "padding": " padding", "window": f" window{c.window}"}.get(
-        c.mask, f" {c.mask} {c.pattern}"
-    )
+    return KINDS[c.mask].label(c)
 
 
 DIMS: tuple[Dim, ...] = (
@@ -99,8 +99,8 @@ DIMS: tuple[Dim, ...] = (
     Dim(
         "mask",
         str,
-        "none, padding (per-batch valid key lengths), window, document (packed documents), "
-        "block_sparse or strided (sparse patterns); combines with causal",
+        "the mask kind (attnbench/masks/): none, padding, window, document, block_sparse, "
+        "strided, prefix_lm or a plugin's; combines with causal",
         ("mask",),
         part=_mask_part,  # with the window or the pattern, which have no part of their own
         rank=11,
@@ -146,10 +146,21 @@ DIMS: tuple[Dim, ...] = (
     Dim(
         "pattern",
         str,
-        "mask document: the --docs spec (fixed:LEN, uniform:MIN-MAX or LEN+LEN+...); "
-        "block_sparse and strided: the --sparsity spec, defaults filled in; else blank",
+        "the mask kind's spec, defaults filled in: document the --docs spec (fixed:LEN, "
+        "uniform:MIN-MAX or LEN+LEN+...); block_sparse and strided the --sparsity spec; "
+        "prefix_lm the prefix (P or PCT%); else blank",
         ("docs", "sparsity"),
         old=None,
+    ),
+    Dim(
+        "score_mod",
+        str,
+        "the score modifier (attnbench/masks/): softcap:CAP (cap·tanh(s/cap)), alibi (ALiBi "
+        "slopes), a plugin's, or blank for none",
+        ("score_mod",),
+        old=None,
+        part=lambda c: f" {c.score_mod.replace(':', '')}" if c.score_mod else "",
+        rank=11.5,
     ),
 )
 DIM = {d.name: d for d in DIMS}

@@ -19,10 +19,11 @@ except ModuleNotFoundError:  # Python 3.10
 
 from attnbench.case import DEVICES, LEVELS, MODES, PHASES, CaseError, canonical_dtype
 from attnbench.errors import UsageError
-from attnbench.masks import ALIGNS
+from attnbench.masks import ALIGNS, KINDS, MODS, canonical_mod
+from attnbench.masks.blocks import parse_sparsity
+from attnbench.masks.document import parse_docs
 from attnbench.models import model as find_model
-from attnbench.patterns import parse_docs, parse_sparsity
-from attnbench.spec import MASK_CHOICES, PRESETS
+from attnbench.spec import PRESETS
 
 
 def _items(text: str) -> list[str]:
@@ -64,6 +65,27 @@ def _choice(what: str, allowed) -> Callable[[str], str]:
 
 def _list(cast: Callable[[str], Any]) -> Callable[[str], list]:
     return lambda text: list(dict.fromkeys(cast(item) for item in _items(text)))
+
+
+def _mask(text: str) -> str:
+    """A --mask value, KIND or KIND:SPEC; a built-in kind's spec in canonical form. A name
+    that is not (yet) a kind is checked when the grid is built, after plugins register
+    theirs."""
+    name, sep, spec = text.partition(":")
+    if name not in KINDS:
+        return text
+    if not sep:
+        return name
+    try:
+        return f"{name}:{KINDS[name].canonical(spec)}"
+    except ValueError as exc:
+        raise ValueError(f"mask {name}: {exc}") from None
+
+
+def _score_mod(text: str) -> str:
+    """A --score-mod value in canonical form ('' for none); a plugin's is checked later."""
+    name = text.partition(":")[0]
+    return canonical_mod(text) if name in (*MODS, "none") else text
 
 
 def _causal(text: str) -> list[bool]:
@@ -154,10 +176,17 @@ OPTIONS: dict[str, Option] = {
     "causal": Option(_causal, "true, false or both"),
     "mode": Option(_list(_choice("mode", MODES)), "fwd, bwd (backward alone), fwd_bwd"),
     "mask": Option(
-        _list(_choice("mask", MASK_CHOICES)),
+        _list(_mask),
         "none, causal, padding, window, document (packed documents), block_sparse "
-        "(BigBird), strided (Sparse Transformer) (default none); causal means mask none with "
-        "causal true, the others combine with every --causal value",
+        "(BigBird), strided (Sparse Transformer), prefix_lm (causal with a bidirectional "
+        "prefix: prefix_lm:P or prefix_lm:PCT%, default 25%) or a plugin's kind (default "
+        "none); KIND:SPEC gives a kind's spec; causal means mask none with causal true, the "
+        "others combine with every --causal value",
+    ),
+    "score_mod": Option(
+        _list(_score_mod),
+        "score modifiers applied before the mask, one per case: none (default), softcap:CAP "
+        "(cap·tanh(s/cap); Gemma 2: 50), alibi (ALiBi slopes per head), or a plugin's",
     ),
     "docs": Option(
         _list(parse_docs),

@@ -36,7 +36,7 @@ import torch
 from attnbench import checkout
 from attnbench.case import DEVICES, DTYPES, Case, CaseError
 from attnbench.errors import AttnbenchError, UsageError
-from attnbench.masks import ALIGNS, MASKS
+from attnbench.masks import ALIGNS, ANY, KINDS, MODS
 
 BUILTIN_PACKAGE = "attnbench.impls"
 DROP_IN = "impls"  # the checkout's folder of one-file plugins, loaded in a checkout only
@@ -65,7 +65,8 @@ class Impl:
     backward: bool | tuple[str, ...] = True  # or the devices it has a backward on
     layout: str = "bhsd"  # of q, k, v (and of out unless out_layout says otherwise)
     out_layout: str | None = None  # of out (and of its gradient); None: layout
-    masks: tuple[str, ...] = ("none",)  # masks.MASKS it supports (combined with causal)
+    masks: tuple[str, ...] = ("none",)  # masks.KINDS it supports (with causal); "*": all
+    score_mods: tuple[str, ...] = ()  # masks.MODS it supports; "*": all
     causal_align: tuple[str, ...] = ("top_left",)  # masks.ALIGNS it supports
     paged: bool = False  # takes k, v as a paged KV cache (pools + block_table)
     page_tokens: int | None = None  # tokens per page of its paged cache; None: inputs.PAGE_TOKENS
@@ -103,8 +104,11 @@ class Impl:
 
     @property
     def takes_mask(self) -> bool:
-        """Called with ``mask=``: it declared a mask beyond none or bottom-right alignment."""
-        return self.masks != ("none",) or self.causal_align != ("top_left",)
+        """Called with ``mask=``: it declared a mask beyond none, a score modifier or the
+        bottom-right alignment."""
+        return (
+            self.masks != ("none",) or bool(self.score_mods) or self.causal_align != ("top_left",)
+        )
 
     def reasons(self, case: Case) -> list[str]:
         """Why this impl cannot run ``case``; empty when it can."""
@@ -129,8 +133,13 @@ class Impl:
             )
         if case.backward and not self.backward_on(case.device_type):
             out.append(self._backward_reason(case))
-        if case.mask not in self.masks:
+        if case.mask not in self.masks and ANY[0] not in self.masks:
             out.append(f"mask={case.mask} (supported: {', '.join(self.masks)})")
+        modifier = case.score_mod.partition(":")[0]
+        if modifier and modifier not in self.score_mods and ANY[0] not in self.score_mods:
+            out.append(
+                f"score_mod={case.score_mod} (supported: {', '.join(self.score_mods) or 'none'})"
+            )
         if case.causal_align not in self.causal_align and aligned_differently(case):
             out.append(
                 f"causal_align={case.causal_align} (supported: {', '.join(self.causal_align)})"
@@ -167,7 +176,7 @@ class Impl:
 def aligned_differently(case: Case) -> bool:
     """Whether top-left and bottom-right alignment give this case different masks: a causal
     or window mask across unequal lengths. Elsewhere an impl of either alignment runs it."""
-    return (case.causal or case.mask == "window") and case.seq_q != case.seq_kv
+    return (case.causal or case.kind.aligned) and case.seq_q != case.seq_kv
 
 
 def _cuda_visible() -> bool:
@@ -193,6 +202,7 @@ def register(
     out_layout: str | None = None,
     masks: Iterable[str] = ("none",),
     unmasked: bool = True,
+    score_mods: Iterable[str] = (),
     causal_align: Iterable[str] = ("top_left",),
     paged: bool = False,
     page_tokens: int | None = None,
@@ -212,9 +222,11 @@ def register(
     ``masks``: the masks.MASKS it supports; "none" (no mask beyond causal) is implied unless
     ``unmasked`` is False (an impl that needs a mask, e.g. one that unpacks documents). An impl
     declaring more, or ``causal_align`` with "bottom_right", is called with ``mask=`` (a
-    masks.Mask). ``causal_align``: the alignments it supports; one alone (a bottom-right-only
-    library) leaves the other's cases ``unsupported`` where the two differ (causal or window
-    with seq_q != seq_kv) and runs them elsewhere. ``backward``: True, False, or the devices
+    masks.Mask). ``masks=ANY`` (masks.ANY): every registered kind, a plugin's too (an impl
+    that runs any kind's ``Layout.rule``). ``score_mods``: the score modifiers (masks.MODS) it
+    applies, from ``mask.score_mod``, or ANY. ``causal_align``: the alignments it supports;
+    one alone (a bottom-right-only library) leaves the other's cases ``unsupported`` where the
+    two differ (causal or window with seq_q != seq_kv) and runs them elsewhere. ``backward``: True, False, or the devices
     it has a backward on (``("cuda",)``). ``layout``: of q, k, v and out; ``out_layout``: of
     out where it differs (a library taking (B, H, S, D) and returning (B, S, H, D)).
     ``paged``: it takes k and v as a paged KV cache (see the module's doc), with pages of
@@ -249,6 +261,7 @@ def register(
             layout=_valid(name, "layout", [layout], LAYOUTS)[0],
             out_layout=None if out_layout in (None, layout) else _out_layout(name, out_layout),
             masks=_masks(name, masks, unmasked),
+            score_mods=_valid(name, "score_mods", score_mods, (*MODS, *ANY)),
             causal_align=_aligns(name, causal_align),
             description=description or (fn.__doc__ or "").strip().split("\n")[0],
             source=_current_source,
@@ -276,7 +289,9 @@ def add(impl: Impl) -> None:
 def _masks(name: str, masks: Iterable[str], unmasked: bool) -> tuple[str, ...]:
     """The masks an impl runs: "none" first unless it needs a mask, then those it declared."""
     out = tuple(
-        dict.fromkeys((*(("none",) if unmasked else ()), *_valid(name, "masks", masks, MASKS)))
+        dict.fromkeys(
+            (*(("none",) if unmasked else ()), *_valid(name, "masks", masks, (*KINDS, *ANY)))
+        )
     )
     if not unmasked and out in ((), ("none",)):
         raise RegistryError(f"impl {name!r}: unmasked=False needs the masks it runs (masks=...)")

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import difflib
 import itertools
 from dataclasses import dataclass, field, replace
 
 from attnbench.case import MODES, PHASES, Case, CaseError, canonical_dtype
 from attnbench.dims import DIMS
-from attnbench.masks import ALIGNS, MASKS
+from attnbench.masks import ALIGNS, KINDS, MASKS, canonical_mod
+from attnbench.masks.blocks import block_kinds, fits
 from attnbench.models import model as find_model
-from attnbench.patterns import PATTERN_MASKS, SPARSITY_DEFAULTS
 
-# --mask values: the masks, and "causal" for mask none with causal true
+# --mask values: the masks (KIND or KIND:SPEC), and "causal" for mask none with causal true
 MASK_CHOICES = ("none", "causal", *MASKS[1:])
 
 PRESETS: dict[str, dict] = {
@@ -150,6 +151,7 @@ class Spec:
     explicit: frozenset[str] = frozenset()  # fields given by flags or a sweep file: they win
     docs: list[str] | None = None  # mask document: the documents specs (patterns.py)
     sparsity: list[str] | None = None  # masks block_sparse, strided: the pattern specs
+    score_mod: list[str] = field(default_factory=lambda: [""])  # score modifiers, "": none
 
     @classmethod
     def from_preset(cls, name: str, device: str, **overrides) -> Spec:
@@ -253,15 +255,24 @@ class Spec:
                 raise CaseError(f"unknown causal_align {align!r} (allowed: {', '.join(ALIGNS)})")
         dtypes = [canonical_dtype(d) for d in self.dtype]
         out = []
-        for mode, dtype, level, (mask, causal, window), d, b, h in itertools.product(
-            self.mode, dtypes, self.level, self._masks(), self.head_dim, self.batch, self.heads
+        mods = [self._score_mod(text) for text in self.score_mod]
+        for mode, dtype, level, (mask, causal, window, specs), d, b, h, mod in itertools.product(
+            self.mode,
+            dtypes,
+            self.level,
+            self._masks(),
+            self.head_dim,
+            self.batch,
+            self.heads,
+            mods,
         ):
             h = self.hidden // d if self.hidden else h
             # the alignment moves only a causal or window mask: others stay top-left
-            aligns = self.causal_align if causal or mask == "window" else ["top_left"]
+            aligned = causal or KINDS[mask].aligned
+            aligns = self.causal_align if aligned else ["top_left"]
             for align, hkv, s in itertools.product(aligns, self.kv_heads or [h], self.seq_len):
                 b = max(1, self.tokens // s) if self.tokens else b
-                for skv in self.seq_len_kv or [s]:
+                for skv, spec in itertools.product(self.seq_len_kv or [s], specs):
                     out.append(
                         Case(
                             batch=b,
@@ -280,53 +291,59 @@ class Spec:
                             causal_align=align,
                             model=model,
                             phase=phase,
+                            pattern=spec,
+                            score_mod=mod,
                         )
                     )
         if not out:
             raise CaseError("the grid is empty: every list needs at least one value")
-        out = [with_spec for case in out for with_spec in self._patterns(case)]
         return list(dict.fromkeys(out))  # drop duplicates, keep order
 
-    def _patterns(self, case: Case) -> list[Case]:
-        """A case of mask document once per --docs spec, of block_sparse or strided once per
-        --sparsity spec whose keys that mask has (its defaults when none is given)."""
-        if self.docs and "document" not in self.mask:
-            raise CaseError("--docs needs --mask document")
-        for spec in self.sparsity or []:
-            if not [m for m in PATTERN_MASKS[1:] if m in self.mask and fits(spec, m)]:
-                raise CaseError(
-                    f"--sparsity {spec!r} fits none of the masks swept (block_sparse: "
-                    f"{', '.join(SPARSITY_DEFAULTS['block_sparse'])}; strided: "
-                    f"{', '.join(SPARSITY_DEFAULTS['strided'])})"
-                )
-        if case.mask not in PATTERN_MASKS:
-            return [case]
-        if case.mask == "document":
-            specs = self.docs
-        else:
-            specs = [spec for spec in self.sparsity or [] if fits(spec, case.mask)]
-        if not specs:
-            return [case]
-        return [replace(case, pattern=spec) for spec in specs]
-
-    def _masks(self) -> list[tuple[str, bool, int | None]]:
-        """(mask, causal, window) combinations."""
-        if "window" in self.mask and not self.window:
+    def _masks(self) -> list[tuple[str, bool, int | None, tuple[str | None, ...]]]:
+        """(mask, causal, window, specs) combinations: a kind's specs from --mask KIND:SPEC,
+        else those of its option that fit it (--docs; --sparsity specs whose keys the kind
+        has), else (None,): its default."""
+        names = [text.partition(":")[0] for text in self.mask]
+        if "window" in names and not self.window:
             raise CaseError("mask window needs --window W (the window width)")
+        self._check_specs(names)
         out = []
-        for mask in self.mask:
-            if mask not in MASK_CHOICES:
-                raise CaseError(f"unknown mask {mask!r} (allowed: {', '.join(MASK_CHOICES)})")
-            causals = [True] if mask == "causal" else self.causal
+        for text in self.mask:
+            mask, sep, spec = text.partition(":")
+            if mask not in ("causal", *KINDS):
+                allowed = ("causal", *KINDS)
+                hint = difflib.get_close_matches(mask, allowed, n=1)
+                did = f"; did you mean {hint[0]!r}?" if hint else ""
+                raise CaseError(f"unknown mask {mask!r}{did} (allowed: {', '.join(allowed)})")
+            kind = KINDS["none" if mask == "causal" else mask]
+            if sep and kind.default_spec is None:
+                raise CaseError(f"--mask {text}: mask {mask} takes no spec (give --mask {mask})")
+            given = {"--docs": self.docs, "--sparsity": self.sparsity}.get(kind.spec_flag) or []
+            specs = (
+                [spec] if sep else [g for g in given if mask not in block_kinds() or fits(g, mask)]
+            )
+            needs = mask == "causal" or kind.needs_causal
+            causals = [True] if needs else self.causal
             windows = self.window if mask == "window" else [None]
             out += [
-                ("none" if mask == "causal" else mask, c, w)
+                (kind.name, c, w, tuple(specs) or (None,))
                 for c, w in itertools.product(causals, windows)
             ]
         return list(dict.fromkeys(out))
 
+    def _check_specs(self, names: list[str]) -> None:
+        """--docs and --sparsity fit a mask swept."""
+        if self.docs and "document" not in names:
+            raise CaseError("--docs needs --mask document")
+        blocks = block_kinds()
+        for spec in self.sparsity or []:
+            if not [m for m in blocks if m in names and fits(spec, m)]:
+                keys = "; ".join(f"{m}: {', '.join(d)}" for m, d in blocks.items())
+                raise CaseError(f"--sparsity {spec!r} fits none of the masks swept ({keys})")
 
-def fits(spec: str, mask: str) -> bool:
-    """Whether every key of a --sparsity spec is one of mask ``mask``'s."""
-    keys = [item.split("=")[0] for item in spec.split(":") if item]
-    return all(key in SPARSITY_DEFAULTS[mask] for key in keys)
+    @staticmethod
+    def _score_mod(text: str) -> str:
+        try:
+            return canonical_mod(text)
+        except ValueError as exc:
+            raise CaseError(f"--score-mod: {exc}") from None

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 from attnbench import registry
 from attnbench.case import Case
-from attnbench.masks import ALIGNS, MASKS
+from attnbench.masks import ALIGNS, ANY
 from attnbench.measure import agreement
 from attnbench.measure.agreement import checked_names
 from attnbench.measure.reference import Magnitude
@@ -283,7 +283,7 @@ GRAD_ONLY = {"dq_x1.01", "dk_x1.01", "dv_x1.01"}
 
 
 def _impl(name: str, fn) -> registry.Impl:
-    return registry.Impl(name, fn, masks=MASKS, causal_align=ALIGNS)
+    return registry.Impl(name, fn, masks=ANY, causal_align=ALIGNS)
 
 
 KEY_BY_KEY = _impl("key_by_key", key_by_key)

@@ -13,7 +13,13 @@ def test_every_dimension_is_a_case_field_a_column_and_part_of_the_key():
     assert {d.name for d in DIMS} == set(Case.__dataclass_fields__)
     for d in DIMS:
         assert COLUMNS[d.name] == (d.dtype, d.meaning)
-    assert LATER_KEYS == {"causal_align": "top_left", "model": None, "phase": None, "pattern": None}
+    assert LATER_KEYS == {
+        "causal_align": "top_left",
+        "model": None,
+        "phase": None,
+        "pattern": None,
+        "score_mod": None,
+    }
 
 
 def test_every_dimension_option_is_an_option_and_a_spec_field():

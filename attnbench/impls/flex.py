@@ -5,14 +5,15 @@ p - back < j < p + ahead and j < kv_len[b] (masks.interval), with shift, back, a
 kv_len held in tensors, so causal (either alignment), padding and window cases of one shape
 share one compiled graph; the block mask (made once per row, outside the
 timing) lets the kernel skip fully masked tiles. Without any mask the block mask is None.
-Packed documents and sparse patterns (patterns.py) have a mask_mod of their own, reading the
-document index or the block layout from a tensor.
+The other kinds (attnbench/masks/) give their layout's ``rule`` as the mask_mod (reading the
+document index or the block layout from a tensor), and a score modifier its ``apply`` as the
+score_mod.
 FlexAttention has no backward on the CPU."""
 
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from attnbench.masks import ALIGNS, MASKS, interval, reach
+from attnbench.masks import ALIGNS, ANY, interval, reach
 from attnbench.measure.compiling import compile_static
 from attnbench.registry import Unsupported, register
 
@@ -47,25 +48,27 @@ def block_mask(q, k, causal, mask):
 
 
 def pattern_block_mask(pattern, causal: bool, device):
-    """Packed documents (query and key in one document) or a sparse block layout (the blocks
-    of query and key kept), and j <= i when causal, as a block mask: (B, 1, S, S)."""
-    causal_t = torch.tensor(causal, device=device)
-    if pattern.kind == "document":
-        ids = pattern.doc_ids(device)  # (B, S)
+    """A mask kind's layout (masks.Layout: packed documents, a sparse block layout, a prefix,
+    a plugin's) as a block mask, its ``rule`` the mask_mod: (B, 1, S, S)."""
 
-        def mask_mod(b, h, q_idx, kv_idx):
-            same = ids[b, q_idx] == ids[b, kv_idx]
-            return same & ((kv_idx <= q_idx) | ~causal_t)
-
-    else:
-        layout, block = pattern.layout(device), pattern.block  # (nblocks, nblocks)
-
-        def mask_mod(b, h, q_idx, kv_idx):
-            kept = layout[q_idx // block, kv_idx // block]
-            return kept & ((kv_idx <= q_idx) | ~causal_t)
+    def mask_mod(b, h, q_idx, kv_idx):
+        return pattern.rule(b, q_idx, kv_idx, causal)
 
     S = pattern.seq_len
     return create_block_mask(mask_mod, pattern.batch, None, S, S, device=device)
+
+
+def score_mod(q, k, mask):
+    """The case's score modifier (masks.ScoreMod.apply) as FlexAttention's score_mod, at the
+    query's position among the keys; None without one."""
+    if mask is None or mask.score_mod is None:
+        return None
+    apply, shift = mask.score_mod.apply, mask.shift(q.shape[-2], k.shape[-2])
+
+    def modded(score, b, h, q_idx, kv_idx):
+        return apply(score, h, q_idx + shift, kv_idx)
+
+    return modded
 
 
 def work_pairs(case, mask) -> int:
@@ -89,7 +92,8 @@ def work_pairs(case, mask) -> int:
 @register(
     "flex",
     color="#8c564b",
-    masks=MASKS,
+    masks=ANY,
+    score_mods=ANY,
     causal_align=ALIGNS,
     compiled=True,
     backward=("cuda",),  # FlexAttention has no backward on the CPU
@@ -104,6 +108,7 @@ def flex(q, k, v, *, causal, scale, mask):
             k,
             v,
             block_mask=block_mask(q, k, causal, mask),
+            score_mod=score_mod(q, k, mask),
             scale=scale,
             enable_gqa=q.shape[1] != k.shape[1],
         )

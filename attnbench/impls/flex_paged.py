@@ -16,7 +16,7 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask
 
 from attnbench.impls.flex import _flex
-from attnbench.masks import ALIGNS, MASKS, interval, key_bounds, reach
+from attnbench.masks import ALIGNS, interval, key_bounds, reach
 from attnbench.registry import Unsupported, register
 
 Q_BLOCK = 128
@@ -99,7 +99,7 @@ def block_mask(q, k_pool, block_table, causal, mask, seq_kv: int) -> BlockMask:
 @register(
     "flex_paged",
     color="#c49c94",
-    masks=MASKS,
+    masks=("padding", "window"),  # the interval kinds: its mask_mod is rules.interval
     causal_align=ALIGNS,
     paged=True,
     backward=False,

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from attnbench.masks import ALIGNS, MASKS, Mask
+from attnbench.masks import ALIGNS, ANY, MODS, Mask
 from attnbench.measure.backends import backends_in
 from attnbench.measure.profiling import profiled
 from attnbench.registry import Unsupported, register
@@ -48,7 +48,9 @@ def attention(q, k, v, *, causal: bool, scale: float, mask: Mask | None = None, 
     Sq, Skv = q.shape[-2], k.shape[-2]
     shifted = causal and mask is not None and mask.shift(Sq, Skv) != 0
     attn_mask = None
-    if mask is not None and (mask.kind != "none" or (shifted and not bias)):
+    if mask is not None and mask.score_mod is not None:
+        attn_mask, causal = additive(q, k, causal, mask), False
+    elif mask is not None and (mask.kind != "none" or (shifted and not bias)):
         attn_mask = mask.keep(Sq, Skv, causal, q.device)  # (Bm, 1, Sq, Skv)
         causal = False
     elif shifted:
@@ -62,6 +64,26 @@ def attention(q, k, v, *, causal: bool, scale: float, mask: Mask | None = None, 
         scale=scale,
         enable_gqa=q.shape[1] != k.shape[1],
     )
+
+
+def additive(q, k, causal: bool, mask: Mask) -> torch.Tensor:
+    """An additive score modifier (ALiBi) as a float attn_mask in q's dtype, -inf where the
+    mask hides a key: (Bm, Hq, Sq, Skv), made once per row."""
+    Hq, Sq, Skv = q.shape[1], q.shape[-2], k.shape[-2]
+
+    def make():
+        h = torch.arange(Hq, device=q.device)[None, :, None, None]
+        p = torch.arange(Sq, device=q.device)[:, None] + mask.shift(Sq, Skv)
+        bias = mask.score_mod.bias(h, p, torch.arange(Skv, device=q.device)[None, :])
+        if mask.masked(causal):
+            bias = bias.masked_fill(~mask.keep(Sq, Skv, causal, q.device), float("-inf"))
+        return bias.to(q.dtype)
+
+    return mask.cached(("additive", causal, Sq, Skv, str(q.device)), make)
+
+
+# the score modifiers SDPA can express: those that only add a bias (a float attn_mask)
+ADDITIVE = tuple(name for name, mod in MODS.items() if mod.additive)
 
 
 def forced(name: str) -> Callable:
@@ -163,7 +185,8 @@ def forced_pairs(case, mask) -> int | None:
 @register(
     "sdpa",
     color="#ff7f0e",
-    masks=MASKS,
+    masks=ANY,
+    score_mods=ADDITIVE,
     causal_align=ALIGNS,
     backend=detect_backend,
     baseline=True,
@@ -179,7 +202,8 @@ for _name, _devices in DEVICES.items():
     register(
         f"sdpa_{_name}",
         devices=_devices,
-        masks=MASKS,
+        masks=ANY,
+        score_mods=ADDITIVE,
         causal_align=ALIGNS,
         backend=_name,
         color=COLORS[_name],

@@ -3,8 +3,10 @@
 Forward: for each query block, loop over key blocks keeping a running max ``m`` and running
 sum ``l`` (online softmax, float32), rescaling the accumulator; key blocks that no row of the
 query block keeps (past the causal diagonal, outside the window, past every batch's padding,
-outside every row's document, outside a sparse pattern's kept blocks) are skipped, and only
-blocks that some row masks in part are masked element-wise. Only the
+outside every row's document, outside a sparse pattern's kept blocks: any mask kind's
+layout) are skipped, and only blocks that some row masks in part are masked element-wise; a
+score modifier (softcap, ALiBi) is applied to each block's scores, its derivative in the
+backward. Only the
 output and the per-row log-sum-exp are saved.
 Backward (hand-written): scores are recomputed block by block from the saved log-sum-exp.
 Extra memory is O(block_q · block_k) for scores plus O(S) for out / lse / grads, so it grows
@@ -16,8 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench.masks import ALIGNS, MASKS, block_keep, key_bounds
-from attnbench.patterns import Pattern
+from attnbench.masks import ALIGNS, ANY, Layout, ScoreMod, block_keep, key_bounds
 from attnbench.registry import register
 
 BLOCK_Q = 128
@@ -26,6 +27,19 @@ BLOCK_K = 256
 
 def _blocks(start: int, end: int, size: int):
     return [(s, min(s + size, end)) for s in range(start, end, size)]
+
+
+def _scaled(qb, kb, scale, q0, k0, shift, mod: ScoreMod | None, grad: bool):
+    """Scaled scores of a block in float32, modified by the score modifier: (B, Hkv, G, bq,
+    bk); with ``grad`` also d(modified)/d(scores) (None without a modifier)."""
+    s = (qb @ kb.transpose(-1, -2)).float() * scale
+    if mod is None:
+        return s, None
+    Hkv, G, bq, bk = s.shape[1:]
+    h = torch.arange(Hkv * G, device=s.device).view(1, Hkv, G, 1, 1)
+    p = torch.arange(q0, q0 + bq, device=s.device)[:, None] + shift
+    j = torch.arange(k0, k0 + bk, device=s.device)[None, :]
+    return mod.apply(s, h, p, j), mod.grad(s, h, p, j) if grad else None
 
 
 @dataclass
@@ -37,6 +51,7 @@ class _Masking:
     window: int | None
     kv_lens: torch.Tensor | None  # (B,) on the device
     shift: int = 0  # position of query 0 among the keys (masks.offset)
+    mod: ScoreMod | None = None  # the case's score modifier
 
     def __post_init__(self):
         self.kv_lens_cpu = None if self.kv_lens is None else self.kv_lens.cpu()  # one sync
@@ -60,9 +75,10 @@ class _Masking:
         start, end, *full = self.key_range(q0, q1)
         return [(k0, k1, full) for k0, k1 in _blocks(start, end, BLOCK_K)]
 
-    def scores(self, qb, kb, scale, q0, k0, full):
-        """Scaled scores of a block in float32, masked where needed: (B, Hkv, G, bq, bk)."""
-        s = (qb @ kb.transpose(-1, -2)).float() * scale
+    def scores(self, qb, kb, scale, q0, k0, full, grad=False):
+        """Scaled, modified scores of a block in float32, masked where needed, and their
+        gradient factor (``_scaled``): (B, Hkv, G, bq, bk)."""
+        s, g = _scaled(qb, kb, scale, q0, k0, self.shift, self.mod, grad)
         k1 = k0 + kb.shape[-2]
         if k0 < full[0] or k1 > full[1]:  # some row of the block masks some of these keys
             keep = block_keep(
@@ -78,17 +94,19 @@ class _Masking:
                 shift=self.shift,
             )
             s = s.masked_fill(~keep[:, None, None], float("-inf"))  # keep (Bm, 1, 1, bq, bk)
-        return s
+        return s, g
 
 
 @dataclass
-class _PatternMasking:
-    """Packed documents and sparse patterns (patterns.py), per tile: tiles the pattern leaves
-    empty are skipped, full ones unmasked, the others masked element-wise. The plan of tiles
-    is made once per row (the untimed first call) and kept in the row's mask."""
+class _LayoutMasking:
+    """A mask kind's layout (masks.Layout: packed documents, sparse patterns, a prefix...),
+    per tile: tiles it leaves empty are skipped, full ones unmasked, the others masked
+    element-wise. The plan of tiles is made once per row (the untimed first call) and kept in
+    the row's mask."""
 
-    pattern: Pattern
+    pattern: Layout
     causal: bool
+    mod: ScoreMod | None = None  # the case's score modifier
 
     def __post_init__(self):
         S = self.pattern.seq_len
@@ -103,20 +121,24 @@ class _PatternMasking:
     def key_tiles(self, q0: int, q1: int) -> list[tuple[int, int, bool]]:
         return self.plan[q0]
 
-    def scores(self, qb, kb, scale, q0, k0, full):
-        """Scaled scores of a block in float32, masked where needed: (B, Hkv, G, bq, bk)."""
-        s = (qb @ kb.transpose(-1, -2)).float() * scale
+    def scores(self, qb, kb, scale, q0, k0, full, grad=False):
+        """As _Masking.scores."""
+        s, g = _scaled(qb, kb, scale, q0, k0, 0, self.mod, grad)
         if not full:
             q1, k1 = q0 + qb.shape[-2], k0 + kb.shape[-2]
             keep = self.pattern.keep(q0, q1, k0, k1, self.causal, s.device)  # (Bm, bq, bk)
             s = s.masked_fill(~keep[:, None, None], float("-inf"))  # keep (Bm, 1, 1, bq, bk)
-        return s
+        return s, g
 
 
 def _masking(seq_q: int, seq_kv: int, causal: bool, mask):
     if mask.pattern is not None:
-        return mask.cached(("tiled", causal), lambda: _PatternMasking(mask.pattern, causal))
-    return _Masking(seq_kv, causal, mask.window, mask.kv_lens, mask.shift(seq_q, seq_kv))
+        return mask.cached(
+            ("tiled", causal), lambda: _LayoutMasking(mask.pattern, causal, mask.score_mod)
+        )
+    return _Masking(
+        seq_kv, causal, mask.window, mask.kv_lens, mask.shift(seq_q, seq_kv), mask.score_mod
+    )
 
 
 def work_pairs(case, mask) -> int:
@@ -146,7 +168,7 @@ class TiledAttention(torch.autograd.Function):
             l = torch.zeros_like(m)
             acc = torch.zeros(qb.shape, dtype=torch.float32, device=q.device)
             for k0, k1, full in masking.key_tiles(q0, q1):
-                s = masking.scores(qb, k5[..., k0:k1, :], scale, q0, k0, full)
+                s, _ = masking.scores(qb, k5[..., k0:k1, :], scale, q0, k0, full)
                 m_new = torch.maximum(m, s.amax(dim=-1))
                 # a row with no kept key yet has m_new = -inf: shift by 0 instead (exp -> 0)
                 shift = m_new.masked_fill(m_new == float("-inf"), 0.0)
@@ -179,11 +201,12 @@ class TiledAttention(torch.autograd.Function):
             qb, dob = q5[..., q0:q1, :], do5[..., q0:q1, :]
             for k0, k1, full in masking.key_tiles(q0, q1):
                 kb, vb = k5[..., k0:k1, :], v5[..., k0:k1, :]
-                s = masking.scores(qb, kb, scale, q0, k0, full)
+                s, g = masking.scores(qb, kb, scale, q0, k0, full, grad=True)
                 p = torch.exp(s - lse[..., q0:q1, None])  # (B, Hkv, G, bq, bk)
                 dv[..., k0:k1, :] += (p.to(q.dtype).transpose(-1, -2) @ dob).float().sum(2)
                 dp = (dob @ vb.transpose(-1, -2)).float()
-                ds = (p * (dp - delta[..., q0:q1, None]) * scale).to(q.dtype)
+                ds = p * (dp - delta[..., q0:q1, None])  # d loss / d modified scores
+                ds = (ds * scale if g is None else ds * g * scale).to(q.dtype)
                 dq[..., q0:q1, :] += (ds @ kb).float()
                 dk[..., k0:k1, :] += (ds.transpose(-1, -2) @ qb).float().sum(2)
         return (dq.reshape(B, Hq, Sq, D).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None)
@@ -192,7 +215,8 @@ class TiledAttention(torch.autograd.Function):
 @register(
     "tiled",
     color="#d62728",
-    masks=MASKS,
+    masks=ANY,
+    score_mods=ANY,
     causal_align=ALIGNS,
     work=work_pairs,
     description="our blocked online-softmax attention in plain PyTorch, hand-written "

@@ -86,6 +86,7 @@ def _recomputed(case: Case, inputs, truth: Truth, k=None, v=None, **changed):
         kv_lens=inputs.mask.kv_lens,
         shift=case.shift,
         pattern=inputs.mask.pattern,
+        score_mod=inputs.mask.score_mod,
     )
     args.update(changed)
     k = inputs.k if k is None else k
@@ -187,7 +188,7 @@ def _masked(case: Case) -> bool:
 CONVENTIONS = (
     Convention(
         "causal_align",
-        lambda c: (c.causal or c.mask == "window") and c.seq_q != c.seq_kv,
+        lambda c: (c.causal or c.kind.aligned) and c.seq_q != c.seq_kv,
         _other_align,
     ),
     Convention("kv_head_mod", lambda c: c.gqa, _kv_head_mod),

@@ -32,6 +32,7 @@ def reference(
     kv_lens: torch.Tensor | None = None,
     shift: int = 0,
     pattern=None,
+    score_mod=None,
 ):
     """Attention by the textbook formula in ``dtype``, one batch element and one query chunk
     at a time, so neither the score matrix nor a widened copy of k and v is ever whole (a
@@ -42,9 +43,10 @@ def reference(
     (dk/dv accumulated over chunks in at least float32). Masks, written out element by
     element (query i at position p = i + shift among the keys, key j, batch b): causal masks
     j > p; ``window`` W masks |p - j| >= W, or with causal p - j >= W; ``kv_lens`` (B,) masks
-    j >= kv_lens[b] (key padding); ``pattern`` (a patterns.Pattern: packed documents or a
-    sparse layout) as ``pattern_masked``. A query with every key masked has output zero and
-    gradients zero."""
+    j >= kv_lens[b] (key padding); a mask kind's ``pattern`` (a masks.Layout) by its own
+    ``hidden`` rule, causal included. ``score_mod`` (a masks.ScoreMod) changes the scaled
+    scores by its ``reference`` rule before the mask. A query with every key masked has
+    output zero and gradients zero."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     group = Hq // Hkv
@@ -56,6 +58,8 @@ def reference(
     dv = torch.empty_like(dk) if grad else None
     step = _chunk_rows(Hq, Skv, dtype)
     j = torch.arange(Skv, device=q.device)[None, :]  # (1, Skv)
+    # the query head of each (kv head, group member): h = kv · group + g, (Hkv, group, 1, 1)
+    heads = torch.arange(Hq, device=q.device).reshape(Hkv, group, 1, 1)
     for b in range(B):
         kb = k[b].detach().to(dtype)[:, None].requires_grad_(grad)  # (Hkv, 1, Skv, D)
         vb = v[b].detach().to(dtype)[:, None].requires_grad_(grad)
@@ -70,16 +74,9 @@ def reference(
             with torch.enable_grad() if grad else torch.no_grad():
                 s = (qc @ kb.transpose(-1, -2)) * scale  # (Hkv, group, c, Skv)
                 p = torch.arange(rows.start, rows.stop, device=q.device)[:, None] + shift
-                drop = torch.zeros(c, Skv, dtype=torch.bool, device=q.device)  # (c, Skv)
-                if causal:
-                    drop |= j > p
-                if window is not None:
-                    drop |= (p - j >= window) if causal else ((p - j).abs() >= window)
-                if kv_lens is not None:
-                    drop |= j >= kv_lens[b].to(q.device)
-                if pattern is not None:  # (Bm, 1, c, Skv): this batch row's
-                    hidden = pattern_masked(pattern, p - shift, j)
-                    drop |= hidden[b if hidden.shape[0] > 1 else 0, 0]
+                if score_mod is not None:
+                    s = score_mod.reference(s, heads, p, j)
+                drop = _dropped(p, j, b, causal, window, kv_lens, shift, pattern)  # (c, Skv)
                 empty = drop.all(dim=-1, keepdim=True)  # (c, 1): no key at all
                 s = s.masked_fill(drop, float("-inf")).masked_fill(empty, 0.0)
                 oc = s.softmax(dim=-1).masked_fill(empty, 0.0) @ vb  # (Hkv, group, c, D)
@@ -95,33 +92,20 @@ def reference(
     return out, ((dq, dk, dv) if grad else None)
 
 
-def pattern_masked(pattern, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-    """True where a pattern mask hides key j from query i: (Bm, 1, c, Skv) for query indices
-    i (c, 1) and key indices j (1, Skv). Written from the drawn data alone (docs/method.md):
-    document: j and i lie in different documents of row b (documents laid end to end with
-    ``pattern.doc_lens[b]``); block_sparse with block P: i // P and j // P further apart than
-    (local - 1) / 2, neither below ``n_global``, and j // P not among ``pattern.random[i // P]``;
-    strided: |i // P - j // P| >= stride and (i // P - j // P) % stride != 0."""
-    if pattern.kind == "document":
-        rows = []
-        for lens in pattern.doc_lens:
-            doc = torch.empty(sum(lens), dtype=torch.int64)
-            start = 0
-            for number, length in enumerate(lens):
-                doc[start : start + length] = number
-                start += length
-            rows.append(doc)
-        doc = torch.stack(rows).to(i.device)  # (B, S): each position's document
-        return (doc[:, i] != doc[:, j])[:, None]  # (B, 1, c, Skv)
-    qb, kb = i // pattern.block, j // pattern.block  # (c, 1), (1, Skv)
-    if pattern.kind == "strided":
-        near = (qb - kb).abs() < pattern.stride
-        return ~(near | ((qb - kb) % pattern.stride == 0))[None, None]
-    kept = (qb - kb).abs() <= (pattern.local - 1) // 2
-    kept |= (qb < pattern.n_global) | (kb < pattern.n_global)
-    drawn = pattern.random.to(i.device)[qb[:, 0]]  # (c, r): key blocks drawn for each query
-    kept |= (drawn[:, None, :] == kb[..., None]).any(-1)  # (c, Skv)
-    return ~kept[None, None]
+def _dropped(p, j, b, causal, window, kv_lens, shift, pattern) -> torch.Tensor:
+    """True where key j is hidden from the query at position p in batch row b: (c, Skv) for
+    p (c, 1) and j (1, Skv), each rule written out element by element."""
+    if pattern is not None:  # the kind's own rule, causal included: (Bm, c, Skv)
+        hidden = pattern.hidden(p - shift, j, causal)
+        return hidden[b if hidden.shape[0] > 1 else 0]
+    drop = torch.zeros(p.shape[0], j.shape[1], dtype=torch.bool, device=p.device)
+    if causal:
+        drop |= j > p
+    if window is not None:
+        drop |= (p - j >= window) if causal else ((p - j).abs() >= window)
+    if kv_lens is not None:
+        drop |= j >= kv_lens[b].to(p.device)
+    return drop
 
 
 @dataclass(frozen=True)
@@ -150,6 +134,7 @@ def magnitude(
     kv_lens: torch.Tensor | None = None,
     shift: int = 0,
     pattern=None,
+    score_mod=None,
 ) -> list[Magnitude]:
     """The magnitudes of ``[out]`` or ``[out, dq, dk, dv]`` (docs/method.md has the formulas),
     for q, k, v (and dout) in the case dtype, whose smallest normal number sets ``under``.
@@ -160,13 +145,10 @@ def magnitude(
             q[b : b + 1],
             k[b : b + 1],
             v[b : b + 1],
-            causal=causal,
             scale=scale,
             dout=None if dout is None else dout[b : b + 1],
-            window=window,
-            kv_lens=None if kv_lens is None else kv_lens[b : b + 1],
-            shift=shift,
-            pattern=pattern,
+            mask=dict(causal=causal, window=window, kv_lens=kv_lens, shift=shift, pattern=pattern),
+            score_mod=score_mod,
             batch=b,
         )
         for b in range(q.shape[0])
@@ -182,9 +164,7 @@ def magnitude(
     return out
 
 
-def _magnitude(
-    q, k, v, *, causal, scale, dout, window, kv_lens, shift, pattern, batch
-) -> list[Magnitude]:
+def _magnitude(q, k, v, *, scale, dout, mask, score_mod, batch) -> list[Magnitude]:
     B, Hq, Sq, D = q.shape
     Hkv, Skv, G = k.shape[1], k.shape[2], Hq // k.shape[1]
     f64 = torch.float64
@@ -209,9 +189,9 @@ def _magnitude(
     for start in range(0, Sq, step):
         rows = slice(start, min(start + step, Sq))
         qc = q[:, :, rows]
-        i = torch.arange(rows.start, rows.stop, device=q.device)[:, None] + shift
-        s = _scores(qc, kk, i, j, causal, scale, window, kv_lens, shift, pattern, batch)
-        kept, p, w = _weights(s)
+        i = torch.arange(rows.start, rows.stop, device=q.device)[:, None] + mask["shift"]
+        s, size, g = _scores(qc, kk, i, j, scale, mask, score_mod, batch)
+        kept, p, w = _weights(s, size)
         w2 = w.square()
         n_q[:, :, rows] = kept.sum(-1, keepdim=True).to(f64)
         low = kept & (p < tiny)  # stored with the absolute precision u * tiny, not u * p
@@ -226,8 +206,8 @@ def _magnitude(
         doc = do[:, :, rows]
         dp = doc @ vv.transpose(-1, -2)
         delta = (doc * out).sum(-1, keepdim=True)
-        ds = p * (dp - delta)
-        a2 = (w * (dp.abs() + delta.abs())).square()
+        ds = p * (dp - delta) * g
+        a2 = (w * (dp.abs() + delta.abs()) * g).square()
         dq[:, :, rows] = scale * ds @ kk
         m_dq[:, :, rows] = scale * (a2 @ kk2).sqrt()
         sk2 += scale**2 * (a2.transpose(-1, -2) @ qc.square())
@@ -236,7 +216,7 @@ def _magnitude(
         dv += p.transpose(-1, -2) @ doc
         n_k += kept.sum(-2)[..., None].to(f64)
         if wl is not None:
-            al2 = (wl * (dp.abs() + delta.abs())).square()
+            al2 = (wl * (dp.abs() + delta.abs()) * g).square()
             low_dq = torch.zeros_like(q) if low_dq is None else low_dq
             low_dq[:, :, rows] = scale * (al2 @ kk2).sqrt()
             low_k2 = torch.zeros_like(sk2) if low_k2 is None else low_k2
@@ -264,30 +244,33 @@ def _magnitude(
     ]
 
 
-def _scores(qc, kk, i, j, causal, scale, window, kv_lens, shift, pattern, batch):
-    """Scores of query chunk qc (B, Hq, c, D) against kk (B, Hq, Skv, D), masked ones -inf:
-    (B, Hq, c, Skv). i (c, 1): the queries' positions among the keys; j (1, Skv)."""
-    s = (qc @ kk.transpose(-1, -2)) * scale  # (B, Hq, c, Skv)
-    if causal:
-        s = s.masked_fill(j > i, -math.inf)
-    if window is not None:
-        s = s.masked_fill((i - j >= window) if causal else ((i - j).abs() >= window), -math.inf)
-    if kv_lens is not None:
-        s = s.masked_fill(j >= kv_lens.to(qc.device)[:, None, None, None], -math.inf)
-    if pattern is not None:  # (Bm, 1, c, Skv): this element's row
-        hidden = pattern_masked(pattern, i - shift, j)
-        s = s.masked_fill(hidden[batch : batch + 1] if hidden.shape[0] > 1 else hidden, -math.inf)
-    return s
+def _scores(qc, kk, i, j, scale, mask, score_mod, batch):
+    """Scores of query chunk qc (1, Hq, c, D) against kk (1, Hq, Skv, D), modified and masked
+    (-inf), the size that sets their rounding error (|s|, or with a modifier |s| + |change|)
+    and d(modified)/d(s) (1 without a modifier): (1, Hq, c, Skv) each. i (c, 1): the queries'
+    positions among the keys; j (1, Skv)."""
+    s = (qc @ kk.transpose(-1, -2)) * scale  # (1, Hq, c, Skv)
+    size, g = s.abs(), 1.0
+    if score_mod is not None:
+        heads = torch.arange(s.shape[1], device=s.device)[None, :, None, None]
+        raw = s.detach().requires_grad_()
+        with torch.enable_grad():
+            modded = score_mod.reference(raw, heads, i, j)
+            (g,) = torch.autograd.grad(modded.sum(), raw)
+        s = modded.detach()
+        size = raw.detach().abs() + (s - raw.detach()).abs()
+    return s.masked_fill(_dropped(i, j, batch, **mask), -math.inf), size, g
 
 
-def _weights(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """From masked scores s (B, Hq, c, Skv): the kept pairs, the probabilities p (rows with
-    no key: zero) and the weights w = p (1 + |s|), each (B, Hq, c, Skv)."""
+def _weights(s: torch.Tensor, size: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """From masked scores s (B, Hq, c, Skv) and their sizes: the kept pairs, the
+    probabilities p (rows with no key: zero) and the weights w = p (1 + size), each
+    (B, Hq, c, Skv)."""
     kept = ~s.isneginf()
     empty = ~kept.any(-1, keepdim=True)  # queries with no key: output zero
     s = s.masked_fill(empty, 0.0)
     p = s.softmax(-1).masked_fill(empty, 0.0)
-    w = torch.where(p > 0, p * (1 + s.abs()), torch.zeros_like(p))
+    w = torch.where(p > 0, p * (1 + size), torch.zeros_like(p))
     return kept, p, w
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import pandas as pd
 
 from attnbench.case import Case
-from attnbench.patterns import PATTERN_MASKS
 from attnbench.report import analysis
 from attnbench.report.markdown import MISSING, table
 
@@ -32,7 +31,7 @@ TOL = 0.2  # how far the time-vs-pairs exponent may lie from a prediction (1, or
 def _pattern_rows(df: pd.DataFrame) -> pd.DataFrame:
     if "pattern" not in df or df.empty:
         return df.iloc[0:0]
-    return analysis.ok_rows(df[df["mask"].isin(PATTERN_MASKS)])
+    return analysis.ok_rows(df[df["pattern"].notna()])  # the kinds with a spec
 
 
 def wasted_work(df: pd.DataFrame) -> pd.DataFrame:

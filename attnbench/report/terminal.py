@@ -10,7 +10,7 @@ import pandas as pd
 
 from attnbench import registry
 from attnbench.case import DEVICES, DTYPES, Case
-from attnbench.masks import MASKS
+from attnbench.masks import ANY, MASKS
 from attnbench.models import models_table
 from attnbench.store.schema import CASE_KEY
 
@@ -29,6 +29,11 @@ def _bwd(impl) -> str:
     return ",".join(impl.backward)
 
 
+# mask names in the table, as the legend spells them out
+MASK_SHORT = {"padding": "pad", "window": "win", "document": "doc", "block_sparse": "bsp"}
+MOD_SHORT = {"softcap": "cap", "alibi": "ali"}  # score modifiers, likewise
+
+
 def _compact(values, every=(), short=None) -> str:
     """A capability list in a few characters: 'all' when it is every allowed value, else
     the values (abbreviated by ``short``), an evenly spaced run of numbers as 'a-b/step' and
@@ -45,12 +50,19 @@ def _compact(values, every=(), short=None) -> str:
     return ",".join((short or {}).get(v, str(v)) for v in values)
 
 
+def _masks(impl) -> str:
+    """The masks beyond none ('-': none alone; '!' after them: it needs one of them)."""
+    if ANY[0] in impl.masks:
+        return "all"
+    extra = [m for m in impl.masks if m != "none"]
+    shown = _compact(extra, MASKS[1:], MASK_SHORT) if extra else "-"
+    return shown if "none" in impl.masks else shown + "!"
+
+
 def list_impls(impls: dict, device: str) -> str:
     """Every impl on one line each (what it supports, where it came from), then a note per
     impl (what it is; why it cannot run here), every line within LIST_WIDTH characters."""
     dtypes = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-    # mask names in the table, as the legend spells them out
-    MASK_SHORT = {"padding": "pad", "window": "win", "document": "doc", "block_sparse": "bsp"}
     rows, notes = [], []
     for impl in impls.values():
         here = impl.available and device in impl.devices
@@ -64,7 +76,10 @@ def list_impls(impls: dict, device: str) -> str:
                 "c/x/g/b": "/".join(
                     [*("y" if f else "n" for f in (impl.causal, impl.cross, impl.gqa)), _bwd(impl)]
                 ),
-                "masks": _compact(impl.masks, MASKS, MASK_SHORT),
+                "masks": _masks(impl),
+                "sm": "all"
+                if ANY[0] in impl.score_mods
+                else ",".join(MOD_SHORT.get(m, m) for m in impl.score_mods) or "-",
                 "al": ALIGN_SHORT.get(impl.causal_align, "both"),
                 "pg": "y" if impl.paged else "n",
                 "from": registry.origin(impl),
@@ -89,8 +104,10 @@ def list_impls(impls: dict, device: str) -> str:
     legend = textwrap.fill(
         "here: runs on this device; dev: devices (all: cpu and cuda); c/x/g/b: causal / cross "
         "(seq_q != seq_kv) / GQA / "
-        "backward (a device: there only); masks: pad(ding), win(dow), doc(ument), bsp = "
-        "block_sparse; al: causal alignment, tl(top-left), br(bottom-right) or both (one "
+        "backward (a device: there only); masks beyond none: pad(ding), win(dow), doc(ument), "
+        "bsp = block_sparse, all: every kind, a plugin's too, '!': needs one of them; "
+        "sm: score modifiers (cap = softcap, ali = alibi); "
+        "al: causal alignment, tl(top-left), br(bottom-right) or both (one "
         "alone also runs the other's cases of equal lengths); pg: takes a paged KV cache; "
         "from: built-in (attnbench.impls), impls/ (the checkout's drop-in folder), --plugin, "
         "entry point",

@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from attnbench.case import Case
-from attnbench.masks import Mask
-from attnbench.patterns import PATTERN_MASKS, Pattern
+from attnbench.masks import Layout, Mask
 from attnbench.seeds import STREAMS, generator
 
 DRAW_WHOLE = 2**28  # elements drawn in one piece; larger tensors per batch element
@@ -39,12 +38,10 @@ def key_lengths(case: Case, seed: int) -> list[int] | None:
     return torch.randint(1, case.seq_kv + 1, (case.batch,), generator=gen).tolist()
 
 
-def pattern(case: Case, seed: int) -> Pattern | None:
-    """The drawn layout of masks document, block_sparse and strided (patterns.py), from
-    ``seed`` apart from q, k, v; None for the other masks."""
-    if case.mask not in PATTERN_MASKS:
-        return None
-    return Pattern.make(case.mask, case.pattern, case.batch, case.seq_q, seed)
+def pattern(case: Case, seed: int) -> Layout | None:
+    """The mask kind's layout (masks.Layout), its data drawn from ``seed`` apart from q, k,
+    v where it draws any; None for the interval kinds (none, padding, window)."""
+    return case.kind.layout(case, seed)
 
 
 def draws(case: Case, seed: int, paged: bool = False) -> dict | None:
@@ -57,10 +54,8 @@ def draws(case: Case, seed: int, paged: bool = False) -> dict | None:
     if lens is not None:
         out["key_lengths"] = lens
     drawn = pattern(case, seed)
-    if drawn is not None and drawn.doc_lens is not None:
-        out["doc_lens"] = drawn.doc_lens
-    if drawn is not None and drawn.random is not None:
-        out["random_blocks"] = drawn.random.tolist()
+    if drawn is not None:
+        out |= drawn.draws()
     if paged and case.level == "op":
         out["page_order"] = page_order(case.batch, case.seq_kv, seed).tolist()
     if not out:
@@ -84,20 +79,11 @@ DRAWN_BY = {
 }
 
 
-def from_draws(record: dict) -> tuple[Case, list[int] | None, Pattern | None, torch.Tensor | None]:
-    """A draws-file record back to its case, key lengths, pattern and block table (each None
+def from_draws(record: dict) -> tuple[Case, list[int] | None, Layout | None, torch.Tensor | None]:
+    """A draws-file record back to its case, key lengths, layout and block table (each None
     where the case does not draw it), without the seed."""
     case = Case.from_row(record)
-    drawn = None
-    if case.mask in PATTERN_MASKS:
-        drawn = Pattern.from_draws(
-            case.mask,
-            case.pattern,
-            case.batch,
-            case.seq_q,
-            doc_lens=record.get("doc_lens"),
-            random=record.get("random_blocks"),
-        )
+    drawn = case.kind.from_draws(case, record)
     table = record.get("page_order")
     return (
         case,
@@ -132,8 +118,9 @@ def make_inputs(case: Case, seed: int) -> Inputs:
         case.window,
         None if lens is None else torch.tensor(lens, device=case.device),
         case.causal_align,
+        pattern(case, seed),
+        case.modifier(),
     )
-    mask.pattern = pattern(case, seed)
     if case.level == "layer":
         dm, dkv = case.d_model, Hkv * D
         x = draw(B, case.seq_q, dm)

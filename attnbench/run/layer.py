@@ -66,6 +66,7 @@ def layer_reference(
     window=None,
     kv_lens=None,
     pattern=None,
+    score_mod=None,
 ):
     """The layer in ``dtype`` around reference.reference. Returns ``(out, grads)``; grads is
     ``(dx, dwq, dwk, dwv, dwo)`` when ``dout`` (B, S, d_model) is given."""
@@ -85,6 +86,7 @@ def layer_reference(
         window=window,
         kv_lens=kv_lens,
         pattern=pattern,
+        score_mod=score_mod,
     )
     merged = merge_heads(attn, "bhsd")  # (B, S, d_model)
     out = merged @ wo.T

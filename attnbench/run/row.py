@@ -102,6 +102,8 @@ def ground_truth(case: Case, inputs: Inputs) -> Truth:
     )
     if inputs.mask.pattern is not None:
         args["pattern"] = inputs.mask.pattern
+    if inputs.mask.score_mod is not None:
+        args["score_mod"] = inputs.mask.score_mod
 
     def truth(dtype):
         if case.level == "layer":

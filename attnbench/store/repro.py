@@ -25,12 +25,13 @@ def case_flags(case: Case) -> list[str]:
         *("--kv-heads", str(case.kv_heads), "--seq-len", str(case.seq_q)),
         *("--seq-len-kv", str(case.seq_kv), "--head-dim", str(case.head_dim)),
         *("--dtype", case.dtype, "--causal", "true" if case.causal else "false"),
-        *("--mode", case.mode, "--mask", case.mask),
+        *("--mode", case.mode),
+        *("--mask", case.mask if case.pattern is None else f"{case.mask}:{case.pattern}"),
     ]
     if case.window is not None:
         flags += ["--window", str(case.window)]
-    if case.pattern is not None:
-        flags += ["--docs" if case.mask == "document" else "--sparsity", case.pattern]
+    if case.score_mod:
+        flags += ["--score-mod", case.score_mod]
     flags += ["--causal-align", case.causal_align, "--level", case.level]
     flags += ["--model", case.model] if case.model else []
     flags += ["--phase", case.phase] if case.phase else []

@@ -87,7 +87,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
         "included, as the impl declares it (its tiles or call shapes; docs/method.md: "
         "wasted work); blank where it declares none. flops / work_flops is the useful share",
     ),
-    **_case("level", "causal_align", "model", "phase"),
+    **_case("level", "causal_align", "model", "phase", "score_mod"),
     "backend": (
         "string",
         "SDPA backend that ran (flash, efficient, cudnn, math); xformers: the operators it "

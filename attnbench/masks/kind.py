@@ -1,0 +1,145 @@
+"""The registry of mask kinds. A kind is one file (attnbench/masks/<name>.py, or a plugin's
+file) declaring a ``MaskKind``: its name and meaning, its spec (parsing and the message that
+says how to fix a bad one), its checks on a case, the data it draws from the seed (a
+``Layout``), its exact pair count and its label. A kind with drawn or structured data keeps
+its rules in its ``Layout``: ``rule`` (what impls run: dense, per tile, or as a FlexAttention
+mask_mod) and ``hidden`` (the float64 reference's rule, written out on its own, on purpose).
+
+The interval kinds (none, padding, window) have no layout: their geometry is rules.py's, which
+impls use directly, and the reference writes them out from the case's window and key lengths.
+"""
+
+from __future__ import annotations
+
+import torch
+
+KINDS: dict[str, MaskKind] = {}
+
+
+class MaskKind:
+    """One kind of mask; subclass it and ``register_kind`` an instance."""
+
+    name = ""
+    meaning = ""  # one phrase: --mask's help and the mask column's meaning (docs/columns.md)
+    default_spec: str | None = None  # the spec when none is given; None: the kind takes none
+    spec_flag = ""  # where its spec is given: its own option, else --mask KIND:SPEC
+    self_only = False  # needs seq_q == seq_kv
+    needs_causal = False  # only defined with causal true
+    aligned = False  # the causal alignment places it (as it places a causal mask)
+
+    def canonical(self, spec: str | None) -> str | None:
+        """The canonical spec (defaults filled in); ValueError saying how to fix a bad one."""
+        if spec is not None:
+            raise ValueError(f"mask {self.name} takes no spec (got {spec!r})")
+        return None
+
+    def check(self, case) -> None:
+        """ValueError naming the problem and the fix when ``case`` cannot have this mask."""
+        if case.window is not None:
+            raise ValueError(f"window={case.window} needs mask=window (mask={self.name})")
+        if self.needs_causal and not case.causal:
+            raise ValueError(f"mask {self.name} is causal: set causal true (--causal true)")
+        if self.self_only and case.cross:
+            raise ValueError(
+                f"mask={self.name} is self-attention: seq_q={case.seq_q} and "
+                f"seq_kv={case.seq_kv} must be equal"
+            )
+
+    def layout(self, case, seed: int) -> Layout | None:
+        """The case's mask data, drawn from ``seed`` where it draws any; None: rules.py's."""
+        return None
+
+    def from_draws(self, case, record: dict) -> Layout | None:
+        """The layout from a run's draws-file record (``Layout.draws``'s fields)."""
+        return self.layout(case, 0)
+
+    def pairs(self, case, kv_lens: list[int] | None, layout: Layout | None) -> int:
+        """Kept (query, key) pairs per head, summed over the batch, exactly."""
+        return layout.pairs(case.causal)
+
+    def label(self, case) -> str:
+        """Its part of the case label, leading space included (it never changes for a case)."""
+        return f" {self.name}" + (f" {case.pattern}" if case.pattern else "")
+
+
+def register_kind(kind: MaskKind) -> MaskKind:
+    """Add a kind to the registry (a plugin's file calls this at import); a name taken by a
+    different kind is an error."""
+    old = KINDS.get(kind.name)
+    if old is not None and type(old) is not type(kind):
+        raise ValueError(f"mask kind {kind.name!r} is already registered ({type(old).__name__})")
+    KINDS[kind.name] = kind
+    return kind
+
+
+def find_kind(name: str) -> MaskKind:
+    """The kind named ``name``; ValueError listing the kinds."""
+    if name not in KINDS:
+        raise ValueError(f"unknown mask {name!r} (allowed: {', '.join(KINDS)})")
+    return KINDS[name]
+
+
+class Layout:
+    """A kind's mask for one case (S = seq_len, B = batch): what impls run and what the
+    reference checks them against. Subclasses give ``rule`` and ``hidden``; the rest follows
+    from ``rule`` unless a kind has a faster exact way."""
+
+    kind = ""
+
+    def __init__(self, seq_len: int, batch: int):
+        self.seq_len, self.batch = seq_len, batch
+        self._cache: dict = {}
+
+    def rule(self, b, i, j, causal: bool):
+        """True where query i keeps key j in batch row b, causal combined as the kind says;
+        b, i, j broadcast (tensors: index grids, or FlexAttention's scalars)."""
+        raise NotImplementedError
+
+    def hidden(self, i: torch.Tensor, j: torch.Tensor, causal: bool) -> torch.Tensor:
+        """The reference's rule: True where key j is hidden from query i, (Bm, c, Skv) for
+        query indices i (c, 1) and key indices j (1, Skv); written apart from ``rule``."""
+        raise NotImplementedError
+
+    def draws(self) -> dict:
+        """What the layout drew from the seed, JSON-ready, for the run's draws file."""
+        return {}
+
+    @property
+    def rows(self) -> int:
+        """Bm: B when the mask differs between batch rows, else 1."""
+        return 1
+
+    def keep(self, q0: int, q1: int, k0: int, k1: int, causal: bool, device) -> torch.Tensor:
+        """True = attend, for queries q0..q1-1 and keys k0..k1-1: (Bm, bq, bk)."""
+        b = torch.arange(self.rows, device=device)[:, None, None]
+        i = torch.arange(q0, q1, device=device)[None, :, None]
+        j = torch.arange(k0, k1, device=device)[None, None, :]
+        out = self.rule(b, i, j, causal)
+        return out.expand(self.rows, q1 - q0, k1 - k0)
+
+    def dense(self, causal: bool, device) -> torch.Tensor:
+        """The whole mask, True = attend: (Bm, 1, S, S), cached."""
+        S = self.seq_len
+        return self.cached(
+            ("dense", causal, str(device)), lambda: self.keep(0, S, 0, S, causal, device)[:, None]
+        )
+
+    def tile(self, q0: int, q1: int, k0: int, k1: int, causal: bool) -> str:
+        """Whether the tile (queries q0..q1-1, keys k0..k1-1) is 'empty', 'full' (every pair
+        kept, in every batch row) or 'partial'."""
+        keep = self.keep(q0, q1, k0, k1, causal, "cpu")
+        return "empty" if not bool(keep.any()) else "full" if bool(keep.all()) else "partial"
+
+    def pairs(self, causal: bool) -> int:
+        """Kept pairs per head, summed over the batch: counted from ``rule`` by row chunks."""
+        S, step = self.seq_len, max(1, 2**24 // max(self.seq_len * self.rows, 1))
+        kept = sum(
+            int(self.keep(q0, min(q0 + step, S), 0, S, causal, "cpu").sum())
+            for q0 in range(0, S, step)
+        )
+        return kept * (self.batch // self.rows)
+
+    def cached(self, key, make):
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
