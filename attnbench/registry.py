@@ -222,13 +222,14 @@ def register(
     ``masks``: the masks.MASKS it supports; "none" (no mask beyond causal) is implied unless
     ``unmasked`` is False (an impl that needs a mask, e.g. one that unpacks documents). An impl
     declaring more, or ``causal_align`` with "bottom_right", is called with ``mask=`` (a
-    masks.Mask). ``masks=ANY`` (masks.ANY): every registered kind, a plugin's too (an impl
-    that runs any kind's ``Layout.rule``). ``score_mods``: the score modifiers (masks.MODS) it
-    applies, from ``mask.score_mod``, or ANY. ``causal_align``: the alignments it supports;
-    one alone (a bottom-right-only library) leaves the other's cases ``unsupported`` where the
-    two differ (causal or window with seq_q != seq_kv) and runs them elsewhere. ``backward``: True, False, or the devices
-    it has a backward on (``("cuda",)``). ``layout``: of q, k, v and out; ``out_layout``: of
-    out where it differs (a library taking (B, H, S, D) and returning (B, S, H, D)).
+    masks.Mask). ``masks=ANY`` (masks.ANY): every registered kind, a plugin's too (an impl that
+    runs any kind's ``Layout.rule``). ``score_mods``: the score modifiers (masks.MODS) it
+    applies, from ``mask.score_mod``, or ANY. ``causal_align``: the alignments it supports; one
+    alone (a bottom-right-only library) leaves the other's cases ``unsupported`` where the two
+    differ (causal or window with seq_q != seq_kv) and runs them elsewhere. ``backward``: True,
+    False, or the devices it has a backward on (``("cuda",)``). ``layout``: of q, k, v and out;
+    ``out_layout``: of out where it differs (a library taking (B, H, S, D) and returning (B, S,
+    H, D)).
     ``paged``: it takes k and v as a paged KV cache (see the module's doc), with pages of
     ``page_tokens`` tokens (default run/inputs.py PAGE_TOKENS). ``sm``: the CUDA compute
     capabilities it runs on, (lowest, highest or None), as major * 10 + minor.
