@@ -24,7 +24,7 @@ class Alibi(ScoreMod):
         super().__init__(arg, heads, device)
         n = 2 ** int(math.log2(heads))
         first = torch.pow(2.0, -8.0 * torch.arange(1, n + 1) / n)
-        rest = torch.pow(2.0, -4.0 * torch.arange(1, 2 * (heads - n), 2) / n)
+        rest = torch.pow(2.0, -4.0 * (2 * torch.arange(heads - n) + 1) / n)
         self.slopes = torch.cat([first, rest]).to(device)  # (heads,) float32
 
     def bias(self, h, p, j):
