@@ -5,6 +5,9 @@ with a reason, and transformers' LlamaAttention (impls/hf_llama.py) agrees."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -134,3 +137,14 @@ def test_transformers_llama_attention_agrees(impls, c):
     for name in ("hf_llama_eager", "hf_llama_sdpa"):
         r = row(impls[name], c)
         assert r["status"] == "ok" and r["agrees"] is True, (name, r["reason"])
+
+
+def test_the_plugin_guide_module_example_agrees(register, tmp_path):
+    text = (Path(__file__).resolve().parent.parent / "docs" / "plugins.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "module=" in b)
+    path = tmp_path / "module_example.py"
+    path.write_text(block)
+    registry._load_file(path)
+    for c in (case(), case(causal=False, mode="fwd")):
+        r = row(registry._IMPLS["my_module"], c)
+        assert r["status"] == "ok" and r["agrees"] is True, r["reason"]
