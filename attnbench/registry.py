@@ -12,6 +12,11 @@ pools (pages, page_tokens, Hkv, D), ``block_table=`` (B, pages per sequence) int
 paged-attention servers keep them (run/inputs.py ``paged``; 128-token pages unless the impl
 declares ``page_tokens``).
 
+A **module impl** (``register(..., module=True)``) is instead a factory ``(case, mask) ->
+run.layer_module.LayerModule``: a model's own attention module (its projections included) with
+its four projection weights and a call x (B, S, d_model) -> (B, S, d_model). It runs at level
+layer only; the harness loads the seeded weights into it (docs/plugins.md).
+
 Impls come from four places: the built-ins (the package ``attnbench.impls``, shipped in the
 wheel), every module in the checkout's drop-in ``impls/`` folder (only when attnbench runs from
 its checkout: an installed wheel imports no folder it was not given), each ``--plugin`` file,
@@ -69,6 +74,7 @@ class Impl:
     score_mods: tuple[str, ...] = ()  # masks.MODS it supports; "*": all
     causal_align: tuple[str, ...] = ("top_left",)  # masks.ALIGNS it supports
     paged: bool = False  # takes k, v as a paged KV cache (pools + block_table)
+    module: bool = False  # fn is a module factory (case, mask) -> LayerModule; level layer only
     page_tokens: int | None = None  # tokens per page of its paged cache; None: inputs.PAGE_TOKENS
     # CUDA compute capabilities it runs on, as major * 10 + minor (90: Hopper): (lowest,
     # highest), highest None for no upper limit; None: any
@@ -144,6 +150,10 @@ class Impl:
             out.append(
                 f"causal_align={case.causal_align} (supported: {', '.join(self.causal_align)})"
             )
+        if self.module and case.level != "layer":
+            out.append(
+                f"level={case.level} (supported: layer; a module brings its own projections)"
+            )
         if self.paged and case.level != "op":
             out.append(f"level={case.level} (supported: op; a paged KV cache is an op input)")
         if self.paged and case.backward and self.backward_on(case.device_type):
@@ -206,6 +216,7 @@ def register(
     causal_align: Iterable[str] = ("top_left",),
     paged: bool = False,
     page_tokens: int | None = None,
+    module: bool = False,
     sm: tuple[int, int | None] | None = None,
     backend: str | Callable | None = None,
     compiled: bool = False,
@@ -231,7 +242,9 @@ def register(
     ``out_layout``: of out where it differs (a library taking (B, H, S, D) and returning (B, S,
     H, D)).
     ``paged``: it takes k and v as a paged KV cache (see the module's doc), with pages of
-    ``page_tokens`` tokens (default run/inputs.py PAGE_TOKENS). ``sm``: the CUDA compute
+    ``page_tokens`` tokens (default run/inputs.py PAGE_TOKENS). ``module``: the decorated
+    function is a module factory ``(case, mask) -> LayerModule`` (level layer only; see the
+    module's doc), not an attention function. ``sm``: the CUDA compute
     capabilities it runs on, (lowest, highest or None), as major * 10 + minor.
     ``backend``: the SDPA backend it forces, or a function ``(call, device_type) -> name``
     that detects it. ``compiled``: it uses torch.compile (its first call's compile time goes
@@ -251,6 +264,8 @@ def register(
     declared = dict(locals())  # the arguments as given; Impl's fields bear the same names
 
     def decorate(fn: Callable) -> Callable:
+        if module and paged:
+            raise RegistryError(f"impl {name!r}: module=True takes x, not a paged KV cache")
         missing = [(mod, cmd) for mod, cmd in (requires or {}).items() if not _importable(mod)]
         why = [f"needs {mod}, which is not installed (install: {cmd})" for mod, cmd in missing]
         why += [unavailable] if unavailable and not missing else []

@@ -13,6 +13,7 @@ from attnbench.masks import Mask
 from attnbench.registry import Impl
 from attnbench.run.inputs import Inputs, from_layout, paged, to_layout
 from attnbench.run.layer import layer_forward
+from attnbench.run.layer_module import host
 
 
 class BadOutput(AttnbenchError, RuntimeError):
@@ -31,10 +32,18 @@ class Call:
     scale: float
     mask: Mask
     block_table: torch.Tensor | None = None  # (B, pages per sequence), paged impls only
+    hosted: Callable | None = None  # a module impl's x (B, S, d_model) -> (B, S, d_model)
 
     @classmethod
     def prepare(cls, impl: Impl, case: Case, inputs: Inputs) -> Call:
         grad = case.backward
+        if case.level == "layer" and impl.module:  # its own module, the seeded weights loaded
+            mask = inputs.mask.fresh()
+            made = host(impl.fn(case, mask), inputs.weights, grad)
+            x = inputs.x.detach().requires_grad_(grad)
+            return cls(
+                impl, case, (x, *made.weights), inputs.dout, inputs.scale, mask, None, made.forward
+            )
         if case.level == "layer":  # the layer converts layouts itself, inside the timing
             leaves = tuple(t.detach().requires_grad_(grad) for t in (inputs.x, *inputs.weights))
             return cls(impl, case, leaves, inputs.dout, inputs.scale, inputs.mask.fresh())
@@ -58,6 +67,8 @@ class Call:
         return self.impl.fn(q, k, v, causal=self.case.causal, scale=self.scale, **extra)
 
     def forward(self) -> torch.Tensor:
+        if self.hosted is not None:
+            return self.hosted(self.leaves[0])
         if self.case.level == "layer":
             return layer_forward(
                 self.leaves[0],

@@ -1,0 +1,150 @@
+"""Level layer around a model's own attention module (register(..., module=True)): the harness
+loads the seeded weights into the module, so a correct module agrees with the float64 layer
+reference, a planted bug disagrees, learned parts the reference cannot model are unsupported
+with a reason, and transformers' LlamaAttention (impls/hf_llama.py) agrees."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnbench import registry
+from attnbench.case import Case
+from attnbench.measure.timing import TimerConfig
+from attnbench.run.call import Call
+from attnbench.run.inputs import make_inputs
+from attnbench.run.layer_module import LayerModule
+from attnbench.run.row import Settings, ground_truth, measure
+
+FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
+
+
+def case(**kw) -> Case:
+    base = dict(batch=2, heads=4, kv_heads=2, seq_q=24, seq_kv=24, head_dim=8, level="layer")
+    return Case(**{**base, "causal": True, "mode": "fwd_bwd", **kw})
+
+
+class TinyAttention(torch.nn.Module):
+    """transformers' calling convention: forward(hidden_states, attention_mask) -> (out,
+    weights), projections q_proj, k_proj, v_proj, o_proj; ``bug`` plants one mistake."""
+
+    def __init__(self, c: Case, bias: bool = False, bug: str | None = None):
+        super().__init__()
+        dm, dkv = c.d_model, c.kv_heads * c.head_dim
+        self.heads, self.head_dim, self.causal, self.bug = c.heads, c.head_dim, c.causal, bug
+        self.q_proj = torch.nn.Linear(dm, dm, bias=bias)
+        self.k_proj = torch.nn.Linear(dm, dkv, bias=bias)
+        self.v_proj = torch.nn.Linear(dm, dkv, bias=bias)
+        self.o_proj = torch.nn.Linear(dm, dm, bias=bias)
+
+    def forward(self, hidden_states, attention_mask=None):
+        B, S, _ = hidden_states.shape
+        q, k, v = (
+            p(hidden_states).view(B, S, -1, self.head_dim).transpose(1, 2)  # (B, H, S, D)
+            for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
+        scale = 1.0 if self.bug == "scale" else self.head_dim**-0.5
+        out = F.scaled_dot_product_attention(
+            q, k, v, is_causal=self.causal, scale=scale, enable_gqa=True
+        )
+        out = out.transpose(1, 2).reshape(B, S, -1)  # (B, S, Hq·D)
+        return (out if self.bug == "no_o_proj" else self.o_proj(out)), None
+
+
+@pytest.fixture
+def register(monkeypatch):
+    """Registers a TinyAttention factory under a test name; no impl is left behind."""
+    monkeypatch.setattr(registry, "_IMPLS", dict(registry._IMPLS))
+
+    def make(name="tiny", **module_kw):
+        def factory(c: Case, mask) -> LayerModule:
+            module = TinyAttention(c, **module_kw).to(device=c.device, dtype=c.torch_dtype)
+            return LayerModule.of(module, lambda x: module(x, None)[0])
+
+        registry.register(name, module=True, masks=())(factory)
+        return registry._IMPLS[name]
+
+    return make
+
+
+def row(impl, c: Case) -> dict:
+    inputs = make_inputs(c, 0)
+    return measure(impl, c, inputs, ground_truth(c, inputs), FAST).row
+
+
+@pytest.mark.parametrize(
+    "c", [case(), case(causal=False, mode="fwd"), case(dtype="bfloat16")], ids=Case.label
+)
+def test_a_hosted_module_runs_with_the_seeded_weights_and_agrees(register, c):
+    impl = register()
+    r = row(impl, c)
+    assert r["status"] == "ok" and r["agrees"] is True, r["reason"]
+    assert r["time_ms"] > 0
+    inputs = make_inputs(c, 0)
+    call = Call.prepare(impl, c, inputs)
+    for w, seeded in zip(call.leaves[1:], inputs.weights):  # the module holds the seed's weights
+        assert torch.equal(w, seeded)
+    out, grads = call.check()
+    assert out.shape == (c.batch, c.seq_q, c.d_model)
+    assert (grads is None) == (not c.backward)
+
+
+@pytest.mark.parametrize(
+    "bug, mode", [("scale", "fwd_bwd"), ("no_o_proj", "fwd")], ids=["scale", "no_o_proj"]
+)
+def test_a_planted_bug_in_the_module_disagrees(register, bug, mode):
+    r = row(register(f"tiny_{bug}", bug=bug), case(mode=mode))
+    assert r["status"] == "ok" and r["agrees"] is False, r["reason"]
+    assert "disagrees with the float64 reference" in r["reason"]
+
+
+def test_a_module_with_a_bias_is_unsupported_with_its_reason(register):
+    r = row(register("tiny_bias", bias=True), case())
+    assert r["status"] == "unsupported" and r["time_ms"] is None
+    assert r["reason"].startswith("module parameters q_proj.bias, k_proj.bias, v_proj.bias")
+    assert "(supported: the q, k, v, o projection weights only" in r["reason"]
+
+
+def test_a_module_in_another_dtype_is_an_error_never_a_number(register):
+    impl = register()
+    c = case(dtype="bfloat16")
+    wrong = registry.Impl(name="fp32_module", fn=lambda cc, m: impl.fn(case(), m), module=True)
+    r = row(wrong, c)
+    assert r["status"] == "error" and r["time_ms"] is None and r["agrees"] is None
+    assert "q_proj.weight is (32, 32) torch.float32 on cpu, expected" in r["reason"]
+
+
+def test_a_module_impl_runs_at_level_layer_only(register):
+    impl = register()
+    assert impl.reasons(case(level="op")) == [
+        "level=op (supported: layer; a module brings its own projections)"
+    ]
+    with pytest.raises(registry.RegistryError, match="module=True"):
+        registry.register("paged_module", module=True, paged=True)(lambda c, m: None)
+
+
+@pytest.mark.parametrize(
+    "c",
+    [case(), case(causal=False, mask="padding"), case(mask="window", window=5, mode="fwd")],
+    ids=Case.label,
+)
+def test_transformers_llama_attention_agrees(impls, c):
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install .[hf])")
+    for name in ("hf_llama_eager", "hf_llama_sdpa"):
+        r = row(impls[name], c)
+        assert r["status"] == "ok" and r["agrees"] is True, (name, r["reason"])
+
+
+def test_the_plugin_guide_module_example_agrees(register, tmp_path):
+    text = (Path(__file__).resolve().parent.parent / "docs" / "plugins.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "module=" in b)
+    path = tmp_path / "module_example.py"
+    path.write_text(block)
+    registry._load_file(path)
+    for c in (case(), case(causal=False, mode="fwd")):
+        r = row(registry._IMPLS["my_module"], c)
+        assert r["status"] == "ok" and r["agrees"] is True, r["reason"]
