@@ -41,6 +41,7 @@ class Model:
     masks: tuple[tuple[str, int | None], ...] = (("none", None),)  # (mask, window) per layer kind
     seq_kv: int | None = None  # cross-attention: the fixed key length (encoder frames)
     decoder: bool = True  # has a decode phase (an encoder alone does not)
+    score_mod: str = ""  # its score modifier (attnbench/masks/), e.g. softcap:50
     note: str = ""
 
     @property
@@ -52,6 +53,8 @@ class Model:
                 {"none": "full", "padding": "key padding", "window": f"window {window}"}[mask]
             )
         kind = " + ".join(kinds)
+        if self.score_mod:
+            kind += f", {self.score_mod}"
         if self.seq_kv:
             kind = f"cross over {self.seq_kv} keys, {kind}"
         return f"{'causal' if self.causal else 'bidirectional'}, {kind}"
@@ -158,11 +161,13 @@ MODELS: dict[str, Model] = {
             lengths=(2048, 8192),
             context=8192,
             masks=(("window", 4096), ("none", None)),
+            score_mod="softcap:50",
             source="huggingface.co/google/gemma-2-9b config.json: num_attention_heads 16, "
             "num_key_value_heads 8, head_dim 256, sliding_window 4096, "
-            "max_position_embeddings 8192; local and global layers alternate",
-            note="Attention logit soft-capping (50) is not modelled; hidden_size 3584 "
-            "differs from heads x head_dim = 4096, which level layer uses",
+            "max_position_embeddings 8192, attn_logit_softcapping 50.0; local and global "
+            "layers alternate",
+            note="hidden_size 3584 differs from heads x head_dim = 4096, which level layer "
+            "uses",
         ),
         Model(
             "whisper-small",

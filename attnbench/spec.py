@@ -207,6 +207,7 @@ class Spec:
                 window=windows or None,
                 seq_len=list(m.lengths),
                 seq_len_kv=[m.seq_kv] if m.seq_kv else None,
+                score_mod=[m.score_mod],
             )
         if phase and phase not in PHASES:
             raise CaseError(f"unknown phase {phase!r} (allowed: {', '.join(PHASES)})")
