@@ -9,7 +9,7 @@ import torch
 
 from attnbench import registry
 from attnbench.case import Case
-from attnbench.masks import offset
+from attnbench.masks import ANY, offset
 from attnbench.measure import diagnose
 from attnbench.measure.timing import TimerConfig
 from attnbench.run.call import Call
@@ -33,6 +33,8 @@ def planted(q, k, v, *, causal, scale, mask=None, bug=None):
         align = "top_left" if align == "bottom_right" else "bottom_right"
     i = torch.arange(Sq)[:, None] + offset(align, Sq, Skv)
     j = torch.arange(Skv)[None, :]
+    if mask is not None and mask.score_mod is not None and bug != "score_mod_missing":
+        s = mask.score_mod.apply(s, torch.arange(Hq)[:, None, None], i, j)
     drop = (j > i) if causal else torch.zeros(Sq, Skv, dtype=torch.bool)
     if mask is not None and mask.kind == "window":
         w = mask.window + {"window_plus_1": 1, "window_minus_1": -1}.get(bug, 0)
@@ -60,9 +62,9 @@ def register(monkeypatch):
             return planted(q, k, v, causal=causal, scale=scale, mask=mask, bug=bug)
 
         name = f"planted_{bug or 'none'}"
-        registry.register(name, masks=("window",), causal_align=("bottom_right",), backward=False)(
-            fn
-        )
+        registry.register(
+            name, masks=("window",), score_mods=ANY, causal_align=("bottom_right",), backward=False
+        )(fn)
         return registry._IMPLS[name]
 
     return make
@@ -82,6 +84,7 @@ CASES = {
     ),  # fmt: skip
     "scale_1": Case(**BASE, causal=True),
     "transpose": Case(**BASE),
+    "score_mod_missing": Case(**BASE, causal=True, score_mod="softcap:1"),  # planted ignores it
 }
 MESSAGES = {  # what the note must say, per convention
     "causal_align": "out matches top-left causal; declared bottom-right",
@@ -92,6 +95,7 @@ MESSAGES = {  # what the note must say, per convention
     "keyless_nan": "out matches NaN in the 64 rows with no visible key",
     "scale_1": "out matches scale 1; declared",
     "transpose": "out matches when read in (B, S, H, D) order: a missing transpose",
+    "score_mod_missing": "out matches without score_mod softcap:1; declared softcap:1",
 }
 
 

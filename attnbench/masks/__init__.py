@@ -7,17 +7,13 @@ says (most keep a key only if causal keeps it too; prefix_lm needs causal). A sc
 is a case dimension of its own (``score_mod``) and combines with every mask.
 """
 
-from attnbench.masks import (  # noqa: F401  (each registers itself, in this order)
-    alibi,
-    block_sparse,
-    document,
-    none,
-    padding,
-    prefix_lm,
-    softcap,
-    strided,
-    window,
-)
+# isort: off
+# each file registers itself, in this order (the order --mask's help and the tables list them)
+from attnbench.masks import none, padding, window  # noqa: F401
+from attnbench.masks import document, block_sparse, strided, prefix_lm  # noqa: F401
+from attnbench.masks import softcap, alibi  # noqa: F401
+
+# isort: on
 from attnbench.masks.kind import KINDS, Layout, MaskKind, find_kind, register_kind
 from attnbench.masks.mask import Mask
 from attnbench.masks.rules import ALIGNS, FAR, block_keep, interval, key_bounds, offset, reach

@@ -174,6 +174,12 @@ def _scale(which: str):
     return alternative
 
 
+def _unmodified(case, inputs, out, truth):
+    found = _recomputed(case, inputs, truth, score_mod=None)
+    message = f"without score_mod {case.score_mod}; declared {case.score_mod}"
+    return None if found is None else (out, *found, message)
+
+
 def _transposed(case, inputs, out, truth):
     B, Hq, Sq, D = out.shape
     read = out.reshape(B, Sq, Hq, D).transpose(1, 2)  # its values in (B, S, H, D) order
@@ -199,4 +205,5 @@ CONVENTIONS = (
     Convention("scale_1", lambda c: True, _scale("1")),
     Convention("scale_rsqrt_d", lambda c: True, _scale("1/sqrt(D)")),
     Convention("transpose", lambda c: c.heads > 1 and c.seq_q > 1, _transposed),
+    Convention("score_mod_missing", lambda c: bool(c.score_mod), _unmodified),
 )
