@@ -166,8 +166,7 @@ MODELS: dict[str, Model] = {
             "num_key_value_heads 8, head_dim 256, sliding_window 4096, "
             "max_position_embeddings 8192, attn_logit_softcapping 50.0; local and global "
             "layers alternate",
-            note="hidden_size 3584 differs from heads x head_dim = 4096, which level layer "
-            "uses",
+            note="hidden_size 3584 differs from heads x head_dim = 4096, which level layer uses",
         ),
         Model(
             "whisper-small",
