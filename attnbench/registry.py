@@ -228,38 +228,12 @@ def register(
     description: str = "",
     work: Callable | None = None,
 ):
-    """Decorator registering an attention function with what it supports.
-
-    ``masks``: the masks.MASKS it supports; "none" (no mask beyond causal) is implied unless
-    ``unmasked`` is False (an impl that needs a mask, e.g. one that unpacks documents). An impl
-    declaring more, or ``causal_align`` with "bottom_right", is called with ``mask=`` (a
-    masks.Mask). ``masks=ANY`` (masks.ANY): every registered kind, a plugin's too (an impl that
-    runs any kind's ``Layout.rule``). ``score_mods``: the score modifiers (masks.MODS) it
-    applies, from ``mask.score_mod``, or ANY. ``causal_align``: the alignments it supports; one
-    alone (a bottom-right-only library) leaves the other's cases ``unsupported`` where the two
-    differ (causal or window with seq_q != seq_kv) and runs them elsewhere. ``backward``: True,
-    False, or the devices it has a backward on (``("cuda",)``). ``layout``: of q, k, v and out;
-    ``out_layout``: of out where it differs (a library taking (B, H, S, D) and returning (B, S,
-    H, D)).
-    ``paged``: it takes k and v as a paged KV cache (see the module's doc), with pages of
-    ``page_tokens`` tokens (default run/inputs.py PAGE_TOKENS). ``module``: the decorated
-    function is a module factory ``(case, mask) -> LayerModule`` (level layer only; see the
-    module's doc), not an attention function. ``sm``: the CUDA compute
-    capabilities it runs on, (lowest, highest or None), as major * 10 + minor.
-    ``backend``: the SDPA backend it forces, or a function ``(call, device_type) -> name``
-    that detects it. ``compiled``: it uses torch.compile (its first call's compile time goes
-    to compile_ms). ``baseline``: the impl that speedups are relative to (the run records
-    it). ``color``: its colour in plots.
-
-    ``requires`` maps importable module names to the command that installs them (the package
-    itself, ``pip install 'triton>=3.0'``, so that it works from a wheel as from a checkout);
-    if one is missing the impl is registered as unavailable with that command in its reason;
-    ``unavailable`` is another reason it cannot run at all (e.g. an installed version too old).
-    ``check(case) -> list[str]`` adds reasons that only the impl itself can know.
-    ``work(case, mask) -> int | None``: the (query, key) pairs the impl's computation covers,
-    masked ones included (per head, summed over the batch), from its tiling or call shapes;
-    it fills ``work_flops``.
-    """
+    """Decorator registering an attention function (or, with ``module``, a module factory)
+    with what it supports. Each argument is the ``Impl`` field of its name (its comment there);
+    docs/plugins.md's table of register arguments says what each means and what it changes.
+    ``unmasked=False``: an impl that needs one of its ``masks`` (mask none is unsupported).
+    ``requires`` maps importable module names to the command that installs them: one missing
+    registers the impl as unavailable, with that command in its reason."""
 
     declared = dict(locals())  # the arguments as given; Impl's fields bear the same names
 

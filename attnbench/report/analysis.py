@@ -121,6 +121,11 @@ def with_series(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _text(value) -> str:
+    """A cell as text, '' when blank (None, NA)."""
+    return "" if value is None or pd.isna(value) else str(value)
+
+
 def _label_parts(r, shown: set[str]) -> list[str]:
     causal = "causal" if flag(r["causal"]) else "full"
     if "causal_align" in shown and flag(r["causal"]):
@@ -132,11 +137,12 @@ def _label_parts(r, shown: set[str]) -> list[str]:
         "mask": "no mask" if r["mask"] == "none" else r["mask"],
         "window": f"W{r['window']}",
         "pattern": r["pattern"],
+        "score_mod": _text(r.get("score_mod")) or "no score_mod",
         "level": f"level={r['level']}",
         "device": r["device"],
     }
     head = [optional[c] for c in ("model", "phase") if c in shown]
-    mid = [optional[c] for c in ("mask", "window", "pattern") if c in shown]
+    mid = [optional[c] for c in ("mask", "window", "pattern", "score_mod") if c in shown]
     tail = [optional[c] for c in ("level", "device") if c in shown]
     parts = [*head, r["mode"], causal, *mid, r["dtype"], f"B{r['batch']}"]
     parts += [f"H{r['heads']}{kv}", f"D{r['head_dim']}", *tail, r["seq_kv_rule"]]
@@ -179,6 +185,8 @@ def case_family(df: pd.DataFrame) -> pd.Series:
         parts = [str(r["mode"]), str(r["dtype"]), causal, f"D{r['head_dim']}"]
         if r["mask"] not in ("none", None) and not pd.isna(r["mask"]):
             parts.append("window" + str(r["window"]) if r["mask"] == "window" else r["mask"])
+        if _text(r.get("score_mod")):
+            parts.append(_text(r["score_mod"]))
         who = [str(r[c]) for c in ("model", "phase") if not pd.isna(r[c]) and r[c]]
         parts[:0] = who
         if r["kv_heads"] < r["heads"]:
