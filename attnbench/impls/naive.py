@@ -1,8 +1,6 @@
 """The textbook formula: softmax(Q K^T · scale) V, materialising the full score matrix; eager,
 and compiled with torch.compile (static shapes)."""
 
-import torch
-
 from attnbench.masks import ALIGNS, ANY
 from attnbench.measure.compiling import compile_static
 from attnbench.registry import register
@@ -47,14 +45,7 @@ def modifier(q, k, mask):
     head (1, Hq, 1, 1), the query's position (Sq, 1) and the key (1, Skv); (None, ())."""
     if mask is None or mask.score_mod is None:
         return None, ()
-    Hq, Sq, Skv = q.shape[1], q.shape[-2], k.shape[-2]
-
-    def make():
-        h = torch.arange(Hq, device=q.device)[None, :, None, None]
-        p = torch.arange(Sq, device=q.device)[:, None] + mask.shift(Sq, Skv)
-        return h, p, torch.arange(Skv, device=q.device)[None, :]
-
-    return mask.score_mod.apply, mask.cached(("where", Hq, Sq, Skv, str(q.device)), make)
+    return mask.score_mod.apply, mask.positions(q.shape[1], q.shape[-2], k.shape[-2], q.device)
 
 
 def dense_pairs(case, mask) -> int:

@@ -72,9 +72,7 @@ def additive(q, k, causal: bool, mask: Mask) -> torch.Tensor:
     Hq, Sq, Skv = q.shape[1], q.shape[-2], k.shape[-2]
 
     def make():
-        h = torch.arange(Hq, device=q.device)[None, :, None, None]
-        p = torch.arange(Sq, device=q.device)[:, None] + mask.shift(Sq, Skv)
-        bias = mask.score_mod.bias(h, p, torch.arange(Skv, device=q.device)[None, :])
+        bias = mask.score_mod.bias(*mask.positions(Hq, Sq, Skv, q.device))
         if mask.masked(causal):
             bias = bias.masked_fill(~mask.keep(Sq, Skv, causal, q.device), float("-inf"))
         return bias.to(q.dtype)

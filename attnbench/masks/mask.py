@@ -61,6 +61,17 @@ class Mask:
             )[:, None],
         )
 
+    def positions(self, heads: int, seq_q: int, seq_kv: int, device):
+        """What a score modifier's ``apply(s, h, p, j)`` takes beside s, cached: the query head
+        h (1, Hq, 1, 1), the query's position among the keys p (Sq, 1), the key j (1, Skv)."""
+
+        def make():
+            h = torch.arange(heads, device=device)[None, :, None, None]
+            p = torch.arange(seq_q, device=device)[:, None] + self.shift(seq_q, seq_kv)
+            return h, p, torch.arange(seq_kv, device=device)[None, :]
+
+        return self.cached(("positions", heads, seq_q, seq_kv, str(device)), make)
+
     def cached(self, key: tuple, make):
         """Any other per-row object (e.g. a flex block mask), made once by ``make()``."""
         if key not in self._cache:
