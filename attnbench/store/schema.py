@@ -36,6 +36,29 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "time_ms_p20": ("Float64", "20th percentile of the samples"),
     "time_ms_p80": ("Float64", "80th percentile of the samples"),
     "samples": ("Int64", "number of timing samples behind the median"),
+    "rounds": (
+        "Int64",
+        "number of interleaved rounds the samples were taken in (the case's impls, and the "
+        "speed anchor, timed round-robin, the order rotated each round: docs/method.md)",
+    ),
+    "speedup": (
+        "Float64",
+        "the run's baseline impl's time / this impl's time, paired by round: the median of "
+        "the per-round ratios (> 1: faster than the baseline); blank for the baseline itself "
+        "and where the baseline has no ok row in the case",
+    ),
+    "speedup_lo": ("Float64", "lower bound of speedup's 95% bootstrap interval over rounds"),
+    "speedup_hi": ("Float64", "upper bound of speedup's 95% bootstrap interval over rounds"),
+    "speed_compute": (
+        "Float64",
+        "the machine's compute speed while the case was timed, relative to the run's first "
+        "case: the speed anchor's matmul time then / now (< 1: slower, e.g. throttled)",
+    ),
+    "speed_memory": (
+        "Float64",
+        "the machine's memory speed while the case was timed, relative to the run's first "
+        "case: the speed anchor's copy time then / now",
+    ),
     "tflops": ("Float64", "case FLOPs (unmasked pairs only) / time_ms, 1e12 FLOP/s"),
     "peak_mem_mib": ("Float64", "peak memory above what was allocated before the call, MiB"),
     "max_abs_err": (
@@ -150,6 +173,12 @@ METRICS = (  # blank in every row that is not ok
     "time_ms_p20",
     "time_ms_p80",
     "samples",
+    "rounds",
+    "speedup",
+    "speedup_lo",
+    "speedup_hi",
+    "speed_compute",
+    "speed_memory",
     "tflops",
     "peak_mem_mib",
     "max_abs_err",
@@ -175,7 +204,7 @@ METRICS = (  # blank in every row that is not ok
 CASE_KEY = ("impl", *(d.name for d in DIMS))  # a row's identity: its impl and its case
 # key columns added after the first runs, and what rows written before them hold (None: blank)
 LATER_KEYS = {d.name: d.old for d in DIMS if d.later}
-SAMPLE_COLUMNS = ("run_id", *CASE_KEY, "sample", "time_ms")
+SAMPLE_COLUMNS = ("run_id", *CASE_KEY, "sample", "round", "time_ms")  # round: blank in old runs
 # --profile: one line per (row, kernel or op), the device's time summed over PROFILED_CALLS
 KERNEL_COLUMNS = ("run_id", *CASE_KEY, "kernel", "calls", "total_us", "share")
 
