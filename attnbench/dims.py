@@ -27,6 +27,10 @@ class Dim:
     old: object = REQUIRED  # what rows written before the column hold (None: blank)
     part: Callable | None = None  # its text in the case label, leading separator included
     rank: int = 0  # the part's place in the label
+    title: str | None = None  # its prefix in a figure's title ("B=" for B=4); None: "name="
+    # the reproducer's sweep flags selecting this dimension's value of a case; None: the first
+    # option's flag with the value as text, left out when the value is blank
+    repro: Callable | None = None
 
     @property
     def dtype(self) -> str:
@@ -40,6 +44,20 @@ class Dim:
         return self.kind(value)
 
     @property
+    def title_prefix(self) -> str:
+        return f"{self.name}=" if self.title is None else self.title
+
+    def flags(self, case) -> list[str]:
+        """The sweep flags that select ``case``'s value of this dimension (store/repro.py)."""
+        if self.repro is not None:
+            return self.repro(case)
+        value = getattr(case, self.name)
+        if not self.options or value is None or value == "":
+            return []
+        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        return ["--" + self.options[0].replace("_", "-"), text]
+
+    @property
     def later(self) -> bool:
         """A key column added after the first runs: older rows lack it."""
         return self.old is not REQUIRED
@@ -49,6 +67,11 @@ def _mask_part(c) -> str:
     return KINDS[c.mask].label(c)
 
 
+def _mask_flags(c) -> list[str]:
+    """--mask KIND:SPEC: the kind's spec (the pattern dimension) travels with it."""
+    return ["--mask", c.mask if c.pattern is None else f"{c.mask}:{c.pattern}"]
+
+
 DIMS: tuple[Dim, ...] = (
     Dim(
         "mode",
@@ -56,10 +79,19 @@ DIMS: tuple[Dim, ...] = (
         "fwd, bwd (backward alone) or fwd_bwd",
         ("mode",),
         part=lambda c: f" {c.mode}",
+        title="",
         rank=12,
     ),
-    Dim("batch", int, "B", ("batch",), part=lambda c: f"B{c.batch}", rank=2),
-    Dim("heads", int, "Hq, query heads", ("heads",), part=lambda c: f" H{c.heads}", rank=3),
+    Dim("batch", int, "B", ("batch",), part=lambda c: f"B{c.batch}", rank=2, title="B="),
+    Dim(
+        "heads",
+        int,
+        "Hq, query heads",
+        ("heads",),
+        part=lambda c: f" H{c.heads}",
+        rank=3,
+        title="H=",
+    ),
     Dim(
         "kv_heads",
         int,
@@ -67,8 +99,17 @@ DIMS: tuple[Dim, ...] = (
         ("kv_heads",),
         part=lambda c: f"/{c.kv_heads}" if c.kv_heads != c.heads else "",
         rank=4,
+        title="Hkv=",
     ),
-    Dim("seq_q", int, "Sq, query length", ("seq_len",), part=lambda c: f" S{c.seq_q}", rank=5),
+    Dim(
+        "seq_q",
+        int,
+        "Sq, query length",
+        ("seq_len",),
+        part=lambda c: f" S{c.seq_q}",
+        rank=5,
+        title="Sq=",
+    ),
     Dim(
         "seq_kv",
         int,
@@ -76,8 +117,9 @@ DIMS: tuple[Dim, ...] = (
         ("seq_len_kv",),
         part=lambda c: f"x{c.seq_kv}" if c.seq_kv != c.seq_q else "",
         rank=6,
+        title="Skv=",
     ),
-    Dim("head_dim", int, "D", ("head_dim",), part=lambda c: f" D{c.head_dim}", rank=7),
+    Dim("head_dim", int, "D", ("head_dim",), part=lambda c: f" D{c.head_dim}", rank=7, title="D="),
     Dim(
         "dtype",
         str,
@@ -85,6 +127,7 @@ DIMS: tuple[Dim, ...] = (
         ("dtype",),
         part=lambda c: f" {c.dtype}",
         rank=8,
+        title="",
     ),
     Dim(
         "causal",
@@ -93,9 +136,10 @@ DIMS: tuple[Dim, ...] = (
         ("causal",),
         part=lambda c: " causal" if c.causal else " full",
         rank=9,
+        title="causal=",
     ),
     # one device per sweep: --device is the Spec's own field, not a list to sweep
-    Dim("device", str, "cpu or cuda"),
+    Dim("device", str, "cpu or cuda", title=""),
     Dim(
         "mask",
         str,
@@ -104,8 +148,10 @@ DIMS: tuple[Dim, ...] = (
         ("mask",),
         part=_mask_part,  # with the window or the pattern, which have no part of their own
         rank=11,
+        title="mask=",
+        repro=_mask_flags,
     ),
-    Dim("window", int, "window width W with mask=window, else blank", ("window",)),
+    Dim("window", int, "window width W with mask=window, else blank", ("window",), title="W="),
     Dim(
         "level",
         str,
@@ -113,6 +159,7 @@ DIMS: tuple[Dim, ...] = (
         ("level",),
         part=lambda c: " layer" if c.level == "layer" else "",
         rank=13,
+        title="level=",
     ),
     Dim(
         "causal_align",
@@ -123,6 +170,7 @@ DIMS: tuple[Dim, ...] = (
         old="top_left",
         part=lambda c: " bottom-right" if c.causal_align == "bottom_right" else "",
         rank=10,
+        title="",
     ),
     Dim(
         "model",
@@ -132,6 +180,7 @@ DIMS: tuple[Dim, ...] = (
         old=None,
         part=lambda c: f"{c.model} " if c.model else "",
         rank=0,
+        title="",
     ),
     Dim(
         "phase",
@@ -142,6 +191,7 @@ DIMS: tuple[Dim, ...] = (
         # a model without a phase: two spaces after the model (grid.json and draws keys)
         part=lambda c: f"{c.phase} " if c.phase else (" " if c.model else ""),
         rank=1,
+        title="",
     ),
     Dim(
         "pattern",
@@ -151,6 +201,8 @@ DIMS: tuple[Dim, ...] = (
         "prefix_lm the prefix (P or PCT%); else blank",
         ("docs", "sparsity"),
         old=None,
+        title="",
+        repro=lambda c: [],  # --mask KIND:SPEC carries it
     ),
     Dim(
         "score_mod",
@@ -159,8 +211,9 @@ DIMS: tuple[Dim, ...] = (
         "slopes), a plugin's, or blank for none",
         ("score_mod",),
         old=None,
-        part=lambda c: f" {c.score_mod.replace(':', '')}" if c.score_mod else "",
+        part=lambda c: f" {c.score_mod}" if c.score_mod else "",
         rank=11.5,
+        title="",
     ),
 )
 DIM = {d.name: d for d in DIMS}

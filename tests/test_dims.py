@@ -1,6 +1,9 @@
 """The case dimensions are declared once (attnbench/dims.py); Case, the schema, the sweep's
 options and the label follow from them."""
 
+import pandas as pd
+import pytest
+
 from attnbench.case import Case
 from attnbench.dims import DIMS, label
 from attnbench.options import OPTIONS
@@ -55,3 +58,65 @@ def test_from_row_reads_rows_without_the_later_columns():
     text = {k: ("" if v is None else str(v)) for k, v in case.as_dict().items()}
     assert Case.from_row(text) == case  # a CSV line's text: 'True' is True
     assert Case.from_row({**text, "causal": "False"}).causal is False
+
+
+# a value other than the base case's for every dimension, with what it needs besides
+VARIANTS = {
+    "mode": {"mode": "bwd"},
+    "batch": {"batch": 2},
+    "heads": {"heads": 4},
+    "kv_heads": {"kv_heads": 1},
+    "seq_q": {"seq_q": 32},
+    "seq_kv": {"seq_kv": 96},
+    "head_dim": {"head_dim": 32},
+    "dtype": {"dtype": "bfloat16"},
+    "causal": {"causal": True},
+    "device": {"device": "cuda"},
+    "mask": {"mask": "padding"},
+    "window": {"mask": "window", "window": 8},
+    "level": {"level": "layer"},
+    "causal_align": {"causal": True, "causal_align": "bottom_right"},
+    "model": {"model": "llama3-8b"},
+    "phase": {"phase": "prefill"},
+    "pattern": {"mask": "document", "pattern": "fixed:32"},
+    "score_mod": {"score_mod": "softcap:50"},
+}
+
+
+def _rows(variants: list[dict]) -> pd.DataFrame:
+    from synth import ok_row
+
+    rows = []
+    for change in variants:
+        for n in (64, 128):
+            lengths = {"seq_q": n, "seq_kv": n} | {
+                k: v * n // 64 for k, v in change.items() if k in ("seq_q", "seq_kv")
+            }
+            fields = {"batch": 1, "heads": 2, "kv_heads": 2, "head_dim": 16} | change | lengths
+            case = Case(**fields)
+            for impl, ms in (("naive", 2.0), ("sdpa", 1.0)):
+                rows.append(ok_row("r", impl, case, ms * n / 64, 1.0, flops=1e6 * n))
+    return pd.DataFrame(rows)
+
+
+def test_every_dimension_has_a_variant_here():
+    assert set(VARIANTS) == {d.name for d in DIMS}
+
+
+@pytest.mark.parametrize("name", [d.name for d in DIMS])
+def test_a_dimension_held_fixed_or_varying_has_titles_labels_and_families(name):
+    """Every figure title, panel, series label and family derives its text from dims.py: a
+    new dimension cannot crash a report (a score modifier once did: KeyError)."""
+    from attnbench.report import analysis, layout
+
+    for df in (_rows([VARIANTS[name]]), _rows([{}, VARIANTS[name]])):  # fixed, varying
+        df = analysis.with_series(df)
+        title = layout.title("time", df, None)
+        panels = layout.panels(df)
+        labels = analysis.series_labels(df)
+        families = analysis.case_family(df)
+        assert title.startswith("time\n") and panels and labels.notna().all()
+        assert families.notna().all()
+    value = str(VARIANTS[name].get(name, ""))
+    if name == "score_mod":  # the series label and family name the modifier
+        assert labels.str.contains(value).any() and families.str.contains(value).any()

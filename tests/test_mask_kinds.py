@@ -186,7 +186,7 @@ def test_canonical_specs_and_labels():
     ]
     case = Case(**BASE, causal=True, mask="prefix_lm", score_mod="softcap:30")
     assert case.pattern == "25%"
-    assert case.label() == "B2 H4/2 S40 D8 float32 causal prefix_lm 25% softcap30 fwd"
+    assert case.label() == "B2 H4/2 S40 D8 float32 causal prefix_lm 25% softcap:30 fwd"
 
 
 def test_a_gemma2_preset_row_soft_caps_at_50():

@@ -27,27 +27,14 @@ import seaborn as sns  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
 
+from attnbench.dims import DIMS  # noqa: E402
 from attnbench.measure.timing import NOISY_SPREAD  # noqa: E402
 from attnbench.report import analysis  # noqa: E402
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "*", "p")
 FACET_COLUMNS = ("mode", "causal")
-CONFIG_LABELS = {  # every series key column besides the impl and the facets: its title prefix
-    "dtype": "",
-    "batch": "B=",
-    "heads": "H=",
-    "kv_heads": "Hkv=",
-    "head_dim": "D=",
-    "seq_kv_rule": "",
-    "device": "",
-    "mask": "mask=",
-    "window": "W=",
-    "level": "level=",
-    "causal_align": "",
-    "model": "",
-    "phase": "",
-    "pattern": "",
-}
+# every series key column besides the impl and the facets: its title prefix (dims.py)
+CONFIG_LABELS = {d.name: d.title_prefix for d in DIMS} | {"seq_kv_rule": ""}
 CONFIG_COLUMNS = tuple(c for c in analysis.SERIES_KEY if c not in ("impl", *FACET_COLUMNS))
 PANEL_W_IN, PANEL_H_IN = 7.4, 3.9  # width includes the legend beside the axes
 DPI = 130

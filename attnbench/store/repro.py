@@ -13,29 +13,15 @@ import shlex
 from pathlib import Path
 
 from attnbench.case import Case
+from attnbench.dims import DIMS
 
 BUILTIN_PREFIX = "attnbench.impls."
 MEASURE_OPTIONS = ("threads", "timeout", "isolate", "malloc_tunables")  # kept in env.json
 
 
 def case_flags(case: Case) -> list[str]:
-    """The sweep flags that select exactly ``case``."""
-    flags = [
-        *("--batch", str(case.batch), "--heads", str(case.heads)),
-        *("--kv-heads", str(case.kv_heads), "--seq-len", str(case.seq_q)),
-        *("--seq-len-kv", str(case.seq_kv), "--head-dim", str(case.head_dim)),
-        *("--dtype", case.dtype, "--causal", "true" if case.causal else "false"),
-        *("--mode", case.mode),
-        *("--mask", case.mask if case.pattern is None else f"{case.mask}:{case.pattern}"),
-    ]
-    if case.window is not None:
-        flags += ["--window", str(case.window)]
-    if case.score_mod:
-        flags += ["--score-mod", case.score_mod]
-    flags += ["--causal-align", case.causal_align, "--level", case.level]
-    flags += ["--model", case.model] if case.model else []
-    flags += ["--phase", case.phase] if case.phase else []
-    return flags
+    """The sweep flags that select exactly ``case``: each dimension's own (dims.py)."""
+    return [text for dim in DIMS for text in dim.flags(case)]
 
 
 def plugin_flags(source: str | None) -> list[str]:
