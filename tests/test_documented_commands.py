@@ -2,8 +2,9 @@
 order, in a fresh folder, with its lengths shrunk by one rule (``shrink``; docs/cli.md, "The
 documented commands"). A command fails on a traceback, an exit code its page does not
 document, a run that measured nothing, or a report not written. A command that cannot run
-here is in NOT_RUN with its reason; a line that is neither fails the test, so a new command
-in the docs is run from the day it is written."""
+here is in NOT_RUN with its reason, and a sweep of a GPU preset is planned (--dry-run) on a
+machine without CUDA; a line that is neither fails the test, so a new command in the docs is
+run from the day it is written."""
 
 from __future__ import annotations
 
@@ -16,9 +17,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from attnbench import registry
 from attnbench.cli import COMMANDS, main
+from attnbench.options import load_config
+from attnbench.spec import GPU_PRESETS
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", ROOT / "impls" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -166,6 +170,8 @@ def _run(cmd: Documented, tmp: Path, runs: list[Path], capfd, compiled: bool) ->
     command = argv[0]
     assert command in COMMANDS, f"{cmd.page}: {cmd.line}: not an attnbench command"
     sweeps = command in ("sweep", "race")
+    if sweeps and _gpu_grid(argv) and not torch.cuda.is_available():
+        argv = [*argv, "--device", "cpu", "--dry-run"]  # planned: every option checked
     if sweeps:
         argv = shrink(argv, compiled)
         if "--run-id" not in argv:
@@ -185,6 +191,12 @@ def _run(cmd: Documented, tmp: Path, runs: list[Path], capfd, compiled: bool) ->
         report = Path(_value(argv, "--reports-dir", "reports")) / run.name / "report.md"
         assert report.exists(), where + "no report written\n" + err[-3000:]
     return ", ".join(f"{n} {s}" for s, n in df["status"].value_counts().items())
+
+
+def _gpu_grid(argv: list[str]) -> bool:
+    """A GPU preset, named or in the sweep file: without CUDA it is planned (--dry-run)."""
+    config = load_config(Path(_value(argv, "--config"))) if "--config" in argv else {}
+    return _value(argv, "--preset", config.get("preset")) in GPU_PRESETS
 
 
 def _value(argv: list[str], flag: str, default: str | None = None) -> str:
