@@ -41,12 +41,14 @@ import numpy as np
 import pandas as pd
 
 from attnbench.case import MODES, Case, CaseError
+from attnbench.report.rounds import Rounds
 from attnbench.store.schema import CASE_KEY
 
 SEQ_COLUMNS = ("seq_q", "seq_kv")
 CASE_COLUMNS = tuple(c for c in CASE_KEY if c != "impl")  # a case: everything but the impl
 SERIES_KEY = (*(c for c in CASE_KEY if c not in SEQ_COLUMNS), "seq_kv_rule")
 FIT_METRICS = ("time_ms", "peak_mem_mib")
+WIDE_INTERVAL = 1.2  # a 95% interval whose hi / lo exceeds this is too wide to state as a fact
 OVERHEAD_FACTOR = 4.0
 MIN_FIT_POINTS = 3
 
@@ -283,7 +285,8 @@ def scaling_exponents(
 ) -> pd.DataFrame:
     """One row per (series, metric): SERIES_KEY, axis (the length N the series varies:
     seq_q, or seq_kv for a fixed-query series such as decode), metric, slope, slope_se,
-    n_points, seq_min, seq_max (N range fitted), overhead_limited, n_ok, n_failed, failed (status
+    n_points, seq_min, seq_max (N range fitted), overhead_limited, n_ok, n_contended (fitted
+    points that were contended), n_failed, failed (status
     counts of the failed rows, e.g. "1 oom"), reason (why there is no fit, or its caveat).
 
     Every series with any row appears; one whose rows all failed has slope NA and says so."""
@@ -298,6 +301,7 @@ def scaling_exponents(
         "seq_max",
         "overhead_limited",
         "n_ok",
+        "n_contended",
         "n_failed",
         "failed",
         "reason",
@@ -327,6 +331,7 @@ def scaling_exponents(
                     "seq_max": fit["seq_max"],
                     "overhead_limited": fit["overhead_limited"],
                     "n_ok": len(ok),
+                    "n_contended": _contended_in(ok, fit),
                     "n_failed": len(failed),
                     "failed": fail_note,
                     "reason": fit["reason"],
@@ -335,7 +340,7 @@ def scaling_exponents(
     out = pd.DataFrame(rows, columns=columns)
     for c in ("slope", "slope_se"):
         out[c] = out[c].astype("Float64")
-    for c in ("n_points", "seq_min", "seq_max", "n_ok", "n_failed"):
+    for c in ("n_points", "seq_min", "seq_max", "n_ok", "n_contended", "n_failed"):
         out[c] = out[c].astype("Int64")
     out["overhead_limited"] = out["overhead_limited"].astype("boolean")
     out["failed"] = out["failed"].astype("string")
@@ -343,32 +348,93 @@ def scaling_exponents(
     return out
 
 
-def speedups(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
-    """Every row of df with baseline_time_ms and speedup = baseline time / impl time.
+def contended(df: pd.DataFrame) -> pd.Series:
+    """Plain bool mask of rows whose threads waited for a CPU while timed (``contended``)."""
+    if "contended" not in df:
+        return pd.Series(False, index=df.index)
+    return df["contended"].eq(True).fillna(False).astype(bool)
+
+
+def caveat(contended_rows: bool, lo=None, hi=None, noisy_rows: bool = False) -> str:
+    """What a stated number rests on, in words ('' when nothing): contended rows, a paired
+    interval wider than WIDE_INTERVAL, or (without an interval) noisy rows."""
+    parts = ["contended"] if contended_rows else []
+    if lo is not None and hi is not None and not pd.isna(lo) and not pd.isna(hi) and lo > 0:
+        if hi / lo > WIDE_INTERVAL:
+            parts.append("wide interval")
+    elif noisy_rows:
+        parts.append("noisy")
+    return ", ".join(parts)
+
+
+def _contended_in(ok: pd.DataFrame, fit: dict) -> int:
+    """How many of the points a fit used (N in its fitted range) were contended."""
+    if pd.isna(fit["seq_min"]):
+        return 0
+    used = ok["seq_n"].between(fit["seq_min"], fit["seq_max"]).fillna(False).astype(bool)
+    return int((used & contended(ok)).sum())
+
+
+def speedups(
+    df: pd.DataFrame, baseline: str, rounds: Rounds | None = None, recorded: bool = False
+) -> pd.DataFrame:
+    """Every row of df with baseline_time_ms, speedup = baseline time / impl time, its 95%
+    interval (speedup_lo, speedup_hi), ``paired`` and ``caveat`` (what it rests on).
 
     speedup is NA unless both the row and the baseline's row for the same case are ok with
-    a positive time; the baseline's own ok rows get exactly 1."""
+    a positive time; the baseline's own ok rows get exactly 1. It is paired by round
+    (measure/paired.py) where the run's samples have rounds (any baseline); else the row's
+    own speedup columns where they are relative to this baseline (``recorded``); else the
+    ratio of the two medians, without an interval."""
     base = ok_rows(df[df["impl"] == baseline])
-    base = base[list(CASE_COLUMNS) + ["time_ms"]].rename(columns={"time_ms": "baseline_time_ms"})
-    base = base.drop_duplicates(list(CASE_COLUMNS))
-    out = df.merge(base, on=list(CASE_COLUMNS), how="left")
+    base = base.assign(_bc=contended(base), _bn=noisy(base))
+    base = base[[*CASE_COLUMNS, "time_ms", "_bc", "_bn"]].drop_duplicates(list(CASE_COLUMNS))
+    out = df.merge(
+        base.rename(columns={"time_ms": "baseline_time_ms"}), on=list(CASE_COLUMNS), how="left"
+    )
     usable = (
         is_ok(out)
         & (out["time_ms"] > 0).fillna(False)
         & (out["baseline_time_ms"] > 0).fillna(False)
     )
-    out["speedup"] = pd.array([pd.NA] * len(out), dtype="Float64")
-    out.loc[usable, "speedup"] = out.loc[usable, "baseline_time_ms"] / out.loc[usable, "time_ms"]
-    return out
+    values = {c: [None] * len(out) for c in ("speedup", "speedup_lo", "speedup_hi")}
+    is_paired, notes = [False] * len(out), [""] * len(out)
+    doubt = contended(out) | out["_bc"].eq(True).fillna(False).astype(bool)
+    shaky = noisy(out) | out["_bn"].eq(True).fillna(False).astype(bool)
+    for i, (_, r) in enumerate(out.iterrows()):
+        if not usable.iloc[i]:
+            continue
+        value, lo, hi = float(r["baseline_time_ms"] / r["time_ms"]), None, None
+        ratio = rounds.speedup_over(r, baseline) if rounds and r["impl"] != baseline else None
+        if r["impl"] == baseline:
+            value = 1.0
+        elif ratio is not None:
+            value, lo, hi = ratio
+        elif recorded and not pd.isna(r.get("speedup", pd.NA)):
+            value = float(r["speedup"])
+            lo, hi = (None if pd.isna(r[c]) else float(r[c]) for c in ("speedup_lo", "speedup_hi"))
+        is_paired[i] = lo is not None
+        for c, v in zip(values, (value, lo, hi)):
+            values[c][i] = v
+        if r["impl"] != baseline:
+            notes[i] = caveat(bool(doubt.iloc[i]), lo, hi, bool(shaky.iloc[i]))
+    for c, v in values.items():
+        out[c] = pd.array(v, dtype="Float64")
+    return out.drop(columns=["_bc", "_bn"]).assign(
+        paired=pd.array(is_paired, dtype="boolean"), caveat=pd.array(notes, dtype="string")
+    )
 
 
-def fastest_agreeing(df: pd.DataFrame) -> pd.DataFrame:
+def fastest_agreeing(df: pd.DataFrame, rounds: Rounds | None = None) -> pd.DataFrame:
     """One row per case: the fastest impl among ok rows that agree with the reference, its
-    time, the runner-up and how much slower it is (runner_up_time_ms / time_ms), and ``tie``:
-    the win is within the noise (the two rows' p20-p80 ranges overlap, compare's rule; equal
-    medians for rows without them).
+    time, the runner-up and how much slower it is (``margin``: runner-up time / its time,
+    margin_lo and margin_hi its interval where paired), ``tie`` (the win is within the
+    noise), ``paired`` and ``caveat`` (what the win rests on: ``caveat``).
 
-    Cases where no impl agrees are kept with impl NA and a reason."""
+    With rounds (the run's samples), the margin is paired by round and the win is a tie when
+    its interval contains 1; without, when the two rows' p20-p80 ranges overlap (equal
+    medians for rows without them). Cases where no impl agrees are kept with impl NA and a
+    reason."""
     columns = [
         *CASE_COLUMNS,
         "family",
@@ -377,7 +443,11 @@ def fastest_agreeing(df: pd.DataFrame) -> pd.DataFrame:
         "runner_up",
         "runner_up_time_ms",
         "margin",
+        "margin_lo",
+        "margin_hi",
         "tie",
+        "paired",
+        "caveat",
         "n_agreeing",
         "n_rows",
         "reason",
@@ -401,23 +471,59 @@ def fastest_agreeing(df: pd.DataFrame) -> pd.DataFrame:
             "runner_up": pd.NA,
             "runner_up_time_ms": math.nan,
             "margin": math.nan,
+            "margin_lo": math.nan,
+            "margin_hi": math.nan,
             "tie": False,
+            "paired": False,
+            "caveat": "",
             "reason": pd.NA,
         }
         if cand.empty:
             row["reason"] = "no impl is ok and agrees"
         else:
-            row["impl"], row["time_ms"] = cand["impl"].iloc[0], float(cand["time_ms"].iloc[0])
-            if len(cand) > 1:
-                row["runner_up"] = cand["impl"].iloc[1]
-                row["runner_up_time_ms"] = float(cand["time_ms"].iloc[1])
-                row["margin"] = row["runner_up_time_ms"] / row["time_ms"]
-                row["tie"] = _within_noise(cand.iloc[0], cand.iloc[1])
+            row.update(_win(cand, rounds))
         rows.append(row)
     out = pd.DataFrame(rows, columns=columns)
-    for c in ("time_ms", "runner_up_time_ms", "margin"):
+    for c in ("time_ms", "runner_up_time_ms", "margin", "margin_lo", "margin_hi"):
         out[c] = out[c].astype("Float64")
     return out
+
+
+def _win(cand: pd.DataFrame, rounds: Rounds | None) -> dict:
+    """The winner among a case's agreeing rows (fastest median first) and how sure it is."""
+    winner = cand.iloc[0]
+    if len(cand) < 2:
+        return {
+            "impl": winner["impl"],
+            "time_ms": float(winner["time_ms"]),
+            "caveat": caveat(bool(contended(cand).iloc[0])),
+        }
+    runner = cand.iloc[1]
+    ratio = rounds.speedup_over(winner, runner["impl"]) if rounds else None
+    if ratio is not None and ratio.hi is not None and ratio.hi < 1:  # paired, the other wins
+        winner, runner = runner, winner
+        ratio = rounds.speedup_over(winner, runner["impl"])
+    if ratio is not None and ratio.lo is None:
+        ratio = None  # too few rounds for an interval: the older rule
+    pair = cand.loc[[winner.name, runner.name]]
+    margin = ratio or (float(runner["time_ms"] / winner["time_ms"]), math.nan, math.nan)
+    return {
+        "impl": winner["impl"],
+        "time_ms": float(winner["time_ms"]),
+        "runner_up": runner["impl"],
+        "runner_up_time_ms": float(runner["time_ms"]),
+        "margin": margin[0],
+        "margin_lo": margin[1],
+        "margin_hi": margin[2],
+        "tie": ratio.tie if ratio else _within_noise(winner, runner),
+        "paired": ratio is not None,
+        "caveat": caveat(
+            bool(contended(pair).any()),
+            ratio.lo if ratio else None,
+            ratio.hi if ratio else None,
+            bool(noisy(pair).any()),
+        ),
+    }
 
 
 def _within_noise(winner, runner_up) -> bool:
@@ -444,12 +550,15 @@ def seq_spans(won, lengths) -> str:
 def wins_by_family(winners: pd.DataFrame) -> pd.DataFrame:
     """From fastest_agreeing: per family and winning impl, the cases won, the family's case
     count, the seq_q range of the wins, the lengths won as spans of the family's lengths
-    (``spans``) and how many of the wins are ties (within the noise of the runner-up)."""
+    (``spans``), how many of the wins are ties (within the noise of the runner-up), and how
+    many that are not rest on doubtful evidence (``marked``, and their caveats, ``marks``)."""
     columns = ["family", "impl", "wins", "cases", "seq_min", "seq_max", "spans", "ties"]
+    columns += ["marked", "marks"]
     if winners.empty:
         return pd.DataFrame(columns=columns)
     cases = winners.groupby("family").size().rename("cases")
     won = winners.dropna(subset=["impl"]).astype({"tie": bool})
+    won = won.assign(_marked=~won["tie"] & won["caveat"].fillna("").astype(bool))
     agg = (
         won.groupby(["family", "impl"])
         .agg(
@@ -457,9 +566,24 @@ def wins_by_family(winners: pd.DataFrame) -> pd.DataFrame:
             seq_min=("seq_q", "min"),
             seq_max=("seq_q", "max"),
             ties=("tie", "sum"),
+            marked=("_marked", "sum"),
         )
         .reset_index()
     )
+    agg["marks"] = [
+        ", ".join(
+            sorted(
+                {
+                    p
+                    for c in won.loc[
+                        (won["family"] == f) & (won["impl"] == i) & won["_marked"], "caveat"
+                    ]
+                    for p in str(c).split(", ")
+                }
+            )
+        )
+        for f, i in zip(agg["family"], agg["impl"])
+    ]
     lengths = winners.groupby("family")["seq_q"].agg(list)
     agg["spans"] = [
         seq_spans(won.loc[(won["family"] == f) & (won["impl"] == i), "seq_q"], lengths[f])
