@@ -164,7 +164,7 @@ def _resource(row) -> str:
     for a balanced row or one without a bound."""
     bound = row.get("bound_a")
     bound = row.get("bound_b") if pd.isna(bound) else bound
-    return str(bound) if bound in RESOURCES else "both"
+    return str(bound) if not pd.isna(bound) and str(bound) in RESOURCES else "both"
 
 
 def _ratio_interval(a: np.ndarray, b: np.ndarray, seed: int = 0) -> tuple[float, float]:
