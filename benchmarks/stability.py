@@ -33,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from attnbench.report import analysis  # noqa: E402
+from attnbench.report import analysis, verdicts  # noqa: E402
 from attnbench.report.compare import regressions, write_compare  # noqa: E402
 from attnbench.report.rounds import Rounds, anchor_path  # noqa: E402
 from attnbench.store.results import load_run  # noqa: E402
@@ -84,7 +84,7 @@ def stability(a: Path, b: Path, baseline: str) -> list[str]:
     frames = []
     for run in (a, b):
         df, env = load_run(run)
-        sp = analysis.speedups(df, baseline, Rounds.read(run), env.get("baseline") == baseline)
+        sp = verdicts.speedups(df, baseline, Rounds.read(run), env.get("baseline") == baseline)
         sp = sp[(sp["impl"] != baseline) & sp["speedup"].notna()]
         frames.append(sp.set_index(["impl", *analysis.CASE_COLUMNS]))
     later = frames[1][["speedup"]].rename(columns={"speedup": "speedup_b"})
@@ -126,7 +126,7 @@ def renamed_run(source: Path, target: Path) -> Path:
 
 def power(a: Path, b: Path, work: Path) -> list[str]:
     df, _ = load_run(b)
-    sp = analysis.speedups(df, "ab_old", Rounds.read(b))
+    sp = verdicts.speedups(df, "ab_old", Rounds.read(b))
     new = sp[(sp["impl"] == "ab_new") & sp["speedup"].notna()]
     if new["paired"].eq(True).any():
         caught = (new["speedup_hi"] < 1).fillna(False)

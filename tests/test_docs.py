@@ -221,6 +221,7 @@ def _documented(prefixes) -> list[tuple[str, str]]:
 def _argv(line: str, tmp_path: Path) -> list[str]:
     line = line.replace("$i", "1").replace("/tmp/r", str(tmp_path / "r"))
     line = line.replace("/tmp/spread", str(tmp_path / "spread"))
+    line = line.replace(" tests/plugins/", f" {ROOT}/tests/plugins/")  # the checkout's
     args = shlex.split(line)
     if args[:2] == ["python", "scripts/sweep.py"]:
         return ["sweep", *args[2:]]

@@ -7,7 +7,7 @@ from synth import env, ok_row, smoke_rows, write_rounds_run, write_run
 
 from attnbench.case import Case
 from attnbench.cli import main
-from attnbench.report import analysis
+from attnbench.report import verdicts
 from attnbench.report.compare import RULE_ANCHOR, RULE_OVERLAP, RULE_ROUNDS, compare_runs
 from attnbench.report.recommend import recommendations
 from attnbench.report.rounds import Anchor, Rounds
@@ -41,14 +41,14 @@ def compared(a, b):
 def test_paired_speedups_work_for_any_baseline_with_an_interval(tmp_path):
     run = write_rounds_run(tmp_path, "r", smoke_rows("r", seqs=SEQS))
     df, rounds = read_results(run), Rounds.read(run)
-    sp = analysis.speedups(df, "naive", rounds)  # not the run's recorded baseline
+    sp = verdicts.speedups(df, "naive", rounds)  # not the run's recorded baseline
     sdpa = sp[(sp["impl"] == "sdpa") & sp["speedup"].notna()]
     assert len(sdpa) and sdpa["paired"].all()
     assert (sdpa["speedup_lo"] <= sdpa["speedup"]).all() and (
         sdpa["speedup"] <= sdpa["speedup_hi"]
     ).all()
     assert (sdpa["speedup_lo"] > 1).all()  # sdpa is about twice as fast as naive
-    old = analysis.speedups(
+    old = verdicts.speedups(
         read_results(write_run(tmp_path, "o", smoke_rows("o", seqs=SEQS))), "naive"
     )
     assert not old["paired"].any() and old["speedup_lo"].isna().all()  # no rounds: no interval
@@ -61,12 +61,12 @@ def test_a_tie_is_a_paired_interval_containing_one(tmp_path):
         rows += [ok_row("t", "a", case, 1.0, 1.0), ok_row("t", "b", case, 1.0, 1.0)]
         rows += [ok_row("t", "c", case, 1.5, 1.0)]
     run = write_rounds_run(tmp_path, "t", rows, baseline="c", noise=0.05)
-    winners = analysis.fastest_agreeing(read_results(run), Rounds.read(run))
+    winners = verdicts.fastest_agreeing(read_results(run), Rounds.read(run))
     assert winners["paired"].all() and winners["tie"].all()
     assert (winners["margin_lo"] <= 1).all() and (winners["margin_hi"] >= 1).all()
     rows = [r for r in rows if r["impl"] != "b"]
     run = write_rounds_run(tmp_path, "u", rows, baseline="c", noise=0.05)
-    winners = analysis.fastest_agreeing(read_results(run), Rounds.read(run))
+    winners = verdicts.fastest_agreeing(read_results(run), Rounds.read(run))
     assert not winners["tie"].any() and (winners["margin_lo"] > 1).all()
 
 
@@ -195,3 +195,32 @@ def test_the_anchor_resource_follows_the_rows_bound(bound, resource):
     from attnbench.report.compare import _resource
 
     assert _resource({"bound_a": bound, "bound_b": None}) == resource
+
+
+@pytest.mark.slow  # a real sweep of two plugins: a minute or more on 2 CPU cores
+def test_the_documented_a_b_run_runs_and_reads_it(tmp_path):
+    """docs/reports.md's A/B commands, as written (a shorter timing budget and a temporary
+    results folder added): the two plugins sweep in one run, and the report reads it."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    page = (root / "docs" / "reports.md").read_text()
+    block = re.search(r"## A/B in one run.*?```bash\n(.*?)```", page, re.S).group(1)
+    sweep, report = [shlex.split(line) for line in block.replace("\\\n", " ").splitlines()]
+    assert sweep[:2] == ["python", "scripts/sweep.py"] and report[:2] == [
+        "python",
+        "scripts/report.py",
+    ]
+    results = tmp_path / "results"
+    sweep = [str(root / a) if a.startswith("tests/") else a for a in sweep[2:]]
+    extra = ["--results-dir", str(results), "--reports-dir", str(tmp_path / "r"), "--no-progress"]
+    assert main(["sweep", *sweep, *extra, "--rep-ms", "20"]) == 0
+    run = results / "ab-check"
+    args = [str(results / Path(a).name) if a.startswith("results/") else a for a in report[2:]]
+    assert main(["report", *args, "--reports-dir", str(tmp_path / "r")]) == 0
+    md = (tmp_path / "r" / "ab-check" / "report.md").read_text()
+    assert "### Speedup vs ab_old" in md and "| ab_new |" in md
+    sp = verdicts.speedups(read_results(run), "ab_old", Rounds.read(run))
+    assert sp.loc[sp["impl"] == "ab_new", "speedup"].notna().all()

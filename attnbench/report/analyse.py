@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from attnbench.report import analysis, patterns
+from attnbench.report import analysis, patterns, verdicts
 from attnbench.report.header import busy_machine, device_name
 from attnbench.report.layout import run_colors
 from attnbench.report.recommend import recommendations
@@ -27,9 +27,9 @@ class DeviceAnalysis:
     colors: dict  # impl -> colour, alike in every figure of the run
     families: list  # case families, fwd before bwd, then by name
     fits: pd.DataFrame  # analysis.scaling_exponents, with each series' label (``series``)
-    winners: pd.DataFrame  # analysis.fastest_agreeing: one row per case
-    wins: pd.DataFrame  # analysis.wins_by_family
-    speedups: pd.DataFrame | None  # analysis.speedups; None without a baseline with ok rows
+    winners: pd.DataFrame  # verdicts.fastest_agreeing: one row per case
+    wins: pd.DataFrame  # verdicts.wins_by_family
+    speedups: pd.DataFrame | None  # verdicts.speedups; None without a baseline with ok rows
     rounds: Rounds | None  # the run's per-round medians (None: a run without rounds)
     disagreements: pd.DataFrame  # ok rows that disagree or were not checked
     waste: pd.DataFrame  # patterns.wasted_work (empty without pattern masks)
@@ -69,7 +69,7 @@ def analyse_device(
     if not sparsity.empty:
         labels = analysis.series_labels(sparsity, always=("mask", "pattern"))
         sparsity = sparsity.assign(series=labels)
-    winners = analysis.fastest_agreeing(frame, rounds)
+    winners = verdicts.fastest_agreeing(frame, rounds)
     recorded = baseline == env.get("baseline")  # the rows' own speedups are against it
     return DeviceAnalysis(
         name=name,
@@ -81,8 +81,8 @@ def analyse_device(
         families=analysis.family_order(frame),
         fits=fits,
         winners=winners,
-        wins=analysis.wins_by_family(winners),
-        speedups=analysis.speedups(frame, baseline, rounds, recorded) if has_base else None,
+        wins=verdicts.wins_by_family(winners),
+        speedups=verdicts.speedups(frame, baseline, rounds, recorded) if has_base else None,
         rounds=rounds,
         disagreements=analysis.disagreements(frame),
         waste=patterns.wasted_work(frame),

@@ -8,7 +8,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import FuncFormatter
 
-from attnbench.report import analysis, layout
+from attnbench.report import analysis, layout, verdicts
 from attnbench.report.layout import impl_style, plt, run_colors, save_figure  # noqa: F401
 from attnbench.store.schema import STATUSES
 
@@ -108,8 +108,8 @@ def plot_speedup_vs_seq(
     speedups: pd.DataFrame | None = None,
 ):
     """baseline time / impl time vs N; above 1 is faster than the baseline. ``speedups``:
-    analysis.speedups(df, baseline) when already computed."""
-    sp = analysis.speedups(df, baseline) if speedups is None else speedups
+    verdicts.speedups(df, baseline) when already computed."""
+    sp = verdicts.speedups(df, baseline) if speedups is None else speedups
     sp = sp[sp["impl"] != baseline].copy()
     paired = bool(sp["paired"].eq(True).any())
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pandas as pd
 
 from attnbench.models import ATTN_IMPLEMENTATIONS
-from attnbench.report.analysis import CASE_COLUMNS, agreeing, fastest_agreeing
+from attnbench.report.analysis import CASE_COLUMNS, agreeing
 from attnbench.report.rounds import Rounds
+from attnbench.report.verdicts import fastest_agreeing
 
 
 def recommendations(df: pd.DataFrame, rounds: Rounds | None = None) -> pd.DataFrame:
