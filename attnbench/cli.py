@@ -422,7 +422,7 @@ def compare(argv: list[str]) -> int:
     _check_folders(("--out", out))
     from attnbench.report.compare import gate_fails, summary_lines, write_compare
 
-    cmp, path = write_compare(runs[0], runs[1], out, args.fail_above)
+    cmp, path = write_compare(runs[0], runs[1], out, args.fail_above, (args.run_a, args.run_b))
     for line in summary_lines(cmp, args.fail_above):
         print(line)
     print(path)

@@ -162,3 +162,102 @@ def write_run(root: Path, run_id: str, rows, env_data=None) -> Path:
     if env_data is not False:
         (run_dir / "env.json").write_text(json.dumps(env_data or env()))
     return run_dir
+
+
+ANCHOR_MS = {"compute": 2.0, "memory": 0.5}  # the synthetic speed anchor's times at speed 1
+
+
+def timed_in_rounds(
+    rows, rounds=7, slowness=None, noise=0.02, seed=0, baseline="sdpa", per_round=3
+):
+    """The rows as if each case's impls and the speed anchor were timed in ``rounds``
+    interleaved rounds, ``per_round`` samples each, on a machine whose time per unit of work
+    at the run's fraction t (0 to 1, one case after another) is ``slowness(t)`` (default 1):
+    returns (rows with their medians, rounds, speedups and speeds; samples; anchor lines)."""
+    from attnbench.measure import paired
+    from attnbench.store.schema import CASE_KEY
+
+    slowness = slowness or (lambda t: 1.0)
+    rng = np.random.default_rng(seed)
+    case_cols = [c for c in CASE_KEY if c != "impl"]
+    cases = list(dict.fromkeys(tuple(r.get(c) for c in case_cols) for r in rows))
+    samples, anchor, per_row, all_times = [], [], {}, {}
+    for i, case in enumerate(cases):
+        mine = [r for r in rows if tuple(r.get(c) for c in case_cols) == case]
+        for rnd in range(rounds):
+            t = (i + rnd / rounds) / len(cases)
+            for resource, ms in ANCHOR_MS.items():
+                times = [ms * slowness(t) * rng.lognormal(0, noise) for _ in range(per_round)]
+                anchor += [
+                    {
+                        **dict(zip(case_cols, case)),
+                        "round": rnd,
+                        "resource": resource,
+                        "time_ms": v,
+                        "t_s": 10.0 * t,
+                    }
+                    for v in times
+                ]
+            for r in mine:
+                if r["status"] != "ok":
+                    continue
+                times = [
+                    r["time_ms"] * slowness(t) * rng.lognormal(0, noise) for _ in range(per_round)
+                ]
+                per_row.setdefault(id(r), {})[rnd] = float(np.median(times))
+                all_times.setdefault(id(r), []).extend(times)
+                samples += [
+                    {**r, "sample": len(samples), "round": rnd, "time_ms": v} for v in times
+                ]
+    out = []
+    for original in rows:
+        r = dict(original)
+        if r["status"] == "ok":
+            mine = all_times[id(original)]
+            r.update(
+                time_ms=float(np.median(mine)),
+                time_ms_p20=float(np.percentile(mine, 20)),
+                time_ms_p80=float(np.percentile(mine, 80)),
+                samples=len(mine),
+                rounds=rounds,
+            )
+            base = next(
+                (
+                    b
+                    for b in rows
+                    if b["impl"] == baseline
+                    and b["status"] == "ok"
+                    and all(b.get(c) == r.get(c) for c in case_cols)
+                ),
+                None,
+            )
+            if base is not None and r["impl"] != baseline:
+                ratio = paired.ratio(per_row[id(base)], per_row[id(original)])
+                r.update(speedup=ratio.value, speedup_lo=ratio.lo, speedup_hi=ratio.hi)
+        out.append(r)
+    return out, samples, anchor
+
+
+def write_timing(run_dir: Path, samples, anchor) -> None:
+    """samples.csv (through the real writer) and anchor.csv of a synthetic run."""
+    import csv
+
+    from attnbench.report.rounds import anchor_path
+    from attnbench.store.results import samples_writer
+
+    with samples_writer(run_dir) as w:
+        w.write(samples)
+    if anchor:
+        with open(anchor_path(run_dir), "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=list(anchor[0]))
+            writer.writeheader()
+            writer.writerows(anchor)
+
+
+def write_rounds_run(root: Path, run_id: str, rows, env_data=None, anchor=True, **timing):
+    """write_run for rows timed in rounds (timed_in_rounds' options), with samples.csv and,
+    unless ``anchor`` is False, anchor.csv."""
+    rows, samples, anchor_lines = timed_in_rounds(rows, **timing)
+    run_dir = write_run(root, run_id, rows, env_data)
+    write_timing(run_dir, samples, anchor_lines if anchor else [])
+    return run_dir

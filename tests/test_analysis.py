@@ -6,7 +6,7 @@ import pytest
 from synth import failed_row, ok_row, write_run
 
 from attnbench.case import Case
-from attnbench.report import analysis
+from attnbench.report import analysis, verdicts
 from attnbench.store.results import read_results
 
 SEQS = (64, 128, 256, 512, 1024, 2048, 4096)
@@ -107,7 +107,7 @@ def contradictory(tmp_path):
 
 
 def test_speedup_only_where_both_ok(tmp_path):
-    sp = analysis.speedups(contradictory(tmp_path), "sdpa").set_index(["impl", "seq_q"])
+    sp = verdicts.speedups(contradictory(tmp_path), "sdpa").set_index(["impl", "seq_q"])
     assert sp.loc[("fast", 128), "speedup"] == pytest.approx(2.0)
     assert pd.isna(sp.loc[("fast", 256), "speedup"])
     assert sp.loc[("sdpa", 256), "speedup"] == 1.0
@@ -122,11 +122,11 @@ def test_speedup_na_when_baseline_failed(tmp_path):
             [failed_row("r", "sdpa", case, "oom", "x"), ok_row("r", "tiled", case, 1.0, 1.0)],
         )
     )
-    assert analysis.speedups(df, "sdpa")["speedup"].isna().all()
+    assert verdicts.speedups(df, "sdpa")["speedup"].isna().all()
 
 
 def test_fastest_agreeing_skips_failed_and_disagreeing(tmp_path):
-    w = analysis.fastest_agreeing(contradictory(tmp_path)).set_index("seq_q")
+    w = verdicts.fastest_agreeing(contradictory(tmp_path)).set_index("seq_q")
     assert w.loc[128, "impl"] == "fast"
     assert w.loc[256, "impl"] == "sdpa"  # not 'fast' (error), 'wrong' or 'unchecked'
     assert w.loc[128, "margin"] == pytest.approx(2.0)
@@ -159,7 +159,7 @@ def test_wins_are_spans_of_the_lengths_won_and_ties_are_marked(tmp_path):
         case = Case(1, 4, 4, n, n, 64, "float32", False, "fwd", "cpu")
         rows += [ok_row("w", "a", case, ta, 1.0), ok_row("w", "b", case, tb, 1.0)]
     df = read_results(write_run(tmp_path, "w", rows))
-    wins = analysis.wins_by_family(analysis.fastest_agreeing(df)).set_index("impl")
+    wins = verdicts.wins_by_family(verdicts.fastest_agreeing(df)).set_index("impl")
     assert wins.loc["a", "spans"] == "64–128, 512" and wins.loc["a", "ties"] == 1
     assert wins.loc["b", "spans"] == "256" and wins.loc["b", "ties"] == 0
     text = "\n".join(winners_section(analyse_device(df)))

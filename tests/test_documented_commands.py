@@ -153,8 +153,9 @@ def _files(tmp: Path) -> None:
 
 def _substitute(argv: list[str], runs: list[Path], tmp: Path) -> list[str]:
     """results/<run-id> names the last run made, <a> and <b> (<run-a>, <run-b>) the last two;
-    /tmp/ is the test's folder."""
+    /tmp/ is the test's folder, tests/ the checkout's."""
     argv = [arg.replace("/tmp/", f"{tmp}/") for arg in argv]
+    argv = [str(ROOT / a) if a.startswith("tests/") else a for a in argv]  # the checkout's
     names = {"<run-id>": -1, "<a>": -2, "<run-a>": -2, "<b>": -1, "<run-b>": -1}
     out = []
     for arg in argv:

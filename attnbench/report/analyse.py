@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from attnbench.report import analysis, patterns
+from attnbench.report import analysis, patterns, verdicts
 from attnbench.report.header import busy_machine, device_name
 from attnbench.report.layout import run_colors
 from attnbench.report.recommend import recommendations
+from attnbench.report.rounds import Anchor, Rounds
 
 
 @dataclass(frozen=True)
@@ -26,9 +27,10 @@ class DeviceAnalysis:
     colors: dict  # impl -> colour, alike in every figure of the run
     families: list  # case families, fwd before bwd, then by name
     fits: pd.DataFrame  # analysis.scaling_exponents, with each series' label (``series``)
-    winners: pd.DataFrame  # analysis.fastest_agreeing: one row per case
-    wins: pd.DataFrame  # analysis.wins_by_family
-    speedups: pd.DataFrame | None  # analysis.speedups; None without a baseline with ok rows
+    winners: pd.DataFrame  # verdicts.fastest_agreeing: one row per case
+    wins: pd.DataFrame  # verdicts.wins_by_family
+    speedups: pd.DataFrame | None  # verdicts.speedups; None without a baseline with ok rows
+    rounds: Rounds | None  # the run's per-round medians (None: a run without rounds)
     disagreements: pd.DataFrame  # ok rows that disagree or were not checked
     waste: pd.DataFrame  # patterns.wasted_work (empty without pattern masks)
     sparsity: pd.DataFrame  # patterns.sparsity_fits, with each series' label
@@ -43,6 +45,7 @@ class RunAnalysis:
     recommendations: pd.DataFrame
     devices: tuple  # DeviceAnalysis per kind of device (one unless a Ray run mixed them)
     kernels: pd.DataFrame | None  # kernels.csv (--profile), or None
+    anchor: Anchor | None = None  # the speed anchor (anchor.csv), or None
 
 
 def analyse_device(
@@ -51,6 +54,7 @@ def analyse_device(
     baseline: str | None = None,
     name: str | None = None,
     suffix: str = "",
+    rounds: Rounds | None = None,
 ) -> DeviceAnalysis:
     env = env or {}
     name = name or device_name(env, df)
@@ -65,7 +69,8 @@ def analyse_device(
     if not sparsity.empty:
         labels = analysis.series_labels(sparsity, always=("mask", "pattern"))
         sparsity = sparsity.assign(series=labels)
-    winners = analysis.fastest_agreeing(frame)
+    winners = verdicts.fastest_agreeing(frame, rounds)
+    recorded = baseline == env.get("baseline")  # the rows' own speedups are against it
     return DeviceAnalysis(
         name=name,
         suffix=suffix,
@@ -76,8 +81,9 @@ def analyse_device(
         families=analysis.family_order(frame),
         fits=fits,
         winners=winners,
-        wins=analysis.wins_by_family(winners),
-        speedups=analysis.speedups(frame, baseline) if has_base else None,
+        wins=verdicts.wins_by_family(winners),
+        speedups=verdicts.speedups(frame, baseline, rounds, recorded) if has_base else None,
+        rounds=rounds,
         disagreements=analysis.disagreements(frame),
         waste=patterns.wasted_work(frame),
         sparsity=sparsity,
@@ -96,13 +102,15 @@ def analyse(
     run_id: str,
     baseline: str | None = None,
     kernels: pd.DataFrame | None = None,
+    rounds: Rounds | None = None,
+    anchor: Anchor | None = None,
 ) -> RunAnalysis:
     """The whole run's analysis. ``baseline``: the impl speedups are relative to (default:
-    the one the run recorded)."""
+    the one the run recorded); ``rounds`` and ``anchor``: the run's per-round times."""
     baseline = baseline or env.get("baseline")
     names = device_names(df)
     if len(names) < 2:
-        devices = (analyse_device(df, env, baseline),)
+        devices = (analyse_device(df, env, baseline, rounds=rounds),)
     else:  # several kinds of device (a Ray run): every analysis and figure per device
         devices = tuple(
             analyse_device(
@@ -111,6 +119,7 @@ def analyse(
                 baseline,
                 name,
                 "__" + re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_"),
+                rounds,
             )
             for name in names
         )
@@ -119,9 +128,10 @@ def analyse(
         env=env,
         frame=df,
         baseline=baseline,
-        recommendations=recommendations(df),
+        recommendations=recommendations(df, rounds),
         devices=devices,
         kernels=kernels,
+        anchor=anchor,
     )
 
 

@@ -47,6 +47,7 @@ SEQ_COLUMNS = ("seq_q", "seq_kv")
 CASE_COLUMNS = tuple(c for c in CASE_KEY if c != "impl")  # a case: everything but the impl
 SERIES_KEY = (*(c for c in CASE_KEY if c not in SEQ_COLUMNS), "seq_kv_rule")
 FIT_METRICS = ("time_ms", "peak_mem_mib")
+WIDE_INTERVAL = 1.2  # a 95% interval whose hi / lo exceeds this is too wide to state as a fact
 OVERHEAD_FACTOR = 4.0
 MIN_FIT_POINTS = 3
 
@@ -283,7 +284,8 @@ def scaling_exponents(
 ) -> pd.DataFrame:
     """One row per (series, metric): SERIES_KEY, axis (the length N the series varies:
     seq_q, or seq_kv for a fixed-query series such as decode), metric, slope, slope_se,
-    n_points, seq_min, seq_max (N range fitted), overhead_limited, n_ok, n_failed, failed (status
+    n_points, seq_min, seq_max (N range fitted), overhead_limited, n_ok, n_contended (fitted
+    points that were contended), n_failed, failed (status
     counts of the failed rows, e.g. "1 oom"), reason (why there is no fit, or its caveat).
 
     Every series with any row appears; one whose rows all failed has slope NA and says so."""
@@ -298,6 +300,7 @@ def scaling_exponents(
         "seq_max",
         "overhead_limited",
         "n_ok",
+        "n_contended",
         "n_failed",
         "failed",
         "reason",
@@ -327,6 +330,7 @@ def scaling_exponents(
                     "seq_max": fit["seq_max"],
                     "overhead_limited": fit["overhead_limited"],
                     "n_ok": len(ok),
+                    "n_contended": _contended_in(ok, fit),
                     "n_failed": len(failed),
                     "failed": fail_note,
                     "reason": fit["reason"],
@@ -335,7 +339,7 @@ def scaling_exponents(
     out = pd.DataFrame(rows, columns=columns)
     for c in ("slope", "slope_se"):
         out[c] = out[c].astype("Float64")
-    for c in ("n_points", "seq_min", "seq_max", "n_ok", "n_failed"):
+    for c in ("n_points", "seq_min", "seq_max", "n_ok", "n_contended", "n_failed"):
         out[c] = out[c].astype("Int64")
     out["overhead_limited"] = out["overhead_limited"].astype("boolean")
     out["failed"] = out["failed"].astype("string")
@@ -343,131 +347,31 @@ def scaling_exponents(
     return out
 
 
-def speedups(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
-    """Every row of df with baseline_time_ms and speedup = baseline time / impl time.
-
-    speedup is NA unless both the row and the baseline's row for the same case are ok with
-    a positive time; the baseline's own ok rows get exactly 1."""
-    base = ok_rows(df[df["impl"] == baseline])
-    base = base[list(CASE_COLUMNS) + ["time_ms"]].rename(columns={"time_ms": "baseline_time_ms"})
-    base = base.drop_duplicates(list(CASE_COLUMNS))
-    out = df.merge(base, on=list(CASE_COLUMNS), how="left")
-    usable = (
-        is_ok(out)
-        & (out["time_ms"] > 0).fillna(False)
-        & (out["baseline_time_ms"] > 0).fillna(False)
-    )
-    out["speedup"] = pd.array([pd.NA] * len(out), dtype="Float64")
-    out.loc[usable, "speedup"] = out.loc[usable, "baseline_time_ms"] / out.loc[usable, "time_ms"]
-    return out
+def contended(df: pd.DataFrame) -> pd.Series:
+    """Plain bool mask of rows whose threads waited for a CPU while timed (``contended``)."""
+    if "contended" not in df:
+        return pd.Series(False, index=df.index)
+    return df["contended"].eq(True).fillna(False).astype(bool)
 
 
-def fastest_agreeing(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per case: the fastest impl among ok rows that agree with the reference, its
-    time, the runner-up and how much slower it is (runner_up_time_ms / time_ms), and ``tie``:
-    the win is within the noise (the two rows' p20-p80 ranges overlap, compare's rule; equal
-    medians for rows without them).
-
-    Cases where no impl agrees are kept with impl NA and a reason."""
-    columns = [
-        *CASE_COLUMNS,
-        "family",
-        "impl",
-        "time_ms",
-        "runner_up",
-        "runner_up_time_ms",
-        "margin",
-        "tie",
-        "n_agreeing",
-        "n_rows",
-        "reason",
-    ]
-    if df.empty:
-        return pd.DataFrame(columns=columns)
-    fam = case_family(df)
-    good = agreeing(df) & (df["time_ms"] > 0).fillna(False).astype(bool)
-    rows = []
-    for key, g in df.assign(family=fam, _good=good).groupby(
-        list(CASE_COLUMNS), dropna=False, sort=True
-    ):
-        cand = g[g["_good"]].sort_values(["time_ms", "impl"])
-        row = {
-            **dict(zip(CASE_COLUMNS, key)),
-            "family": g["family"].iloc[0],
-            "n_agreeing": len(cand),
-            "n_rows": len(g),
-            "impl": pd.NA,
-            "time_ms": math.nan,
-            "runner_up": pd.NA,
-            "runner_up_time_ms": math.nan,
-            "margin": math.nan,
-            "tie": False,
-            "reason": pd.NA,
-        }
-        if cand.empty:
-            row["reason"] = "no impl is ok and agrees"
-        else:
-            row["impl"], row["time_ms"] = cand["impl"].iloc[0], float(cand["time_ms"].iloc[0])
-            if len(cand) > 1:
-                row["runner_up"] = cand["impl"].iloc[1]
-                row["runner_up_time_ms"] = float(cand["time_ms"].iloc[1])
-                row["margin"] = row["runner_up_time_ms"] / row["time_ms"]
-                row["tie"] = _within_noise(cand.iloc[0], cand.iloc[1])
-        rows.append(row)
-    out = pd.DataFrame(rows, columns=columns)
-    for c in ("time_ms", "runner_up_time_ms", "margin"):
-        out[c] = out[c].astype("Float64")
-    return out
+def caveat(contended_rows: bool, lo=None, hi=None, noisy_rows: bool = False) -> str:
+    """What a stated number rests on, in words ('' when nothing): contended rows, a paired
+    interval wider than WIDE_INTERVAL, or (without an interval) noisy rows."""
+    parts = ["contended"] if contended_rows else []
+    if lo is not None and hi is not None and not pd.isna(lo) and not pd.isna(hi) and lo > 0:
+        if hi / lo > WIDE_INTERVAL:
+            parts.append("wide interval")
+    elif noisy_rows:
+        parts.append("noisy")
+    return ", ".join(parts)
 
 
-def _within_noise(winner, runner_up) -> bool:
-    lo, hi = runner_up.get("time_ms_p20"), winner.get("time_ms_p80")
-    if pd.isna(lo) or pd.isna(hi):
-        return bool(runner_up["time_ms"] <= winner["time_ms"])
-    return bool(lo <= hi)
-
-
-def seq_spans(won, lengths) -> str:
-    """The lengths won as spans of consecutive lengths of the family: '128–512, 2048'."""
-    order = sorted({int(n) for n in lengths})
-    won = {int(n) for n in won}
-    spans, start = [], None
-    for i, n in enumerate(order):
-        if n in won and start is None:
-            start = n
-        if n in won and (i + 1 == len(order) or order[i + 1] not in won):
-            spans.append(str(n) if n == start else f"{start}–{n}")
-            start = None
-    return ", ".join(spans)
-
-
-def wins_by_family(winners: pd.DataFrame) -> pd.DataFrame:
-    """From fastest_agreeing: per family and winning impl, the cases won, the family's case
-    count, the seq_q range of the wins, the lengths won as spans of the family's lengths
-    (``spans``) and how many of the wins are ties (within the noise of the runner-up)."""
-    columns = ["family", "impl", "wins", "cases", "seq_min", "seq_max", "spans", "ties"]
-    if winners.empty:
-        return pd.DataFrame(columns=columns)
-    cases = winners.groupby("family").size().rename("cases")
-    won = winners.dropna(subset=["impl"]).astype({"tie": bool})
-    agg = (
-        won.groupby(["family", "impl"])
-        .agg(
-            wins=("seq_q", "size"),
-            seq_min=("seq_q", "min"),
-            seq_max=("seq_q", "max"),
-            ties=("tie", "sum"),
-        )
-        .reset_index()
-    )
-    lengths = winners.groupby("family")["seq_q"].agg(list)
-    agg["spans"] = [
-        seq_spans(won.loc[(won["family"] == f) & (won["impl"] == i), "seq_q"], lengths[f])
-        for f, i in zip(agg["family"], agg["impl"])
-    ]
-    agg = agg.merge(cases.reset_index(), on="family")
-    agg = agg.sort_values(["family", "wins", "impl"], ascending=[True, False, True])
-    return agg[columns].reset_index(drop=True)
+def _contended_in(ok: pd.DataFrame, fit: dict) -> int:
+    """How many of the points a fit used (N in its fitted range) were contended."""
+    if pd.isna(fit["seq_min"]):
+        return 0
+    used = ok["seq_n"].between(fit["seq_min"], fit["seq_max"]).fillna(False).astype(bool)
+    return int((used & contended(ok)).sum())
 
 
 def support_counts(df: pd.DataFrame) -> pd.DataFrame:

@@ -1,12 +1,19 @@
 """Run A vs run B: per-case time ratios, one-sided and not-ok cases, and a regression gate.
 
-A case here is a full CASE_KEY (impl included). ``ratio = time_ms_B / time_ms_A`` only where
-the case is ok in both runs; above 1 means B is slower. ``verdict`` says whether the change is
-outside the noise of the two runs (docs/reports.md, "Noise": their p20-p80 ranges do not
-overlap): "slower", "faster", or "unchanged (within noise)". The gate fails when a compared
-case got slower, outside the noise, by more than the threshold, and also when a case that was
-ok in A is not ok in B (a kernel that starts crashing or running out of memory is a regression
-too). Cases present in one run only, or not ok in A, are listed and do not fail the gate.
+A case here is a full CASE_KEY (impl included). ``ratio_raw = time_ms_B / time_ms_A`` only
+where the case is ok in both runs; above 1 means B is slower. Where both runs timed the case in
+interleaved rounds (samples.csv ``round``), ``ratio`` is the ratio of the medians of the
+per-round times, each round's time divided by the speed anchor's time in that round for the
+resource the row is bound by (when both runs have anchor.csv: the machine's own change between
+the runs cancels), with a bootstrap interval (``ratio_lo``, ``ratio_hi``); the verdict is
+"slower" or "faster" when the interval excludes 1 and the change is at least MIN_EFFECT_PCT,
+else "unchanged (within noise)". Runs without rounds keep the older rule (``rule``): the
+ratio of the medians, judged by whether the two runs' p20-p80 ranges overlap.
+
+The gate fails when a compared case got slower, by that verdict, by more than the threshold,
+and also when a case that was ok in A is not ok in B (a kernel that starts crashing or running
+out of memory is a regression too). Cases present in one run only, or not ok in A, are listed
+and do not fail the gate.
 
 If a run folder holds several rows for one case (a resumed sweep), the last one wins.
 """
@@ -19,26 +26,40 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from attnbench.report import plots
+from attnbench.measure import paired
+from attnbench.report import analysis, plots
 from attnbench.report.header import busy_machine, case_label, device_name
 from attnbench.report.markdown import MISSING, table
+from attnbench.report.rounds import RESOURCES, Anchor, Rounds
 from attnbench.store.atomic import atomic_dir
 from attnbench.store.env import COMPARE_FIELDS, code_version
 from attnbench.store.schema import CASE_KEY
 
 WITHIN_NOISE = "unchanged (within noise)"
+MIN_EFFECT_PCT = 3.0  # a change smaller than this is "unchanged" however sure (as pyperf, asv)
+RULE_ANCHOR = "rounds, anchor-normalised"
+RULE_ROUNDS = "rounds (no anchor)"
+RULE_OVERLAP = "p20–p80 overlap (no rounds)"
+MACHINE = ("machine", "machine_compute", "machine_memory")  # the anchor's B/A, per resource
 SHOWN_PER_OUTCOME = 5  # the terminal summary names this many cases per outcome; compare.md all
-SIDE_COLUMNS = ("status", "reason", "time_ms", "time_ms_p20", "time_ms_p80")
+SIDE_COLUMNS = ("status", "reason", "time_ms", "time_ms_p20", "time_ms_p80", "bound", "contended")
 OUTCOMES = ("compared", "not ok in B", "not ok in A", "not ok in both", "only in A", "only in B")
 
 
-def compare_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
-    """One row per case in either run: CASE_KEY, <side column>_a/_b, outcome, ratio and
-    overlap (the p20–p80 ranges of A and B overlap: the change is within the spread)."""
+def compare_runs(
+    a: pd.DataFrame,
+    b: pd.DataFrame,
+    rounds: tuple[Rounds | None, Rounds | None] = (None, None),
+    anchors: tuple[Anchor | None, Anchor | None] = (None, None),
+) -> pd.DataFrame:
+    """One row per case in either run: CASE_KEY, <side column>_a/_b, outcome, ratio_raw,
+    ratio with its interval (ratio_lo, ratio_hi), machine (the speed anchor's B/A time for
+    the row's resource: above 1, the machine was slower in B), rule, overlap (the p20–p80
+    ranges of A and B overlap) and verdict (module docstring)."""
     key = list(CASE_KEY)
 
     def side(df, suffix):
-        df = df.drop_duplicates(key, keep="last")[[*key, *SIDE_COLUMNS]]
+        df = df.reindex(columns=[*key, *SIDE_COLUMNS]).drop_duplicates(key, keep="last")
         return df.rename(columns={c: f"{c}_{suffix}" for c in SIDE_COLUMNS})
 
     out = side(a, "a").merge(side(b, "b"), on=key, how="outer", indicator=True)
@@ -61,25 +82,100 @@ def compare_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
         & (out["time_ms_a"] > 0).fillna(False)
         & out["time_ms_b"].notna()
     ).astype(bool)
-    out["ratio"] = pd.array([pd.NA] * len(out), dtype="Float64")
-    out.loc[usable, "ratio"] = out.loc[usable, "time_ms_b"] / out.loc[usable, "time_ms_a"]
+    na = pd.array([pd.NA] * len(out), dtype="Float64")
+    out["ratio_raw"] = na.copy()
+    out.loc[usable, "ratio_raw"] = out.loc[usable, "time_ms_b"] / out.loc[usable, "time_ms_a"]
     overlap = (out["time_ms_p20_b"] <= out["time_ms_p80_a"]) & (
         out["time_ms_p20_a"] <= out["time_ms_p80_b"]
     )
     out["overlap"] = overlap.where(usable).astype("boolean")
-    # no p20/p80 (an older CSV): no noise to judge by, the ratio alone decides
-    noisy = out["overlap"].fillna(False).astype(bool)
-    ratio = out["ratio"].astype(float)
-    verdict = np.select(
-        [~usable, noisy, ratio > 1, ratio < 1],
-        ["", WITHIN_NOISE, "slower", "faster"],
-        default=WITHIN_NOISE,
-    )
-    out["verdict"] = pd.Series(verdict, index=out.index, dtype="string").replace("", pd.NA)
     out = out.drop(columns="_merge")
+    out = _verdicts(out, usable, _judge_rounds(out[usable], rounds, anchors))
     order = {o: i for i, o in enumerate(OUTCOMES)}
     out = out.assign(_o=out["outcome"].map(order)).sort_values(["_o", *key], kind="stable")
     return out.drop(columns="_o").reset_index(drop=True)
+
+
+def _verdicts(out: pd.DataFrame, usable: pd.Series, judged: dict) -> pd.DataFrame:
+    """ratio, its interval, machine, rule and verdict of every compared row: by the test
+    over rounds where ``judged`` has the row, else by the p20–p80 overlap."""
+    cols = {c: [None] * len(out) for c in ("ratio", "ratio_lo", "ratio_hi", *MACHINE)}
+    rule, verdict = [None] * len(out), [None] * len(out)
+    for i, (idx, r) in enumerate(out.iterrows()):
+        if not usable[idx]:
+            continue
+        if idx in judged:
+            value, lo, hi, *machine, rule[i] = judged[idx]
+            past = abs(math.log(value)) >= math.log1p(MIN_EFFECT_PCT / 100)
+            sure = lo > 1 or hi < 1
+            verdict[i] = ("slower" if value > 1 else "faster") if past and sure else WITHIN_NOISE
+        else:  # no p20/p80 (an older CSV): no noise to judge by, the ratio alone decides
+            value, lo, hi, machine, rule[i] = float(r["ratio_raw"]), None, None, [], RULE_OVERLAP
+            within = analysis.flag(r["overlap"]) or value == 1
+            verdict[i] = WITHIN_NOISE if within else ("slower" if value > 1 else "faster")
+        for c, v in zip(cols, (value, lo, hi, *machine)):
+            cols[c][i] = v
+    for c, v in cols.items():
+        out[c] = pd.array(v, dtype="Float64")
+    out["rule"] = pd.array(rule, dtype="string")
+    out["verdict"] = pd.array(verdict, dtype="string")
+    return out
+
+
+def _judge_rounds(cmp: pd.DataFrame, rounds: tuple, anchors: tuple) -> dict[int, tuple]:
+    """Per compared row with rounds in both runs (row index ->): the ratio B/A of the
+    medians of the per-round times, each divided by its round's speed anchor for the
+    resource the row is bound by where both runs have it; its bootstrap interval; the
+    anchor's own B/A for that resource, for compute and for memory (the machine's change;
+    None without it); and the rule that judged."""
+    out = {}
+    if rounds[0] is None or rounds[1] is None:
+        return out
+    for i, r in cmp[cmp["outcome"] == "compared"].iterrows():
+        times = [rounds[0].of(r), rounds[1].of(r)]
+        if not all(t and len(t) >= paired.MIN_ROUNDS for t in times):
+            continue
+        speeds = {res: _change(r, anchors, res) for res in (*RESOURCES, "both")}
+        resource = _resource(r)
+        machine = speeds[resource][0]
+        if machine is not None:
+            pair = speeds[resource][1]
+            times = [{k: t[k] / s[k] for k in t if k in s} or t for t, s in zip(times, pair)]
+        va, vb = (np.array(list(t.values())) for t in times)
+        value = float(np.median(vb) / np.median(va))
+        lo, hi = _ratio_interval(va, vb)
+        rule = RULE_ANCHOR if machine is not None else RULE_ROUNDS
+        by_resource = tuple(speeds[res][0] for res in RESOURCES)
+        out[i] = (value, lo, hi, machine, *by_resource, rule)
+    return out
+
+
+def _change(row, anchors, resource: str) -> tuple[float | None, tuple]:
+    """The anchor's B/A change in the row's case for ``resource`` (the ratio of its
+    median times; None unless both runs have it), and its rounds in A and in B."""
+    pair = tuple(a.of(row, resource) if a is not None else None for a in anchors)
+    if not all(pair):
+        return None, pair
+    return float(np.median(list(pair[1].values())) / np.median(list(pair[0].values()))), pair
+
+
+def _resource(row) -> str:
+    """The anchor resource a row is bound by: compute, memory, or both (their geometric mean)
+    for a balanced row or one without a bound."""
+    bound = row.get("bound_a")
+    bound = row.get("bound_b") if pd.isna(bound) else bound
+    return str(bound) if not pd.isna(bound) and str(bound) in RESOURCES else "both"
+
+
+def _ratio_interval(a: np.ndarray, b: np.ndarray, seed: int = 0) -> tuple[float, float]:
+    """The percentile bootstrap interval of median(b) / median(a), the two resampled apart
+    (the rounds of two runs are not paired)."""
+    rng = np.random.default_rng(seed)
+    ma = np.median(rng.choice(a, size=(paired.BOOTSTRAP_DRAWS, len(a))), axis=1)
+    mb = np.median(rng.choice(b, size=(paired.BOOTSTRAP_DRAWS, len(b))), axis=1)
+    tail = (1 - paired.CONFIDENCE) / 2 * 100
+    ratios = mb / ma
+    return float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail))
 
 
 def regressions(cmp: pd.DataFrame, fail_above_pct: float) -> pd.DataFrame:
@@ -148,7 +244,7 @@ def render(
     frames: tuple[pd.DataFrame, pd.DataFrame],
     fail_above_pct: float | None,
 ) -> str:
-    lines = _heading(names, envs, frames)
+    lines = _heading(cmp, names, envs, frames)
     counts = cmp["outcome"].value_counts()
     lines += [
         "## Summary",
@@ -161,16 +257,21 @@ def render(
     return "\n".join(lines + _tables(cmp, names)).rstrip() + "\n"
 
 
-def _heading(names, envs, frames) -> list[str]:
+def _heading(cmp, names, envs, frames) -> list[str]:
     """Title, the two runs side by side, and warnings about their environments."""
     a_name, b_name = names
     lines = [
         f"# attnbench compare: `{a_name}` (A) vs `{b_name}` (B)",
         "",
-        "ratio = time_ms(B) / time_ms(A) for cases ok in both runs; above 1: B is "
-        "slower. overlap: the p20–p80 ranges of the two runs overlap, so the change is "
-        "within the spread of the samples and the verdict is 'unchanged (within noise)' "
-        "whatever the ratio; 'slower' and 'faster' are changes outside the noise.",
+        "ratio = time(B) / time(A) for cases ok in both runs; above 1: B is slower. Where "
+        "both runs timed a case in interleaved rounds, ratio is the ratio of the medians of "
+        "the per-round times, each divided by the speed anchor's time in its round (for the "
+        "resource the row is bound by), so that the machine's own change cancels; its 95% "
+        "bootstrap interval is beside it, and the verdict is 'slower' or 'faster' only "
+        f"when the interval excludes 1 and the change is at least {MIN_EFFECT_PCT:g}%. "
+        "raw: time_ms(B) / time_ms(A), undivided. Cases without rounds keep the older "
+        "rule (rule column): 'unchanged (within noise)' when the two runs' p20–p80 ranges "
+        "overlap, whatever the ratio.",
         "",
     ]
     heads = pd.DataFrame(
@@ -195,6 +296,8 @@ def _heading(names, envs, frames) -> list[str]:
             + "): ratios mix the change under test with these.",
             "",
         ]
+    lines += [f"> {line[0].upper()}{line[1:]}." for line in machine_lines(cmp)]
+    lines += [""] if machine_lines(cmp) else []
     busy = [n for n, e in zip(names, envs) if busy_machine(e)]
     if busy:
         lines += [
@@ -204,6 +307,55 @@ def _heading(names, envs, frames) -> list[str]:
             "",
         ]
     return lines
+
+
+def machine_lines(cmp: pd.DataFrame) -> list[str]:
+    """How much the machine's speed differed between the runs (the speed anchor), and the
+    cases judged by the older rule: said at the top of compare.md and of the terminal."""
+    judged = cmp[cmp["rule"].notna()]
+    lines = []
+    speed = {res: 1 / judged[f"machine_{res}"].dropna().astype(float) for res in RESOURCES}
+    if any(len(v) for v in speed.values()):
+        parts = [f"{res} {v.median():.3f}x" for res, v in speed.items() if len(v)]
+        lines.append(
+            "machine speed in B relative to A (the speed anchor, median over the compared "
+            f"cases; below 1: slower in B): {', '.join(parts)}; every ratio is divided by "
+            "its case's change"
+        )
+    elif judged["rule"].eq(RULE_ROUNDS).any():
+        lines.append(
+            "machine speed: not measured (a run has no anchor.csv), so the ratios include "
+            "any change in the machine's speed between the runs"
+        )
+    old = int(judged["rule"].eq(RULE_OVERLAP).sum())
+    if old:
+        lines.append(
+            f"{old} of {len(judged)} compared case(s) have no rounds in both runs: judged by "
+            f"the older rule (p20–p80 overlap), which cannot see the machine drift between "
+            f"runs"
+        )
+    return lines
+
+
+def caveats(cmp: pd.DataFrame, envs: tuple[dict, dict]) -> pd.Series:
+    """Per compared row, what its verdict rests on besides the code: a busy machine at a
+    run's start, contended rows, a wide interval, the older rule ('' when nothing)."""
+    busy = [side for side, e in zip("AB", envs) if busy_machine(e)]
+
+    def one(r) -> str:
+        if pd.isna(r["ratio"]):
+            return ""
+        parts = [f"busy machine at {' and '.join(busy)}'s start"] if busy else []
+        held = [side for side in "AB" if r[f"contended_{side.lower()}"] is True]
+        if held:
+            parts.append(f"contended in {' and '.join(held)}")
+        if analysis.caveat(False, r["ratio_lo"], r["ratio_hi"]):
+            parts.append("wide interval")
+        if r["rule"] == RULE_OVERLAP:
+            parts.append("no rounds: p20–p80 rule")
+        return "; ".join(parts)
+
+    return pd.Series([one(r) for _, r in cmp.iterrows()], index=cmp.index, dtype="string")
 
 
 def _gate_lines(cmp: pd.DataFrame, fail_above_pct: float) -> list[str]:
@@ -270,7 +422,10 @@ def _tables(cmp: pd.DataFrame, names: tuple[str, str]) -> list[str]:
 
 
 def _case_table(rows: pd.DataFrame) -> str:
-    rows = rows.assign(case=[case_label(r) for _, r in rows.iterrows()])
+    rows = rows.assign(
+        case=[case_label(r) for _, r in rows.iterrows()],
+        interval=[_interval(r) for _, r in rows.iterrows()],
+    )
     return table(
         rows,
         {
@@ -280,20 +435,43 @@ def _case_table(rows: pd.DataFrame) -> str:
             "time_ms_a": "A time_ms",
             "time_ms_b": "B time_ms",
             "ratio": "ratio",
+            "interval": "95% interval",
+            "ratio_raw": "raw",
+            "machine": "anchor B/A",
             "verdict": "verdict",
+            "rule": "rule",
             "overlap": "overlap",
+            "caveat": "rests on",
             "status_a": "A status",
             "status_b": "B status",
             "reason_b": "B reason",
         },
-        formats={"ratio": ".3f", "time_ms_a": ".4g", "time_ms_b": ".4g"},
+        formats={
+            "ratio": ".3f",
+            "ratio_raw": ".3f",
+            "machine": ".3f",
+            "time_ms_a": ".4g",
+            "time_ms_b": ".4g",
+        },
     )
+
+
+def _interval(r) -> str:
+    return "" if pd.isna(r["ratio_lo"]) else f"{r['ratio_lo']:.3f}–{r['ratio_hi']:.3f}"
+
+
+def _said(r) -> str:
+    """A verdict's interval and what it rests on, for the terminal: ' [0.98–1.05; contended
+    in B]'."""
+    parts = [p for p in (_interval(r), r.get("caveat") or "") if p and not pd.isna(p)]
+    return f" [{'; '.join(parts)}]" if parts else ""
 
 
 def summary_lines(cmp: pd.DataFrame, fail_above_pct: float | None) -> list[str]:
     """Plain-text lines for the terminal."""
     counts = cmp["outcome"].value_counts()
-    lines = ["cases: " + ", ".join(f"{counts[o]} {o}" for o in OUTCOMES if o in counts)]
+    lines = machine_lines(cmp)
+    lines += ["cases: " + ", ".join(f"{counts[o]} {o}" for o in OUTCOMES if o in counts)]
     for r in geomean_by_impl(cmp).itertuples():
         lines.append(
             f"  {r.impl}: geomean B/A {r.geomean:.3f} over {r.cases} cases "
@@ -316,13 +494,16 @@ def summary_lines(cmp: pd.DataFrame, fail_above_pct: float | None) -> list[str]:
         reg = regressions(cmp, fail_above_pct)
         for _, r in reg.iterrows():
             if r["outcome"] == "compared":
-                lines.append(f"REGRESSION +{(r['ratio'] - 1) * 100:.1f}%: {describe_case(r)}")
+                lines.append(
+                    f"REGRESSION +{(r['ratio'] - 1) * 100:.1f}%: {describe_case(r)}{_said(r)}"
+                )
             else:
                 lines.append(f"REGRESSION now {r['status_b']}: {describe_case(r)}")
         for _, r in within_noise(cmp, fail_above_pct).iterrows():
+            why = "p20-p80 ranges overlap" if r["rule"] == RULE_OVERLAP else "not significant"
             lines.append(
                 f"unchanged (within noise) {(r['ratio'] - 1) * 100:+.1f}%: {describe_case(r)} "
-                f"(p20-p80 ranges overlap; not counted)"
+                f"({why}; not counted){_said(r)}"
             )
         if not len(reg) and gate_fails(cmp, fail_above_pct):
             lines.append(f"gate: FAIL (--fail-above {fail_above_pct:g}%: {NOTHING_COMPARED})")
@@ -340,10 +521,19 @@ def write_compare(
     run_b: tuple[str, pd.DataFrame, dict],
     out_dir,
     fail_above_pct: float | None = None,
+    run_dirs: tuple | None = None,
 ) -> tuple[pd.DataFrame, Path]:
-    """Write compare.md, compare.csv and ratio_vs_seq.png(+svg) into out_dir atomically."""
+    """Write compare.md, compare.csv and ratio_vs_seq.png(+svg) into out_dir atomically.
+    ``run_dirs``: the two run folders, for their rounds and speed anchors (rounds.py)."""
     (a_name, a_df, a_env), (b_name, b_df, b_env) = run_a, run_b
-    cmp = compare_runs(a_df, b_df)
+    dirs = run_dirs or (None, None)
+    cmp = compare_runs(
+        a_df,
+        b_df,
+        tuple(Rounds.read(d) if d else None for d in dirs),
+        tuple(Anchor.read(d) if d else None for d in dirs),
+    )
+    cmp["caveat"] = caveats(cmp, (a_env, b_env))
     out_dir = Path(out_dir)
     with atomic_dir(out_dir) as tmp:
         fig = plots.plot_ratio_vs_seq(

@@ -1,5 +1,6 @@
-"""The table of figures: each figure of a report declared once (file stem, heading,
-caption, and how it is drawn from one device's analysis, analyse.DeviceAnalysis)."""
+"""The tables of figures: each figure of a report declared once (file stem, heading,
+caption, and how it is drawn): FIGURES from one device's analysis (analyse.DeviceAnalysis),
+RUN_FIGURES from the whole run's (analyse.RunAnalysis; None where the run has no data for it)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,10 @@ FIGURES = (
     Figure(
         "speedup_vs_seq",
         "Speedup vs baseline",
-        "Baseline time / impl time, only where both are ok; above 1 is faster than the baseline.",
+        "Baseline time / impl time, only where both are ok; above 1 is faster than the baseline. "
+        "With rounds, paired per round, and the band is its 95% interval (a tie where the band "
+        "crosses 1); ringed points rest on contended rows or a wide interval (or, without "
+        "rounds, noisy rows).",
         lambda a: plots.plot_speedup_vs_seq(
             a.frame, a.baseline, device_name=a.name, colors=a.colors, speedups=a.speedups
         ),
@@ -69,6 +73,23 @@ FIGURES = (
         "with backward), under the ceilings measured at the start of this run.",
         lambda a: plots.plot_roofline(
             a.frame, a.env.get("ceilings") or {}, device_name=a.name, colors=a.colors
+        ),
+    ),
+)
+
+RUN_FIGURES = (
+    Figure(
+        "speed_over_time",
+        "Machine speed over the run",
+        "The speed anchor (a fixed matmul: compute; a copy: memory), timed in every case's "
+        "rounds, as the machine's speed relative to the run's first case, over the run's "
+        "time; the line is a running median. A throttle or a noisy neighbour shows as a dip.",
+        lambda run: (
+            None
+            if run.anchor is None
+            else plots.plot_speed_over_time(
+                run.anchor.series, device_name=", ".join(d.name for d in run.devices)
+            )
         ),
     ),
 )

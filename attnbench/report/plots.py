@@ -8,7 +8,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import FuncFormatter
 
-from attnbench.report import analysis, layout
+from attnbench.report import analysis, layout, verdicts
 from attnbench.report.layout import impl_style, plt, run_colors, save_figure  # noqa: F401
 from attnbench.store.schema import STATUSES
 
@@ -31,7 +31,9 @@ def _slope_suffix(fits: pd.DataFrame | None, metric: str):
             return "  (no fit)"
         m = match.iloc[0]
         bound = "≥" if analysis.flag(m["overhead_limited"]) else ""
-        return f"  slope {bound}{m['slope']:.2f} ± {m['slope_se']:.2f}"
+        n_busy = m.get("n_contended")
+        busy = f", {n_busy} contended pts" if not pd.isna(n_busy) and n_busy else ""
+        return f"  slope {bound}{m['slope']:.2f} ± {m['slope_se']:.2f}{busy}"
 
     return suffix
 
@@ -106,19 +108,35 @@ def plot_speedup_vs_seq(
     speedups: pd.DataFrame | None = None,
 ):
     """baseline time / impl time vs N; above 1 is faster than the baseline. ``speedups``:
-    analysis.speedups(df, baseline) when already computed."""
-    sp = analysis.speedups(df, baseline) if speedups is None else speedups
+    verdicts.speedups(df, baseline) when already computed."""
+    sp = verdicts.speedups(df, baseline) if speedups is None else speedups
     sp = sp[sp["impl"] != baseline].copy()
+    paired = bool(sp["paired"].eq(True).any())
 
     def reference(ax, g):
         ax.axhline(1.0, color="black", lw=1.2, ls="--", label=f"{baseline} (baseline)")
+        marked = analysis.ok_rows(g)
+        marked = marked[marked["caveat"].fillna("").astype(bool) & marked["speedup"].notna()]
+        if len(marked):
+            ax.scatter(
+                marked["seq_n"].to_numpy(dtype=float),
+                marked["speedup"].to_numpy(dtype=float),
+                s=110,
+                facecolors="none",
+                edgecolors="0.35",
+                linewidths=1.3,
+                zorder=5,
+                label="rests on: " + ", ".join(sorted(_caveats(marked["caveat"]))),
+            )
 
     fig = layout.line_figure(
         sp,
         "speedup",
-        what=f"Speedup vs {baseline} ({baseline} time / impl time; above 1 is faster)",
+        what=f"Speedup vs {baseline} ({baseline} time / impl time; above 1 is faster"
+        + ("; band: 95% interval, paired by round)" if paired else ")"),
         ylabel=f"speedup vs {baseline} (log)",
         device_name=device_name,
+        band=("speedup_lo", "speedup_hi") if paired else None,
         draw_extra=reference,
         colors=colors,
     )
@@ -126,6 +144,11 @@ def plot_speedup_vs_seq(
         if ax.get_yscale() == "log":
             layout.ratio_axis(ax, "x")
     return fig
+
+
+def _caveats(notes) -> set[str]:
+    """The distinct caveats in a column of analysis.caveat texts."""
+    return {p for note in notes.dropna() for p in str(note).split(", ") if p}
 
 
 def plot_error_vs_seq(
@@ -278,12 +301,15 @@ def plot_ratio_vs_seq(
                 )
 
     both = both.assign(status="ok", agrees=True)
+    tested = "ratio_lo" in both and both["ratio_lo"].notna().any()
     fig = layout.line_figure(
         both,
         "ratio",
-        what=f"{title} (above 1: slower in B)",
+        what=f"{title} (above 1: slower in B"
+        + ("; band: 95% interval, anchor-normalised where both runs have it)" if tested else ")"),
         ylabel="time_B / time_A (log)",
         device_name=device_name,
+        band=("ratio_lo", "ratio_hi") if tested else None,
         draw_extra=lines,
         colors=colors,
     )
@@ -347,5 +373,37 @@ def plot_roofline(
     ax.set_xlabel("arithmetic intensity, FLOP per byte moved (each tensor once: docs/method.md)")
     ax.set_ylabel("TFLOP/s")
     ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    return fig
+
+
+SPEED_WINDOW = 9  # the running median of the speed-over-time figure, in anchor times
+
+
+def plot_speed_over_time(series: pd.DataFrame, *, device_name: str | None = None):
+    """The machine's speed over the run (rounds.Anchor.series): each anchor time as a speed
+    relative to the run's first case, compute (matmul) and memory (copy), against the
+    seconds since the run's start, with a running median."""
+    title = "Machine speed over the run (speed anchor, relative to the first case)"
+    title += f"\n{device_name}" if device_name else ""
+    if series.empty:
+        return layout.empty_figure(title, "no anchor times")
+    fig, axes = layout.grid(1, title)
+    ax = axes[0]
+    colours = {"compute": "tab:blue", "memory": "tab:orange"}
+    what = {"compute": "compute (matmul)", "memory": "memory (copy)"}
+    for resource, g in series.groupby("resource", sort=True):
+        g = g.sort_values("t_s")
+        colour = colours.get(resource, "tab:grey")
+        t, speed = g["t_s"].to_numpy(dtype=float), g["speed"].to_numpy(dtype=float)
+        ax.scatter(t, speed, s=8, color=colour, alpha=0.35, lw=0)
+        running = pd.Series(speed).rolling(SPEED_WINDOW, center=True, min_periods=1).median()
+        low, high = float(np.min(speed)), float(np.max(speed))
+        label = f"{what.get(resource, resource)}: {low:.2f}–{high:.2f}"
+        ax.plot(t, running.to_numpy(), color=colour, lw=1.8, label=label)
+    ax.axhline(1.0, color="black", lw=1.0, ls="--", label="speed at the first case")
+    ax.set_xlabel("time since the run started (s)")
+    ax.set_ylabel("speed (first case = 1)")
+    ax.grid(True, alpha=0.4)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return fig

@@ -5,10 +5,12 @@ from __future__ import annotations
 import pandas as pd
 
 from attnbench.models import ATTN_IMPLEMENTATIONS
-from attnbench.report.analysis import CASE_COLUMNS, agreeing, fastest_agreeing
+from attnbench.report.analysis import CASE_COLUMNS, agreeing
+from attnbench.report.rounds import Rounds
+from attnbench.report.verdicts import fastest_agreeing
 
 
-def recommendations(df: pd.DataFrame) -> pd.DataFrame:
+def recommendations(df: pd.DataFrame, rounds: Rounds | None = None) -> pd.DataFrame:
     """Per (model, phase) of the rows from model presets: the impl that is fastest (and
     agrees with the reference) in the most cases, its wins, its median margin over the
     runner-up and median peak memory in the cases it won, and every other impl that was
@@ -30,14 +32,18 @@ def recommendations(df: pd.DataFrame) -> pd.DataFrame:
         "runner_up",
         "attn_implementation",
         "attn_wins",
+        "attn_ties",
+        "attn_marks",
+        "ties",
+        "marks",
         "not_run",
     ]
     rows_of_models = df[df["model"].fillna("").astype(str) != ""]
     if rows_of_models.empty:
         return pd.DataFrame(columns=columns)
-    winners = fastest_agreeing(rows_of_models)
+    winners = fastest_agreeing(rows_of_models, rounds)
     hf_rows = rows_of_models[rows_of_models["impl"].isin(ATTN_IMPLEMENTATIONS)]
-    hf_winners = fastest_agreeing(hf_rows)
+    hf_winners = fastest_agreeing(hf_rows, rounds)
     out = []
     for (model, phase), g in rows_of_models.groupby(["model", "phase"], dropna=False, sort=False):
         row = {"model": model, "phase": phase if isinstance(phase, str) else ""}
@@ -47,6 +53,7 @@ def recommendations(df: pd.DataFrame) -> pd.DataFrame:
             row.update(
                 attn_implementation=ATTN_IMPLEMENTATIONS[hf_best],
                 attn_wins=int(hf_counts.loc[hf_best, "wins"]),
+                **_evidence(_of(hf_winners, model, phase), hf_best, "attn_"),
             )
         w = _of(winners, model, phase)
         best, counts = _most_wins(w)
@@ -62,6 +69,7 @@ def recommendations(df: pd.DataFrame) -> pd.DataFrame:
                 runner_up=won["runner_up"].dropna().mode().iloc[0]
                 if won["runner_up"].notna().any()
                 else None,
+                **_evidence(w, best),
             )
         row["not_run"] = _not_run(g)
         out.append(row)
@@ -83,6 +91,14 @@ def _most_wins(w: pd.DataFrame) -> tuple[str | None, pd.DataFrame | None]:
         return None, None
     counts = w.groupby("impl").agg(wins=("impl", "size"), time=("time_ms", "median"))
     return counts.sort_values(["wins", "time"], ascending=[False, True]).index[0], counts
+
+
+def _evidence(won: pd.DataFrame, impl: str, prefix: str = "") -> dict:
+    """How many of ``impl``'s wins are ties, and the caveats of the others."""
+    mine = won[won["impl"] == impl]
+    ties = mine["tie"].astype(bool)
+    marks = {p for c in mine.loc[~ties, "caveat"].fillna("") for p in str(c).split(", ") if p}
+    return {f"{prefix}ties": int(ties.sum()), f"{prefix}marks": ", ".join(sorted(marks))}
 
 
 def _not_run(g: pd.DataFrame) -> str:

@@ -9,9 +9,10 @@ import pandas as pd
 
 from attnbench.report import checks, plots, sections
 from attnbench.report.analyse import DeviceAnalysis, RunAnalysis, analyse
-from attnbench.report.figures import FIGURES
+from attnbench.report.figures import FIGURES, RUN_FIGURES
 from attnbench.report.header import borrowed_lines, counts_line, header_lines
 from attnbench.report.patterns import sections as pattern_sections
+from attnbench.report.rounds import Anchor, Rounds
 from attnbench.store.atomic import atomic_dir
 from attnbench.store.results import load_run
 from attnbench.store.rundir import RunDir
@@ -25,10 +26,13 @@ def render(
     baseline: str | None = None,
     kernels: pd.DataFrame | None = None,
     svg: bool = False,
+    rounds: Rounds | None = None,
+    anchor: Anchor | None = None,
 ) -> str:
     """Write the figures into out_dir and return the markdown text. ``baseline``: the impl
-    speedups are relative to (default: the one the run recorded)."""
-    run = analyse(df, env, run_id, baseline, kernels)
+    speedups are relative to (default: the one the run recorded); ``rounds``, ``anchor``:
+    the run's per-round times (rounds.py), None for a run without them."""
+    run = analyse(df, env, run_id, baseline, kernels, rounds, anchor)
     lines = header_lines(run_id, df, env)
     lines += ["## Summary", "", counts_line(df), ""]
     lines += borrowed_lines(df)
@@ -40,6 +44,7 @@ def render(
         for part in run.devices:
             lines += [f"## Device: {part.name}", ""]
             lines += _device_part(part, out_dir, svg, "###")
+    lines += _speed_part(run, out_dir, svg)
     lines += _closing(run)
     return "\n".join(lines).rstrip() + "\n"
 
@@ -48,6 +53,18 @@ def _closing(run: RunAnalysis) -> list[str]:
     lines = checks.checks_section(run.frame)
     lines += checks.kernels_section(run.kernels)
     return lines + checks.failures_section(run.frame, run.env.get("not_run"))
+
+
+def _speed_part(run: RunAnalysis, out_dir: Path, svg: bool) -> list[str]:
+    """The machine's speed over the run (the run's figures: RUN_FIGURES), when it has one."""
+    lines = []
+    for fig in RUN_FIGURES:
+        drawn = fig.draw(run)
+        if drawn is None:
+            continue
+        plots.save_figure(drawn, out_dir / fig.stem, svg=svg)
+        lines += [f"## {fig.heading}", "", fig.caption, "", f"![{fig.heading}]({fig.stem}.png)", ""]
+    return lines
 
 
 def _device_part(a: DeviceAnalysis, out_dir: Path, svg: bool, level: str) -> list[str]:
@@ -79,6 +96,16 @@ def write_report(run_dir, reports_dir, baseline: str | None = None, svg: bool = 
     run = RunDir(run_dir)
     kernels = pd.read_csv(run.kernels) if run.kernels.exists() else None
     with atomic_dir(run.report_dir(reports_dir)) as tmp:
-        text = render(df, env, run.run_id, tmp, baseline, kernels, svg)
+        text = render(
+            df,
+            env,
+            run.run_id,
+            tmp,
+            baseline,
+            kernels,
+            svg,
+            Rounds.read(run_dir),
+            Anchor.read(run_dir),
+        )
         (tmp / RunDir.REPORT).write_text(text, encoding="utf-8")
     return run.report(reports_dir)

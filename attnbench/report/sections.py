@@ -22,7 +22,9 @@ def recommendations_section(rec: pd.DataFrame) -> list[str]:
         "float64 reference, in the most of its cases; its margin over the runner-up (median "
         "of runner-up time / its time over the cases it won) and its median peak memory; "
         "then every impl that failed or disagreed somewhere, with its first reason. "
-        "Measured on this run's device only.",
+        "Measured on this run's device only. A pick is marked where its wins are ties (the "
+        "runner-up is within the noise: who wins where) or rest on contended rows or wide "
+        "intervals: it is then not a measured difference.",
         "",
     ]
     labels = {
@@ -49,10 +51,19 @@ def recommendations_section(rec: pd.DataFrame) -> list[str]:
         del labels["attn_implementation"]
     rec = rec.assign(
         wins=["" if pd.isna(w) else f"{int(w)}/{c}" for w, c in zip(rec["wins"], rec["cases"])],
-        impl=["no impl agrees" if pd.isna(i) else f"**{i}**" for i in rec["impl"]],
+        impl=[
+            "no impl agrees" if pd.isna(i) else f"**{i}**" + _doubt(t, w, m)
+            for i, t, w, m in zip(rec["impl"], rec["ties"], rec["wins"], rec["marks"])
+        ],
         attn_implementation=[
-            "" if pd.isna(a) else f"`{a}` ({int(n)}/{c})"
-            for a, n, c in zip(rec["attn_implementation"], rec["attn_wins"], rec["cases"])
+            "" if pd.isna(a) else f"`{a}` ({int(n)}/{c})" + _doubt(t, n, m)
+            for a, n, c, t, m in zip(
+                rec["attn_implementation"],
+                rec["attn_wins"],
+                rec["cases"],
+                rec["attn_ties"],
+                rec["attn_marks"],
+            )
         ],
     )
     return lines + [
@@ -65,6 +76,16 @@ def recommendations_section(rec: pd.DataFrame) -> list[str]:
     ]
 
 
+def _doubt(ties, wins, marks) -> str:
+    """What a recommendation's wins rest on: ' (tie)', ' (2 of 3 wins ties)', its caveats."""
+    notes = []
+    if not pd.isna(ties) and ties:
+        notes.append("tie" if ties == wins else f"{int(ties)} of {int(wins)} wins ties")
+    if isinstance(marks, str) and marks:
+        notes.append(marks)
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
 def winners_section(a) -> list[str]:
     """Who wins where, from a DeviceAnalysis (analyse.py)."""
     winners, wins = a.winners, a.wins
@@ -73,8 +94,15 @@ def winners_section(a) -> list[str]:
         "",
         "Fastest impl per case among the ok rows that agree with the reference, counted "
         "per case family (N: the lengths it won, a–b where it won every length between; "
-        "ties: wins within the noise of the runner-up, whose p20–p80 range overlaps the "
-        "winner's; margin: median of runner-up time / winner time).",
+        "margin: median of runner-up time / winner time; ties: wins within the noise of the "
+        "runner-up, "
+        + (
+            "whose time over the winner's, paired per round, has a 95% interval containing 1; "
+            if a.rounds is not None
+            else "whose p20–p80 range overlaps the winner's (this run has no rounds); "
+        )
+        + "marked: wins that are not ties but rest on contended rows, a paired interval "
+        f"wider than {analysis.WIDE_INTERVAL:g}x (hi / lo) or noisy rows).",
         "",
     ]
     if winners.empty:
@@ -90,6 +118,7 @@ def winners_section(a) -> list[str]:
             )
             + f" {r.wins}/{r.cases} (N {r.spans}"
             + (f"; {r.ties} tie{'s' if r.ties > 1 else ''}" if r.ties else "")
+            + (f"; {r.marked} marked: {r.marks}" if r.marked else "")
             + ")"
             for i, r in enumerate(w.itertuples())
         ]
@@ -141,9 +170,22 @@ def speedup_section(a) -> list[str]:
         ]
     sp = a.speedups
     sp = sp[(sp["impl"] != baseline) & sp["speedup"].notna()]
+    paired = bool(sp["paired"].eq(True).any())
     lines += [
         f"{baseline} time / impl time over the cases where both are ok (above 1: faster "
-        f"than {baseline}).",
+        f"than {baseline}). "
+        + (
+            "Paired per round (the two impls timed in the same interleaved rounds), with "
+            "each case's 95% interval in brackets; tie: the interval contains 1. "
+            if paired
+            else "The ratio of the two medians (this run has no rounds, so no intervals). "
+        )
+        + "Marked: cases that rest on contended rows, "
+        + (
+            f"an interval wider than {analysis.WIDE_INTERVAL:g}x (hi / lo)."
+            if paired
+            else "or noisy rows (p20–p80 spread: the measurement checks)."
+        ),
         "",
     ]
     if sp.empty:
@@ -153,26 +195,51 @@ def speedup_section(a) -> list[str]:
         .agg(["size", "median", "min", "max"])
         .reset_index()
     )
+    cases = {k: g for k, g in sp.groupby(["impl", "family"], sort=True)}
+    agg["ties"] = [int(_ties(cases[k]).sum()) for k in zip(agg["impl"], agg["family"])]
+    agg["marked"] = [
+        int(cases[k]["caveat"].fillna("").astype(bool).sum())
+        for k in zip(agg["impl"], agg["family"])
+    ]
+    agg["each"] = [
+        "; ".join(_speedup_text(r) for _, r in cases[k].sort_values("seq_n").iterrows())
+        for k in zip(agg["impl"], agg["family"])
+    ]
     order = {f: i for i, f in enumerate(a.families)}
     agg = agg.sort_values(
         ["impl", "family"], key=lambda c: c.map(order) if c.name == "family" else c
     )
     x = lambda v: f"{v:.2f}x"  # noqa: E731
-    lines.append(
-        table(
-            agg,
-            {
-                "impl": "impl",
-                "family": "case family",
-                "size": "cases",
-                "median": "median",
-                "min": "min",
-                "max": "max",
-            },
-            formats={"median": x, "min": x, "max": x},
-        )
-    )
+    columns = {
+        "impl": "impl",
+        "family": "case family",
+        "size": "cases",
+        "median": "median",
+        "min": "min",
+        "max": "max",
+        "ties": "ties",
+        "marked": "marked",
+        "each": "each case (N: speedup [95% interval])",
+    }
+    if not paired:
+        del columns["ties"], columns["each"]
+    lines.append(table(agg, columns, formats={"median": x, "min": x, "max": x}))
     return lines
+
+
+def _ties(sp: pd.DataFrame) -> pd.Series:
+    """Speedups whose paired interval contains 1."""
+    return (sp["speedup_lo"].le(1) & sp["speedup_hi"].ge(1)).fillna(False).astype(bool)
+
+
+def _speedup_text(r) -> str:
+    """One case's speedup: 'S1024 1.32x [1.25, 1.40]', and 'tie' or its caveat after."""
+    text = f"{r['seq_n']}: {r['speedup']:.2f}x"
+    if not pd.isna(r["speedup_lo"]):
+        text += f" [{r['speedup_lo']:.2f}, {r['speedup_hi']:.2f}]"
+        if r["speedup_lo"] <= 1 <= r["speedup_hi"]:
+            text += " tie"
+    return text + (f" ({r['caveat']})" if not pd.isna(r["caveat"]) and r["caveat"] else "")
 
 
 AXIS = {"seq_q": "N", "seq_kv": "Skv"}  # how a fitted range names its length
@@ -201,6 +268,9 @@ def _notes(by: dict, first) -> str:
         ]
         if parts:
             notes.append(f"{m}: {'; '.join(parts)}")
+    busy = max(0 if pd.isna(n := by[m].get("n_contended", 0)) else int(n) for m in by)
+    if busy:
+        notes.append(f"fitted on {busy} contended row(s): the exponent may be off")
     if not pd.isna(first["failed"]):
         notes.append(f"failed rows: {first['failed']}")
     return "; ".join(notes)

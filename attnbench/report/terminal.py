@@ -12,6 +12,7 @@ from attnbench import registry
 from attnbench.case import DEVICES, DTYPES, Case
 from attnbench.masks import ANY, MASKS
 from attnbench.models import models_table
+from attnbench.report import analysis
 from attnbench.store.schema import CASE_KEY
 
 __all__ = ["list_impls", "models_table", "summary_table"]
@@ -120,16 +121,26 @@ def list_impls(impls: dict, device: str) -> str:
 def summary_table(df: pd.DataFrame, impls: list[str] | None = None) -> str:
     """Median ms per case (rows) and impl (columns) over the whole run (a resumed run too);
     a status word where there is no time, '!' after a time whose output disagrees with the
-    reference. Impls that are unsupported in every case are named below, not tabulated."""
+    reference, 'c' after one timed while contended, '~' after a noisy one or one whose
+    paired speedup has a wide interval (analysis.caveat). Impls that are unsupported in
+    every case are named below, not tabulated."""
     if df.empty:
         return "no rows were run"
+    rows = df.drop_duplicates([c for c in CASE_KEY if c in df], keep="last")
+    busy, shaky = analysis.contended(rows), analysis.noisy(rows)
 
     def cell(r):
         if r["status"] != "ok":
             return r["status"]
-        return f"{r['time_ms']:.3g}" + ("" if r["agrees"] is not False else " !")
+        lo, hi = r.get("speedup_lo"), r.get("speedup_hi")
+        note = analysis.caveat(False, lo, hi, bool(shaky[r.name]))
+        return (
+            f"{r['time_ms']:.3g}"
+            + ("" if r["agrees"] is not False else " !")
+            + (" c" if busy[r.name] else "")
+            + (" ~" if note else "")
+        )
 
-    rows = df.drop_duplicates([c for c in CASE_KEY if c in df], keep="last")
     cells = pd.DataFrame(
         {
             "case": [Case.from_row(r).label() for _, r in rows.iterrows()],
@@ -141,7 +152,10 @@ def summary_table(df: pd.DataFrame, impls: list[str] | None = None) -> str:
     order = [i for i in (impls or []) if i in table.columns] or list(dict.fromkeys(cells["impl"]))
     table = table.loc[list(dict.fromkeys(cells["case"])), order]
     never = [c for c in table.columns if (table[c] == "unsupported").all()]
-    text = "time_ms (median; '!' = disagrees with the reference)\n"
+    text = (
+        "time_ms (median; '!' = disagrees with the reference; 'c' = contended: the CPU was "
+        "busy; '~' = noisy or a wide speedup interval)\n"
+    )
     text += table.drop(columns=never).to_string() if len(never) < len(order) else ""
     if never:
         text += f"\nunsupported in every case (reasons in the report): {', '.join(never)}"

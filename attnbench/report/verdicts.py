@@ -1,0 +1,241 @@
+"""Verdicts from a results frame: speedups against a baseline and who wins each case, each
+with how sure it is. With the run's rounds (rounds.Rounds) both are paired per round, with a
+95% interval; without, they are ratios of medians judged by the p20-p80 ranges. Only ok rows
+become numbers (analysis.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from attnbench.report.analysis import (
+    CASE_COLUMNS,
+    agreeing,
+    case_family,
+    caveat,
+    contended,
+    is_ok,
+    noisy,
+    ok_rows,
+)
+from attnbench.report.rounds import Rounds
+
+
+def speedups(
+    df: pd.DataFrame, baseline: str, rounds: Rounds | None = None, recorded: bool = False
+) -> pd.DataFrame:
+    """Every row of df with baseline_time_ms, speedup = baseline time / impl time, its 95%
+    interval (speedup_lo, speedup_hi), ``paired`` and ``caveat`` (what it rests on).
+
+    speedup is NA unless both the row and the baseline's row for the same case are ok with
+    a positive time; the baseline's own ok rows get exactly 1. It is paired by round
+    (measure/paired.py) where the run's samples have rounds (any baseline); else the row's
+    own speedup columns where they are relative to this baseline (``recorded``); else the
+    ratio of the two medians, without an interval."""
+    base = ok_rows(df[df["impl"] == baseline])
+    base = base.assign(_bc=contended(base), _bn=noisy(base))
+    base = base[[*CASE_COLUMNS, "time_ms", "_bc", "_bn"]].drop_duplicates(list(CASE_COLUMNS))
+    out = df.merge(
+        base.rename(columns={"time_ms": "baseline_time_ms"}), on=list(CASE_COLUMNS), how="left"
+    )
+    usable = (
+        is_ok(out)
+        & (out["time_ms"] > 0).fillna(False)
+        & (out["baseline_time_ms"] > 0).fillna(False)
+    )
+    values = {c: [None] * len(out) for c in ("speedup", "speedup_lo", "speedup_hi")}
+    is_paired, notes = [False] * len(out), [""] * len(out)
+    doubt = contended(out) | out["_bc"].eq(True).fillna(False).astype(bool)
+    shaky = noisy(out) | out["_bn"].eq(True).fillna(False).astype(bool)
+    for i, (_, r) in enumerate(out.iterrows()):
+        if not usable.iloc[i]:
+            continue
+        value, lo, hi = float(r["baseline_time_ms"] / r["time_ms"]), None, None
+        ratio = rounds.speedup_over(r, baseline) if rounds and r["impl"] != baseline else None
+        if r["impl"] == baseline:
+            value = 1.0
+        elif ratio is not None:
+            value, lo, hi = ratio
+        elif recorded and not pd.isna(r.get("speedup", pd.NA)):
+            value = float(r["speedup"])
+            lo, hi = (None if pd.isna(r[c]) else float(r[c]) for c in ("speedup_lo", "speedup_hi"))
+        is_paired[i] = lo is not None
+        for c, v in zip(values, (value, lo, hi)):
+            values[c][i] = v
+        if r["impl"] != baseline:
+            notes[i] = caveat(bool(doubt.iloc[i]), lo, hi, bool(shaky.iloc[i]))
+    for c, v in values.items():
+        out[c] = pd.array(v, dtype="Float64")
+    return out.drop(columns=["_bc", "_bn"]).assign(
+        paired=pd.array(is_paired, dtype="boolean"), caveat=pd.array(notes, dtype="string")
+    )
+
+
+def fastest_agreeing(df: pd.DataFrame, rounds: Rounds | None = None) -> pd.DataFrame:
+    """One row per case: the fastest impl among ok rows that agree with the reference, its
+    time, the runner-up and how much slower it is (``margin``: runner-up time / its time,
+    margin_lo and margin_hi its interval where paired), ``tie`` (the win is within the
+    noise), ``paired`` and ``caveat`` (what the win rests on: ``caveat``).
+
+    With rounds (the run's samples), the margin is paired by round and the win is a tie when
+    its interval contains 1; without, when the two rows' p20-p80 ranges overlap (equal
+    medians for rows without them). Cases where no impl agrees are kept with impl NA and a
+    reason."""
+    columns = [
+        *CASE_COLUMNS,
+        "family",
+        "impl",
+        "time_ms",
+        "runner_up",
+        "runner_up_time_ms",
+        "margin",
+        "margin_lo",
+        "margin_hi",
+        "tie",
+        "paired",
+        "caveat",
+        "n_agreeing",
+        "n_rows",
+        "reason",
+    ]
+    if df.empty:
+        return pd.DataFrame(columns=columns)
+    fam = case_family(df)
+    good = agreeing(df) & (df["time_ms"] > 0).fillna(False).astype(bool)
+    rows = []
+    for key, g in df.assign(family=fam, _good=good).groupby(
+        list(CASE_COLUMNS), dropna=False, sort=True
+    ):
+        cand = g[g["_good"]].sort_values(["time_ms", "impl"])
+        row = {
+            **dict(zip(CASE_COLUMNS, key)),
+            "family": g["family"].iloc[0],
+            "n_agreeing": len(cand),
+            "n_rows": len(g),
+            "impl": pd.NA,
+            "time_ms": math.nan,
+            "runner_up": pd.NA,
+            "runner_up_time_ms": math.nan,
+            "margin": math.nan,
+            "margin_lo": math.nan,
+            "margin_hi": math.nan,
+            "tie": False,
+            "paired": False,
+            "caveat": "",
+            "reason": pd.NA,
+        }
+        if cand.empty:
+            row["reason"] = "no impl is ok and agrees"
+        else:
+            row.update(_win(cand, rounds))
+        rows.append(row)
+    out = pd.DataFrame(rows, columns=columns)
+    for c in ("time_ms", "runner_up_time_ms", "margin", "margin_lo", "margin_hi"):
+        out[c] = out[c].astype("Float64")
+    return out
+
+
+def _win(cand: pd.DataFrame, rounds: Rounds | None) -> dict:
+    """The winner among a case's agreeing rows (fastest median first) and how sure it is."""
+    winner = cand.iloc[0]
+    if len(cand) < 2:
+        return {
+            "impl": winner["impl"],
+            "time_ms": float(winner["time_ms"]),
+            "caveat": caveat(bool(contended(cand).iloc[0])),
+        }
+    runner = cand.iloc[1]
+    ratio = rounds.speedup_over(winner, runner["impl"]) if rounds else None
+    if ratio is not None and ratio.hi is not None and ratio.hi < 1:  # paired, the other wins
+        winner, runner = runner, winner
+        ratio = rounds.speedup_over(winner, runner["impl"])
+    if ratio is not None and ratio.lo is None:
+        ratio = None  # too few rounds for an interval: the older rule
+    pair = cand.loc[[winner.name, runner.name]]
+    margin = ratio or (float(runner["time_ms"] / winner["time_ms"]), math.nan, math.nan)
+    return {
+        "impl": winner["impl"],
+        "time_ms": float(winner["time_ms"]),
+        "runner_up": runner["impl"],
+        "runner_up_time_ms": float(runner["time_ms"]),
+        "margin": margin[0],
+        "margin_lo": margin[1],
+        "margin_hi": margin[2],
+        "tie": ratio.tie if ratio else _within_noise(winner, runner),
+        "paired": ratio is not None,
+        "caveat": caveat(
+            bool(contended(pair).any()),
+            ratio.lo if ratio else None,
+            ratio.hi if ratio else None,
+            bool(noisy(pair).any()),
+        ),
+    }
+
+
+def _within_noise(winner, runner_up) -> bool:
+    lo, hi = runner_up.get("time_ms_p20"), winner.get("time_ms_p80")
+    if pd.isna(lo) or pd.isna(hi):
+        return bool(runner_up["time_ms"] <= winner["time_ms"])
+    return bool(lo <= hi)
+
+
+def seq_spans(won, lengths) -> str:
+    """The lengths won as spans of consecutive lengths of the family: '128–512, 2048'."""
+    order = sorted({int(n) for n in lengths})
+    won = {int(n) for n in won}
+    spans, start = [], None
+    for i, n in enumerate(order):
+        if n in won and start is None:
+            start = n
+        if n in won and (i + 1 == len(order) or order[i + 1] not in won):
+            spans.append(str(n) if n == start else f"{start}–{n}")
+            start = None
+    return ", ".join(spans)
+
+
+def wins_by_family(winners: pd.DataFrame) -> pd.DataFrame:
+    """From fastest_agreeing: per family and winning impl, the cases won, the family's case
+    count, the seq_q range of the wins, the lengths won as spans of the family's lengths
+    (``spans``), how many of the wins are ties (within the noise of the runner-up), and how
+    many that are not rest on doubtful evidence (``marked``, and their caveats, ``marks``)."""
+    columns = ["family", "impl", "wins", "cases", "seq_min", "seq_max", "spans", "ties"]
+    columns += ["marked", "marks"]
+    if winners.empty:
+        return pd.DataFrame(columns=columns)
+    cases = winners.groupby("family").size().rename("cases")
+    won = winners.dropna(subset=["impl"]).astype({"tie": bool})
+    won = won.assign(_marked=~won["tie"] & won["caveat"].fillna("").astype(bool))
+    agg = (
+        won.groupby(["family", "impl"])
+        .agg(
+            wins=("seq_q", "size"),
+            seq_min=("seq_q", "min"),
+            seq_max=("seq_q", "max"),
+            ties=("tie", "sum"),
+            marked=("_marked", "sum"),
+        )
+        .reset_index()
+    )
+    agg["marks"] = [
+        ", ".join(
+            sorted(
+                {
+                    p
+                    for c in won.loc[
+                        (won["family"] == f) & (won["impl"] == i) & won["_marked"], "caveat"
+                    ]
+                    for p in str(c).split(", ")
+                }
+            )
+        )
+        for f, i in zip(agg["family"], agg["impl"])
+    ]
+    lengths = winners.groupby("family")["seq_q"].agg(list)
+    agg["spans"] = [
+        seq_spans(won.loc[(won["family"] == f) & (won["impl"] == i), "seq_q"], lengths[f])
+        for f, i in zip(agg["family"], agg["impl"])
+    ]
+    agg = agg.merge(cases.reset_index(), on="family")
+    agg = agg.sort_values(["family", "wins", "impl"], ascending=[True, False, True])
+    return agg[columns].reset_index(drop=True)

@@ -1,0 +1,226 @@
+"""Report and compare on runs timed in interleaved rounds (synthetic: tests/synth.py): paired
+speedups and ties, the anchor's normalisation under a drifting machine, and verdicts marked
+where they are stated."""
+
+import pytest
+from synth import env, ok_row, smoke_rows, write_rounds_run, write_run
+
+from attnbench.case import Case
+from attnbench.cli import main
+from attnbench.report import verdicts
+from attnbench.report.compare import RULE_ANCHOR, RULE_OVERLAP, RULE_ROUNDS, compare_runs
+from attnbench.report.recommend import recommendations
+from attnbench.report.rounds import Anchor, Rounds
+from attnbench.report.terminal import summary_table
+from attnbench.store.results import read_results
+
+SEQS = (256, 512, 1024)
+
+
+def ramp(slowdown):
+    """A machine that gets ``slowdown`` times slower from the run's start to its end."""
+    return lambda t: 1 + (slowdown - 1) * t
+
+
+def slow_down(rows, impl, factor):
+    return [
+        {**r, "time_ms": r["time_ms"] * factor} if r["impl"] == impl and r["status"] == "ok" else r
+        for r in rows
+    ]
+
+
+def compared(a, b):
+    return compare_runs(
+        read_results(a),
+        read_results(b),
+        (Rounds.read(a), Rounds.read(b)),
+        (Anchor.read(a), Anchor.read(b)),
+    )
+
+
+def test_paired_speedups_work_for_any_baseline_with_an_interval(tmp_path):
+    run = write_rounds_run(tmp_path, "r", smoke_rows("r", seqs=SEQS))
+    df, rounds = read_results(run), Rounds.read(run)
+    sp = verdicts.speedups(df, "naive", rounds)  # not the run's recorded baseline
+    sdpa = sp[(sp["impl"] == "sdpa") & sp["speedup"].notna()]
+    assert len(sdpa) and sdpa["paired"].all()
+    assert (sdpa["speedup_lo"] <= sdpa["speedup"]).all() and (
+        sdpa["speedup"] <= sdpa["speedup_hi"]
+    ).all()
+    assert (sdpa["speedup_lo"] > 1).all()  # sdpa is about twice as fast as naive
+    old = verdicts.speedups(
+        read_results(write_run(tmp_path, "o", smoke_rows("o", seqs=SEQS))), "naive"
+    )
+    assert not old["paired"].any() and old["speedup_lo"].isna().all()  # no rounds: no interval
+
+
+def test_a_tie_is_a_paired_interval_containing_one(tmp_path):
+    rows = []
+    for n in SEQS:
+        case = Case(1, 4, 4, n, n, 64)
+        rows += [ok_row("t", "a", case, 1.0, 1.0), ok_row("t", "b", case, 1.0, 1.0)]
+        rows += [ok_row("t", "c", case, 1.5, 1.0)]
+    run = write_rounds_run(tmp_path, "t", rows, baseline="c", noise=0.05)
+    winners = verdicts.fastest_agreeing(read_results(run), Rounds.read(run))
+    assert winners["paired"].all() and winners["tie"].all()
+    assert (winners["margin_lo"] <= 1).all() and (winners["margin_hi"] >= 1).all()
+    rows = [r for r in rows if r["impl"] != "b"]
+    run = write_rounds_run(tmp_path, "u", rows, baseline="c", noise=0.05)
+    winners = verdicts.fastest_agreeing(read_results(run), Rounds.read(run))
+    assert not winners["tie"].any() and (winners["margin_lo"] > 1).all()
+
+
+def test_identical_code_on_a_machine_that_drifts_30_percent_gives_no_verdict(tmp_path, capsys):
+    a = write_rounds_run(tmp_path, "a", smoke_rows("a", seqs=SEQS), seed=1)
+    b = write_rounds_run(tmp_path, "b", smoke_rows("a", seqs=SEQS), seed=2, slowness=ramp(1.3))
+    cmp = compared(a, b)
+    judged = cmp[cmp["ratio"].notna()]
+    assert judged["rule"].eq(RULE_ANCHOR).all()
+    assert judged["ratio_raw"].max() > 1.2  # the machine's drift, in the raw times
+    assert judged["verdict"].eq("unchanged (within noise)").all()
+    assert (
+        main(["compare", str(a), str(b), "--fail-above", "10", "--out", str(tmp_path / "o")]) == 0
+    )
+    out = capsys.readouterr().out
+    assert out.startswith("machine speed in B relative to A") and "gate: PASS" in out
+    assert "> Machine speed in B relative to A" in (tmp_path / "o" / "compare.md").read_text()
+    # without the anchor the same drift reads as slower code
+    bare = write_rounds_run(
+        tmp_path, "c", smoke_rows("a", seqs=SEQS), seed=2, anchor=False, slowness=ramp(1.3)
+    )
+    cmp = compared(a, bare)
+    assert cmp["rule"].dropna().eq(RULE_ROUNDS).all() and cmp["verdict"].eq("slower").any()
+
+
+def test_a_planted_25_percent_slowdown_is_caught_on_a_drifting_machine(tmp_path, capsys):
+    a = write_rounds_run(tmp_path, "a", smoke_rows("a", seqs=SEQS), seed=1)
+    rows = slow_down(smoke_rows("a", seqs=SEQS), "tiled", 1.25)
+    b = write_rounds_run(tmp_path, "b", rows, seed=2, slowness=ramp(1.3))
+    cmp = compared(a, b)
+    tiled, others = (
+        cmp[(cmp["impl"] == "tiled") & cmp["ratio"].notna()],
+        cmp[cmp["impl"] != "tiled"],
+    )
+    assert len(tiled) and tiled["verdict"].eq("slower").all()
+    assert (tiled["ratio_lo"] > 1).all() and tiled["ratio"].between(1.2, 1.3).all()
+    assert not others["verdict"].eq("slower").any()
+    assert (
+        main(["compare", str(a), str(b), "--fail-above", "10", "--out", str(tmp_path / "o")]) == 1
+    )
+    out = capsys.readouterr().out
+    assert out.count("REGRESSION +") == len(tiled) and "gate: FAIL" in out
+
+
+def test_compare_names_a_busy_machine_and_contended_rows_next_to_the_verdict(tmp_path, capsys):
+    a = write_rounds_run(tmp_path, "a", smoke_rows("a", seqs=SEQS), seed=1)
+    rows = [
+        {**r, "contended": True} if r["impl"] == "tiled" and r["status"] == "ok" else r
+        for r in slow_down(smoke_rows("a", seqs=SEQS), "tiled", 1.5)
+    ]
+    b = write_rounds_run(tmp_path, "b", rows, env(load_avg_1m=3.0), seed=2)
+    assert (
+        main(["compare", str(a), str(b), "--fail-above", "10", "--out", str(tmp_path / "o")]) == 1
+    )
+    regressions = [
+        line for line in capsys.readouterr().out.splitlines() if line.startswith("REGRESSION")
+    ]
+    assert regressions and all("busy machine at B's start" in line for line in regressions)
+    assert all("contended in B" in line for line in regressions)
+
+
+def test_runs_without_rounds_keep_the_older_rule_and_say_so(tmp_path, capsys):
+    a = write_run(tmp_path, "a", smoke_rows("a", seqs=SEQS))
+    b = write_run(tmp_path, "b", smoke_rows("b", seqs=SEQS, seed=1))
+    cmp = compared(a, b)
+    assert cmp["rule"].dropna().eq(RULE_OVERLAP).all() and cmp["ratio_lo"].isna().all()
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "o")]) == 0
+    assert "judged by the older rule (p20–p80 overlap)" in capsys.readouterr().out
+
+
+def test_recommendations_mark_a_tie(tmp_path):
+    rows = []
+    for n in SEQS:
+        case = Case(1, 4, 4, n, n, 64)
+        for impl, t in (("hf_eager", 1.0), ("hf_sdpa", 1.0)):
+            rows.append({**ok_row("m", impl, case, t, 1.0), "model": "gpt2", "phase": "prefill"})
+    run = write_rounds_run(tmp_path, "m", rows, baseline="hf_sdpa", noise=0.05)
+    rec = recommendations(read_results(run), Rounds.read(run)).iloc[0]
+    assert rec["ties"] == rec["wins"] and rec["attn_ties"] == rec["attn_wins"]
+    from attnbench.report.sections import recommendations_section
+
+    text = "\n".join(recommendations_section(recommendations(read_results(run), Rounds.read(run))))
+    assert "(tie)" in text
+
+
+def test_terminal_summary_marks_contended_and_noisy_times(tmp_path):
+    rows = smoke_rows("s", seqs=(256, 512))  # naive runs out of memory at the largest
+    for r in rows:
+        if r["impl"] == "tiled" and r["status"] == "ok":
+            r["contended"] = True
+        if r["impl"] == "naive" and r["status"] == "ok":
+            r.update(time_ms_p20=r["time_ms"] * 0.5, time_ms_p80=r["time_ms"] * 1.5)
+    text = summary_table(read_results(write_run(tmp_path, "s", rows)))
+    lines = text.splitlines()
+    header = lines[1].split()
+    cells = [line for line in lines[2:] if "S256" in line]
+    assert "'c' = contended" in lines[0]
+    assert all(" c" in line for line in cells) and all(" ~" in line for line in cells)
+    assert header.index("naive") < header.index("tiled")
+
+
+def test_the_report_shows_intervals_and_the_speed_over_time(tmp_path):
+    run = write_rounds_run(
+        tmp_path / "results", "r", smoke_rows("r", seqs=SEQS), slowness=ramp(1.2)
+    )
+    assert (
+        main(
+            ["report", str(run), "--reports-dir", str(tmp_path / "reports"), "--baseline", "naive"]
+        )
+        == 0
+    )
+    folder = tmp_path / "reports" / "r"
+    md = (folder / "report.md").read_text()
+    assert (
+        "## Machine speed over the run" in md
+        and (folder / "speed_over_time.png").stat().st_size > 10_000
+    )
+    assert "Paired per round" in md and "each case (N: speedup [95% interval])" in md
+    assert "whose time over the winner's, paired per round" in md
+
+
+@pytest.mark.parametrize(
+    "bound, resource", [("compute", "compute"), ("memory", "memory"), (None, "both")]
+)
+def test_the_anchor_resource_follows_the_rows_bound(bound, resource):
+    from attnbench.report.compare import _resource
+
+    assert _resource({"bound_a": bound, "bound_b": None}) == resource
+
+
+@pytest.mark.slow  # a real sweep of two plugins: a minute or more on 2 CPU cores
+def test_the_documented_a_b_run_runs_and_reads_it(tmp_path):
+    """docs/reports.md's A/B commands, as written (a shorter timing budget and a temporary
+    results folder added): the two plugins sweep in one run, and the report reads it."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    page = (root / "docs" / "reports.md").read_text()
+    block = re.search(r"## A/B in one run.*?```bash\n(.*?)```", page, re.S).group(1)
+    sweep, report = [shlex.split(line) for line in block.replace("\\\n", " ").splitlines()]
+    assert sweep[:2] == ["python", "scripts/sweep.py"] and report[:2] == [
+        "python",
+        "scripts/report.py",
+    ]
+    results = tmp_path / "results"
+    sweep = [str(root / a) if a.startswith("tests/") else a for a in sweep[2:]]
+    extra = ["--results-dir", str(results), "--reports-dir", str(tmp_path / "r"), "--no-progress"]
+    assert main(["sweep", *sweep, *extra, "--rep-ms", "20"]) == 0
+    run = results / "ab-check"
+    args = [str(results / Path(a).name) if a.startswith("results/") else a for a in report[2:]]
+    assert main(["report", *args, "--reports-dir", str(tmp_path / "r")]) == 0
+    md = (tmp_path / "r" / "ab-check" / "report.md").read_text()
+    assert "### Speedup vs ab_old" in md and "| ab_new |" in md
+    sp = verdicts.speedups(read_results(run), "ab_old", Rounds.read(run))
+    assert sp.loc[sp["impl"] == "ab_new", "speedup"].notna().all()
