@@ -46,8 +46,16 @@ TOGGLES = {  # boolean options with a --no- flag: the help of the --no- flag
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, **kwargs):  # --impl is not --impls: no prefixes of long options
+        super().__init__(allow_abbrev=False, **kwargs)
+
     def error(self, message: str):  # argparse's own errors: one line, exit 2
         raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _help(name: str) -> str:
+    """An option's help as argparse wants it: argparse %-formats help, so '%' is '%%'."""
+    return OPTIONS[name].help.replace("%", "%%")
 
 
 def _usage() -> str:
@@ -111,13 +119,14 @@ def build_parser(command: str = "sweep") -> argparse.ArgumentParser:
         metavar="FILE.toml",
         help="sweep file: TOML whose keys are the options below (flags win)",
     )
-    for name, opt in OPTIONS.items():
+    for name in OPTIONS:
+        help_ = _help(name)
         if name == "plugin":
-            p.add_argument("--plugin", action="append", metavar="PATH", help=opt.help)
+            p.add_argument("--plugin", action="append", metavar="PATH", help=help_)
         elif name == "profile":
-            p.add_argument("--profile", nargs="?", const="all", metavar="MATCH", help=opt.help)
+            p.add_argument("--profile", nargs="?", const="all", metavar="MATCH", help=help_)
         elif name in TOGGLES:
-            p.add_argument(flag(name), dest=name, action="store_const", const="true", help=opt.help)
+            p.add_argument(flag(name), dest=name, action="store_const", const="true", help=help_)
             p.add_argument(
                 flag(name).replace("--", "--no-", 1),
                 dest=name,
@@ -126,9 +135,9 @@ def build_parser(command: str = "sweep") -> argparse.ArgumentParser:
                 help=TOGGLES[name],
             )
         elif name == "cuda_graph":
-            p.add_argument("--cuda-graph", action="store_const", const="true", help=opt.help)
+            p.add_argument("--cuda-graph", action="store_const", const="true", help=help_)
         elif name == "malloc_tunables":
-            p.add_argument("--malloc-tunables", action="store_const", const="true", help=opt.help)
+            p.add_argument("--malloc-tunables", action="store_const", const="true", help=help_)
             p.add_argument(
                 "--no-malloc-tunables",
                 dest="malloc_tunables",
@@ -137,7 +146,7 @@ def build_parser(command: str = "sweep") -> argparse.ArgumentParser:
                 help="leave glibc's allocator at its defaults (to measure their effect)",
             )
         else:
-            p.add_argument(flag(name), dest=name, metavar=name.upper(), help=opt.help)
+            p.add_argument(flag(name), dest=name, metavar=name.upper(), help=help_)
     p.add_argument("--run-id", help="name of the run folder (default: time-device-preset)")
     p.add_argument(
         "--resume",
@@ -261,10 +270,8 @@ def list_command(argv: list[str]) -> int:
         prog="attnbench list",
         description="List every impl: where it runs, what it supports, and why it is unavailable.",
     )
-    p.add_argument(
-        "--plugin", action="append", default=[], metavar="PATH", help=OPTIONS["plugin"].help
-    )
-    p.add_argument("--device", default=None, help=OPTIONS["device"].help)
+    p.add_argument("--plugin", action="append", default=[], metavar="PATH", help=_help("plugin"))
+    p.add_argument("--device", default=None, help=_help("device"))
     args = p.parse_args(argv)
     plugins = [x for text in args.plugin for x in parse_value("plugin", text, "--plugin")]
     for text in plugins:

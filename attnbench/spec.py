@@ -110,6 +110,9 @@ PRESETS: dict[str, dict] = {
 # the options that set a Spec's grid fields (flags and sweep-file keys of the same names)
 SPEC_OPTIONS = tuple(option for dim in DIMS for option in dim.options)
 
+# the options that belong to mask kinds: each kind that takes one names it as its spec_flag
+KIND_OPTIONS = ("docs", "sparsity", "window")
+
 # presets sized for a GPU: on a CPU they run only when --device cpu asks for it
 GPU_PRESETS = ("gpu", "first-light", "race")
 
@@ -304,18 +307,14 @@ class Spec:
         """(mask, causal, window, specs) combinations: a kind's specs from --mask KIND:SPEC,
         else those of its option that fit it (--docs; --sparsity specs whose keys the kind
         has), else (None,): its default."""
-        names = [text.partition(":")[0] for text in self.mask]
+        names = [_known_mask(text.partition(":")[0]) for text in self.mask]
         if "window" in names and not self.window:
             raise CaseError("mask window needs --window W (the window width)")
-        self._check_specs(names)
+        self._check_kind_options(names)
+        self._check_causal(names)
         out = []
         for text in self.mask:
             mask, sep, spec = text.partition(":")
-            if mask not in ("causal", *KINDS):
-                allowed = ("causal", *KINDS)
-                hint = difflib.get_close_matches(mask, allowed, n=1)
-                did = f"; did you mean {hint[0]!r}?" if hint else ""
-                raise CaseError(f"unknown mask {mask!r}{did} (allowed: {', '.join(allowed)})")
             kind = KINDS["none" if mask == "causal" else mask]
             if sep and kind.default_spec is None:
                 raise CaseError(f"--mask {text}: mask {mask} takes no spec (give --mask {mask})")
@@ -323,8 +322,7 @@ class Spec:
             specs = (
                 [spec] if sep else [g for g in given if mask not in block_kinds() or fits(g, mask)]
             )
-            needs = mask == "causal" or kind.needs_causal
-            causals = [True] if needs else self.causal
+            causals = [True] if _causal_only(mask) else self.causal
             windows = self.window if mask == "window" else [None]
             out += [
                 (kind.name, c, w, tuple(specs) or (None,))
@@ -332,15 +330,32 @@ class Spec:
             ]
         return list(dict.fromkeys(out))
 
-    def _check_specs(self, names: list[str]) -> None:
-        """--docs and --sparsity fit a mask swept."""
-        if self.docs and "document" not in names:
-            raise CaseError("--docs needs --mask document")
+    def _check_kind_options(self, names: list[str]) -> None:
+        """An option of mask kinds (a kind's ``spec_flag``: --docs, --sparsity, --window) given
+        with none of its kinds swept is refused, as is a --sparsity spec that fits none."""
+        for name in KIND_OPTIONS:
+            option = f"--{name}"
+            takers = [k.name for k in KINDS.values() if k.spec_flag == option]
+            if name in self.explicit and getattr(self, name) and not set(takers) & set(names):
+                raise CaseError(
+                    f"{option} needs --mask {' or '.join(takers)} (it sets nothing for mask "
+                    f"{', '.join(names)}); add the mask or leave {option} out"
+                )
         blocks = block_kinds()
         for spec in self.sparsity or []:
             if not [m for m in blocks if m in names and fits(spec, m)]:
                 keys = "; ".join(f"{m}: {', '.join(d)}" for m, d in blocks.items())
                 raise CaseError(f"--sparsity {spec!r} fits none of the masks swept ({keys})")
+
+    def _check_causal(self, names: list[str]) -> None:
+        """--causal false (or both) with only causal-only masks swept (causal, and the kinds
+        that say ``needs_causal``) would have no non-causal case: refused, as decode is."""
+        only = [name for name in names if _causal_only(name)]
+        if "causal" in self.explicit and False in self.causal and only == names:
+            raise CaseError(
+                f"--mask {','.join(only)} is causal only: leave --causal out (or give "
+                f"--causal true), or add another --mask for the non-causal cases"
+            )
 
     @staticmethod
     def _score_mod(text: str) -> str:
@@ -348,3 +363,18 @@ class Spec:
             return canonical_mod(text)
         except ValueError as exc:
             raise CaseError(f"--score-mod: {exc}") from None
+
+
+def _known_mask(name: str) -> str:
+    """A --mask name (a kind, or causal), else the one-line error with the closest."""
+    allowed = ("causal", *KINDS)
+    if name not in allowed:
+        hint = difflib.get_close_matches(name, allowed, n=1)
+        did = f"; did you mean {hint[0]!r}?" if hint else ""
+        raise CaseError(f"unknown mask {name!r}{did} (allowed: {', '.join(allowed)})")
+    return name
+
+
+def _causal_only(mask: str) -> bool:
+    """Mask causal (none with causal true) and the kinds that declare ``needs_causal``."""
+    return mask == "causal" or KINDS[mask].needs_causal

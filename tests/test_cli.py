@@ -4,6 +4,7 @@ import csv
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -89,8 +90,11 @@ def test_smoke_rows_cover_every_case_and_impl(smoke_run):
     # xformers' reason: the device, or, where xformers is not installed, that it is missing
     why = "device=cpu (supported: cuda)" if XFORMERS else "needs xformers, which is not installed"
     assert gpu_only <= set(not_run) and why in not_run["xformers"]
-    assert "not run, as no --impls named them" in proc.stdout
-    assert proc.stdout.count(f"xformers: {why}") == 1
+    # named once: folded into counts as the run starts (--dry-run names each)
+    folded = [line for line in proc.stdout.splitlines() if line.startswith("not run: ")]
+    assert len(folded) == 1
+    assert sum(int(n) for n in re.findall(r"(?:: |, )(\d+) ", folded[0])) == len(not_run)
+    assert "xformers" not in proc.stdout.split("time_ms (median")[0]
     assert (df["status"] == "ok").mean() > 0.8  # no filler
     assert len(df) == 8 * len(impls)  # smoke: 2 lengths x 2 causal x 2 modes
     assert not df.duplicated(["impl", "mode", "seq_q", "causal"]).any()
@@ -203,6 +207,13 @@ def test_list_shows_every_impl_with_reasons():
         ),
         (["--mask", "paddin"], "unknown mask 'paddin'; did you mean 'padding'?"),
         (["--mask", "window"], "mask window needs --window W"),
+        (["--window", "16"], "--window needs --mask window"),
+        (["--mask", "padding", "--window", "16"], "--window needs --mask window"),
+        (["--sparsity", "stride=4"], "--sparsity needs --mask block_sparse or strided"),
+        (["--mask", "prefix_lm", "--causal", "false"], "--mask prefix_lm is causal only"),
+        (["--mask", "prefix_lm:50%", "--causal", "both"], "--mask prefix_lm is causal only"),
+        (["--mask", "causal", "--causal", "false"], "--mask causal is causal only"),
+        (["--impl", "naive"], "unrecognized arguments: --impl naive"),
         (["--mask", "window", "--window", "0"], "--window '0': 0 must be a positive integer"),
         (["--mask", "window", "--window", "x"], "'x' is not an integer"),
         (
@@ -529,3 +540,113 @@ def test_a_sweep_keeps_tritons_cache_where_triton_keeps_it(monkeypatch):
         assert triton_cache_dir() == triton.knobs.cache.dir
     monkeypatch.setenv("TRITON_HOME", "/somewhere")
     assert triton_cache_dir() == "/somewhere/.triton/cache"
+
+
+def _exit_code(argv: list[str]) -> int:
+    """main's exit code, also where argparse exits (--help) instead of returning."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+def _documented_usage() -> dict[str, str]:
+    """docs/cli.md's usage block: command -> its line ('attnbench report RUN_DIR [...]')."""
+    block = re.search(r"```\n(attnbench .*?)```", (ROOT / "docs" / "cli.md").read_text(), re.S)
+    lines = [line.split("#")[0] for line in block.group(1).splitlines()]
+    return {line.split()[1]: line for line in lines if line.split()[1].isalpha()}
+
+
+def _help_flags(text: str) -> set[str]:
+    """The long options a --help output lists (its invocation column, not its prose)."""
+    heads = re.findall(r"^  (-\S.*?)(?:  |$)", text, flags=re.M)
+    return {f for head in heads for f in re.findall(r"--[a-z][a-z0-9-]*", head)}
+
+
+def _sweep_flags() -> set[str]:
+    from attnbench.cli import TOGGLES
+    from attnbench.options import OPTIONS, flag
+
+    return {flag(n) for n in OPTIONS} | {flag(n).replace("--", "--no-", 1) for n in TOGGLES}
+
+
+@pytest.mark.parametrize(
+    "command", ["sweep", "race", "list", "report", "compare", "fidelity", "repro"]
+)
+def test_help_of_every_command_exits_0_and_lists_its_documented_options(command, capsys):
+    assert _exit_code([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    usage = _documented_usage()
+    documented = set(re.findall(r"--[a-z][a-z0-9-]*", usage[command]))
+    if command in ("sweep", "race"):  # [options]: every option of options.py, defined once
+        documented |= _sweep_flags()
+    assert documented <= _help_flags(out), documented - _help_flags(out)
+    # the positional arguments outside [...]: RUN_DIR ROW is 'run_dir' and 'row' in --help
+    positional = re.findall(r"\b[A-Z_]{2,}\b", re.sub(r"\[.*?\]", "", usage[command]))
+    assert documented or positional
+    assert all(re.search(rf"^  {p.lower()}\b", out, flags=re.M) for p in positional), positional
+    assert out.startswith(f"usage: attnbench {command}")
+
+
+def test_every_option_of_every_command_is_documented_in_cli_md(capsys):
+    from attnbench.cli import COMMANDS
+
+    docs = set(re.findall(r"--[a-z][a-z0-9-]*", (ROOT / "docs" / "cli.md").read_text()))
+    assert set(_documented_usage()) == set(COMMANDS)
+    assert _sweep_flags() <= docs, sorted(_sweep_flags() - docs)
+    for command in COMMANDS:
+        assert _exit_code([command, "--help"]) == 0
+        missing = _help_flags(capsys.readouterr().out) - docs
+        assert not missing, f"attnbench {command}: not in docs/cli.md: {sorted(missing)}"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sweep", "--impl", "naive", "--dry-run"],
+        ["race", "--seq", "64", "--dry-run"],
+        ["list", "--dev", "cpu"],
+        ["compare", "a", "b", "--fail", "5"],
+        ["report", "r", "--base", "naive"],
+    ],
+)
+def test_a_prefix_of_a_long_option_is_not_taken_for_it(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unrecognized arguments" in err[0], err
+
+
+def test_a_causal_only_mask_beside_another_takes_the_causal_cases_only():
+    from attnbench.spec import Spec
+
+    spec = Spec.from_preset("smoke", "cpu", mask=["none", "prefix_lm"], causal=[False])
+    got = {(c.mask, c.causal) for c in spec.cases()}
+    assert got == {("none", False), ("prefix_lm", True)}
+
+
+def test_a_run_folds_the_impls_it_left_out_into_counts_and_a_dry_run_names_each(capsys):
+    from types import SimpleNamespace
+
+    from attnbench.run.plan import COMPILED_LEFT_OUT, left_out_summary
+
+    installed, missing = (
+        SimpleNamespace(unavailable=None),
+        SimpleNamespace(unavailable="needs foo, which is not installed (install: pip install foo)"),
+    )
+    left_out = {
+        "a": "device=cpu (supported: cuda)",
+        "b": "device=cpu (supported: cuda); dtype=float32 (supported: bfloat16)",
+        "c": missing.unavailable,
+        "d": COMPILED_LEFT_OUT,
+        "e": "not registered here",
+    }
+    impls = {"a": installed, "b": installed, "c": missing, "d": installed}
+    lines = left_out_summary(left_out, impls).splitlines()
+    assert lines[0] == (
+        "not run: 2 not for device=cpu, 1 not installed, 1 use torch.compile, 1 not registered here"
+    )
+    assert len(lines) == 2 and "--dry-run names each" in lines[1]
+    assert main(["sweep", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "not run, as no --impls named them" in out
+    assert "  flex: uses torch.compile" in out  # a dry run names each left-out impl and why

@@ -10,6 +10,7 @@ from attnbench.masks.kind import register_kind
 class Window(IntervalKind):
     name = "window"
     meaning = "local attention of width W (--window)"
+    spec_flag = "--window"
     aligned = True
 
     def check(self, case) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -28,6 +29,9 @@ from attnbench.store.rundir import RunDir
 DRY_RUN_CASES = 10  # --dry-run names this many cases, then counts the rest
 EXECUTORS = ("local", "ray")
 RAY_ONLY = ("ray_address", "ray_actors")  # options that need --executor ray
+# why a sweep without --impls leaves an impl out, besides the cases it cannot run
+COMPILED_LEFT_OUT = "uses torch.compile (a compile per shape): name it in --impls"
+NOT_REGISTERED = "not registered here"
 
 
 @dataclass(frozen=True)
@@ -200,7 +204,9 @@ class Plan:
         """The lines printed as the run starts: its size and folder, and impls left out."""
         text = f"{len(self.cases)} cases x {len(self.impls)} impls on {self.device} -> {run}"
         text += f" ({done} rows already done)" if done else ""
-        return text + (f"\n{left_out_text(self.left_out)}" if self.left_out else "")
+        if self.left_out:
+            text += f"\n{left_out_summary(self.left_out, self.target.impls)}"
+        return text
 
     def dry_run_text(self) -> str:
         cases, selected = self.cases, self.impls
@@ -250,14 +256,10 @@ def select_impls(
     if names is None:
         if spec.impls is not None:  # the preset's own
             pool = [impls[n] for n in spec.impls if n in impls]
-            left_out = {n: "not registered here" for n in spec.impls if n not in impls}
+            left_out = {n: NOT_REGISTERED for n in spec.impls if n not in impls}
         else:
             pool = [i for i in impls.values() if spec.compiled or not i.compiled]
-            left_out = {
-                i.name: "uses torch.compile (a compile per shape): name it in --impls"
-                for i in impls.values()
-                if i not in pool
-            }
+            left_out = {i.name: COMPILED_LEFT_OUT for i in impls.values() if i not in pool}
         selected = []
         for impl in pool:
             reasons = [impl.reasons(c) for c in cases]
@@ -280,6 +282,28 @@ def select_impls(
 def left_out_text(left_out: dict[str, str]) -> str:
     lines = ["not run, as no --impls named them (name them to record their rows anyway):"]
     return "\n".join(lines + [f"  {name}: {why}" for name, why in left_out.items()])
+
+
+def left_out_summary(left_out: dict[str, str], impls: dict) -> str:
+    """The impls left out, folded into counts by why (what a run prints as it starts;
+    --dry-run names each): 'not run: 7 not installed, 5 not for device=cpu, ...'."""
+    why = Counter(_why_left_out(left_out[name], impls.get(name)) for name in left_out)
+    counts = ", ".join(f"{n} {what}" for what, n in why.most_common())
+    return (
+        f"not run: {counts}\n  (--dry-run names each and why; name them in --impls to "
+        f"record their rows anyway)"
+    )
+
+
+def _why_left_out(reason: str, impl) -> str:
+    """One left-out impl's reason as a group: 'not installed', 'not for device=cpu', ..."""
+    if impl is None:
+        return reason
+    if impl.unavailable:
+        return "not installed" if "not installed" in reason else "unavailable"
+    if reason == COMPILED_LEFT_OUT:
+        return "use torch.compile"
+    return "not for " + reason.split(" (supported")[0].split("; ")[0]
 
 
 def check_profile_filter(profile: tuple[str, ...] | None, impls: list, cases: list) -> None:
