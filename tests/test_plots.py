@@ -135,3 +135,26 @@ def test_titles_leave_out_values_that_are_missing():
     title = fig._suptitle.get_text()
     plots.plt.close(fig)
     assert "mask=padding" in title and "<NA>" not in title and "W=" not in title, title
+
+
+def test_the_support_matrix_has_room_for_long_family_names():
+    """A family named by its model, phase, mask and modifier fits under its column: no
+    'Tight layout not applied' (which leaves the title over the heatmap), labels inside."""
+    import warnings
+
+    long = dict(model="llama3-8b", phase="prefill", mask="prefix_lm", score_mod="softcap:50")
+    df = pd.DataFrame(smoke_rows("c", seqs=SEQS)).assign(**long)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="Tight layout not applied")
+        fig = plots.plot_support_matrix(df)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    labels = [t for t in ax.get_xticklabels() if t.get_text()]
+    assert labels and all(
+        len(line) <= plots.FAMILY_CHARS for t in labels for line in t.get_text().splitlines()
+    )
+    assert all(t.get_window_extent(renderer).y0 >= 0 for t in labels)  # inside the figure
+    title = fig._suptitle.get_window_extent(renderer)
+    assert title.y0 >= ax.get_window_extent(renderer).y1  # the title above the heatmap
+    plots.plt.close(fig)

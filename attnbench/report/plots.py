@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import pandas as pd
 import seaborn as sns
@@ -36,6 +38,11 @@ def _slope_suffix(fits: pd.DataFrame | None, metric: str):
         return f"  slope {bound}{m['slope']:.2f} ± {m['slope_se']:.2f}{busy}"
 
     return suffix
+
+
+# the support matrix's family names: wrapped at this many characters (a 1.7 in column at
+# 8 pt), each line this many inches tall
+FAMILY_CHARS, FAMILY_LINE_IN = 24, 0.14
 
 
 # ---------------------------------------------------------------- the figures
@@ -231,8 +238,16 @@ def plot_support_matrix(df: pd.DataFrame, *, device_name: str | None = None):
         share.loc[impl, fam] = ok / ran if ran else np.nan
         g = g.sort_values("status", key=lambda s: s.map(lambda v: order.get(v, 99)))
         text.loc[impl, fam] = "\n".join(f"{n} {s}" for s, n in zip(g["status"], g["count"]))
+    # family names (model, phase, mask, modifier...) wrapped to a column's width, the figure
+    # as tall as the most lines: tight_layout then has room for them (a long name rotated
+    # would need more margin than the figure has, and leave it as it was, overlapping)
+    names = [textwrap.fill(f, FAMILY_CHARS) for f in families]
+    lines = max(name.count("\n") + 1 for name in names)
     fig, ax = plt.subplots(
-        figsize=(max(5.0, 1.7 * len(families) + 2.5), max(2.6, 0.75 * len(impls) + 1.6))
+        figsize=(
+            max(5.0, 1.7 * len(families) + 2.5),
+            max(2.6, 0.75 * len(impls) + 1.6) + FAMILY_LINE_IN * lines,
+        )
     )
     ax.set_facecolor("#d9d9d9")  # NaN cells (nothing ran) show the axes background
     sns.heatmap(
@@ -262,9 +277,7 @@ def plot_support_matrix(df: pd.DataFrame, *, device_name: str | None = None):
             )
     ax.set_xlabel("case family")
     ax.set_ylabel("impl")
-    ax.tick_params(axis="x", labelrotation=30)
-    for label in ax.get_xticklabels():
-        label.set_horizontalalignment("right")
+    ax.set_xticklabels(names, rotation=0, fontsize=8)
     ax.tick_params(axis="y", labelrotation=0)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
