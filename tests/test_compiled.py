@@ -1,16 +1,19 @@
 """torch.compile impls (flex, naive_compiled): agreement under every mask, compile_ms outside
-time_ms, and recompiles inside the timed region caught. Compiling on the CPU takes seconds
-per graph: the cases share shapes so that few graphs are compiled. The key length is not a
-multiple of FlexAttention's 128-wide blocks, so its last block is partial."""
+time_ms, recompiles inside the timed region caught, and the eager form the diagnosis runs.
+Compiling on the CPU takes seconds per graph: the cases share shapes so that few graphs are
+compiled. The key length is not a multiple of FlexAttention's 128-wide blocks, so its last
+block is partial."""
 
 import textwrap
 
 import pytest
+import torch
 
 from attnbench import registry
 from attnbench.case import Case
-from attnbench.measure.compiling import compile_events
+from attnbench.measure.compiling import Watch, compile_events, eagerly
 from attnbench.measure.timing import TimerConfig
+from attnbench.run.call import Call
 from attnbench.run.inputs import make_inputs
 from attnbench.run.row import Settings, ground_truth, measure
 
@@ -73,6 +76,19 @@ def test_compile_ms_is_the_first_calls_extra_time_and_not_in_time_ms(impls):
     assert again["compile_ms"] == 0.0
     assert "the first call compiled nothing" in again["reason"]
     assert again["recompiled"] is False
+
+
+@pytest.mark.slow
+def test_the_eager_form_compiles_nothing_and_leaves_the_compiled_code(impls):
+    case = Case(batch=1, heads=2, kv_heads=2, seq_q=24, seq_kv=24, head_dim=8)
+    call = Call.prepare(impls["naive_compiled"], case, make_inputs(case, 0))
+    compiled, _ = call.check()
+    with Watch() as eager_run:
+        eager, _ = eagerly(call.check)()
+    with Watch() as compiled_again:
+        call.check()
+    assert not eager_run.compiled and not compiled_again.compiled
+    assert torch.allclose(eager, compiled, rtol=1e-4, atol=1e-5)
 
 
 RECOMPILING = """

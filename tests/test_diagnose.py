@@ -1,6 +1,7 @@
 """Disagreements that explain themselves (measure/diagnose.py): an impl with one planted
 convention bug gets a row whose reason names exactly that convention; a correct impl and a
-random wrong output get no diagnosis."""
+random wrong output get no diagnosis; a compiled impl's row says whether its eager form
+agrees."""
 
 import dataclasses
 
@@ -35,14 +36,15 @@ def planted(q, k, v, *, causal, scale, mask=None, bug=None):
     j = torch.arange(Skv)[None, :]
     if mask is not None and mask.score_mod is not None and bug != "score_mod_missing":
         s = mask.score_mod.apply(s, torch.arange(Hq)[:, None, None], i, j)
-    drop = (j > i) if causal else torch.zeros(Sq, Skv, dtype=torch.bool)
+    diagonal = {"diagonal_plus_1": 1, "diagonal_minus_1": -1}.get(bug, 0)  # triu(2), triu(0)
+    drop = (j > i + diagonal) if causal else torch.zeros(Sq, Skv, dtype=torch.bool)
     if mask is not None and mask.kind == "window":
         w = mask.window + {"window_plus_1": 1, "window_minus_1": -1}.get(bug, 0)
         drop = drop | ((i - j >= w) if causal else ((i - j).abs() >= w))
     empty = drop.all(-1, keepdim=True)  # (Sq, 1)
     fill = torch.finfo(s.dtype).min if bug == "keyless_uniform" else float("-inf")
     p = s.masked_fill(drop, fill).softmax(-1)
-    if bug not in ("keyless_uniform", "keyless_nan"):
+    if bug not in ("keyless_uniform", "keyless_nan", "diagonal_minus_1"):  # NaN there
         p = p.masked_fill(empty, 0.0)
     out = p @ vv  # (B, Hq, Sq, D)
     if bug == "transpose":
@@ -57,13 +59,21 @@ def register(monkeypatch):
     """Registers ``planted`` with ``bug`` under a test name; no impl is left behind."""
     monkeypatch.setattr(registry, "_IMPLS", dict(registry._IMPLS))
 
-    def make(bug):
-        def fn(q, k, v, *, causal, scale, mask=None):
-            return planted(q, k, v, causal=causal, scale=scale, mask=mask, bug=bug)
+    def make(bug, compiled=None):
+        """``compiled``: a torch.compile'd function the output passes through (COMPILED)."""
 
-        name = f"planted_{bug or 'none'}"
+        def fn(q, k, v, *, causal, scale, mask=None):
+            out = planted(q, k, v, causal=causal, scale=scale, mask=mask, bug=bug)
+            return out if compiled is None else compiled(out)
+
+        name = f"planted_{bug or 'none'}" + ("" if compiled is None else f"_{compiled.__name__}")
         registry.register(
-            name, masks=("window",), score_mods=ANY, causal_align=("bottom_right",), backward=False
+            name,
+            masks=("window",),
+            score_mods=ANY,
+            causal_align=("bottom_right",),
+            backward=False,
+            compiled=compiled is not None,
         )(fn)
         return registry._IMPLS[name]
 
@@ -83,6 +93,8 @@ CASES = {
         **{**BASE, "seq_q": 12, "seq_kv": 4}, causal=True, causal_align="bottom_right"
     ),  # fmt: skip
     "scale_1": Case(**BASE, causal=True),
+    "diagonal_plus_1": Case(**BASE, causal=True),
+    "diagonal_minus_1": Case(**BASE, causal=True),
     "transpose": Case(**BASE),
     "score_mod_missing": Case(**BASE, causal=True, score_mod="softcap:1"),  # planted ignores it
 }
@@ -94,6 +106,10 @@ MESSAGES = {  # what the note must say, per convention
     "keyless_uniform": "out matches the mean of all keys' values in the 64 rows",
     "keyless_nan": "out matches NaN in the 64 rows with no visible key",
     "scale_1": "out matches scale 1; declared",
+    "diagonal_plus_1": "out matches the causal diagonal shifted by +1: each query also sees the "
+    "next key",
+    "diagonal_minus_1": "out matches the causal diagonal shifted by -1: each query misses its "
+    "own key, NaN in the 8 rows it leaves with no key",
     "transpose": "out matches when read in (B, S, H, D) order: a missing transpose",
     "score_mod_missing": "out matches without score_mod softcap:1; declared softcap:1",
 }
@@ -177,3 +193,49 @@ def test_out_of_memory_stops_the_diagnosis_not_the_row(register, monkeypatch):
     r = row(register("causal_align"), CASES["causal_align"])
     assert r["status"] == "ok" and r["agrees"] is False
     assert "no diagnosis past causal_align: out of memory" in r["reason"], r["reason"]
+
+
+# Compiled with the eager backend (no code generation, fast): under torch.compile each is
+# traced with is_compiling() true, with torch.compile off (measure/compiling.eagerly) it runs
+# as written.
+@torch.compile(backend="eager", dynamic=False)
+def wrong_compiled(out):
+    return out * 1.5 if torch.compiler.is_compiling() else out
+
+
+@torch.compile(backend="eager", dynamic=False)
+def right_compiled(out):
+    return out
+
+
+@torch.compile(backend="eager", dynamic=False)
+def failing_eager(out):
+    if not torch.compiler.is_compiling():
+        raise RuntimeError("planted eager failure")
+    return out * 1.5
+
+
+COMPILED = {  # (planted bug, compiled function) -> what the row's reason must say
+    (None, wrong_compiled): "eager agrees: the compiled output is wrong (torch.compile, torch ",
+    ("scale_1", wrong_compiled): "eager disagrees too: the impl is wrong with torch.compile off",
+    (None, failing_eager): "eager not checked: RuntimeError: planted eager failure",
+}
+
+
+@pytest.mark.parametrize("bug, compiled", sorted(COMPILED, key=str), ids=str)
+def test_a_compiled_impls_disagreement_says_whether_eager_agrees(register, bug, compiled):
+    r = row(register(bug, compiled), CASES["scale_1"])
+    assert r["status"] == "ok" and r["agrees"] is False, r["reason"]
+    assert COMPILED[bug, compiled] in r["reason"], r["reason"]
+    if "torch.compile, torch " in COMPILED[bug, compiled]:
+        assert f"torch {torch.__version__})" in r["reason"]
+    assert r["recompiled"] is False  # the eager call left the compiled code as it was
+
+
+def test_an_agreeing_compiled_impl_is_not_run_eagerly(register, monkeypatch):
+    def never(*args):
+        raise AssertionError("the eager form ran on an agreeing row")
+
+    monkeypatch.setattr(diagnose, "eager_note", never)
+    r = row(register(None, right_compiled), CASES["scale_1"])
+    assert r["status"] == "ok" and r["agrees"] is True, r["reason"]

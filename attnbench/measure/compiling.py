@@ -11,10 +11,14 @@ ran last in this process it resets dynamo (``torch._dynamo.reset()``), so that n
 or is timed with, code compiled by another (two impls compiling the same function, e.g.
 ``flex_attention``, would otherwise share dynamo's cache and its recompile state). An impl's
 own compiled code is kept from row to row.
+
+``eagerly(fn)`` is ``fn`` with torch.compile switched off: the eager form of every impl
+registered ``compiled=True``, which the diagnosis of a disagreeing row runs (measure/diagnose.py).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -45,6 +49,21 @@ def compile_static(fn: Callable) -> Callable:
     if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):
         dynamo_config.fail_on_recompile_limit_hit = True
     return torch.compile(fn, dynamic=False)
+
+
+def eagerly(fn: Callable) -> Callable:
+    """``fn`` run with torch.compile switched off (``torch.compiler.set_stance("force_eager")``):
+    every function compiled with torch.compile runs as plain PyTorch (FlexAttention its
+    unfused form), nothing is compiled, and the code compiled before stays for the next
+    compiled call. So an impl that uses torch.compile has an eager form with nothing to
+    declare. Warnings are silenced (FlexAttention warns that it runs uncompiled)."""
+
+    def run(*args, **kwargs):
+        with torch.compiler.set_stance("force_eager"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return fn(*args, **kwargs)
+
+    return run
 
 
 class Watch:

@@ -1,15 +1,21 @@
 """Disagreements that explain themselves (docs/method.md, "The agreement rule"): when a call's
-output disagrees with the float64 reference, the few neighbouring conventions users get wrong
-are tried on the same output, and each one it matches within the rule's bound gives the row a
-one-line note, e.g. "out matches bottom-right causal; declared top-left".
+output disagrees with the float64 reference, the row's reason says what the disagreement is.
 
-Each convention is a row of ``CONVENTIONS``: its name, whether it applies to the case, and
-``alternative`` (case, inputs, out, truth) -> (out', ref', magnitude' or a function making
-it, message), or None where it changes nothing. Alternatives are the float64 reference
-(measure/reference.py) with changed arguments, or a transform of the output. Only the
-forward output is tried, only on rows whose output disagrees, and no impl is called again; an
-alternative's magnitude only where the output lies within FAR of it. ``inputs`` is the
-case's run.inputs.Inputs (q, k, v, scale, mask), read by attribute.
+An impl that uses torch.compile is called once more with torch.compile off
+(measure/compiling.eagerly) and judged by the same rule: "eager agrees: the compiled output is
+wrong (torch.compile, torch X)" puts the fault on the compiler, "eager disagrees too" on the
+impl.
+
+Then the few neighbouring conventions users get wrong are tried on the same output, and each
+one it matches within the rule's bound gives the row a one-line note, e.g. "out matches
+bottom-right causal; declared top-left". Each convention is a row of ``CONVENTIONS``: its
+name, whether it applies to the case, and ``alternative`` (case, inputs, out, truth) -> (out',
+ref', magnitude' or a function making it, message), or None where it changes nothing.
+Alternatives are the float64 reference (measure/reference.py) with changed arguments, or a
+transform of the output. Only the forward output is tried, only on rows whose output
+disagrees, and no impl is called again; an alternative's magnitude only where the output lies
+within FAR of it. ``inputs`` is the case's run.inputs.Inputs (q, k, v, scale, mask), read by
+attribute.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import torch
 
 from attnbench.case import Case
 from attnbench.masks import offset
+from attnbench.masks.interval import IntervalKind
 from attnbench.measure import agreement
 from attnbench.measure.agreement import Truth, Verdict
 from attnbench.measure.reference import Magnitude, magnitude, reference
@@ -29,6 +36,7 @@ from attnbench.measure.reference import Magnitude, magnitude, reference
 # An output further than this share of an alternative's norm from it is no match (a match is
 # within the rule's bound, a few u); its magnitude, the costlier half, is then not computed.
 FAR = 0.5
+EAGER_ERROR_CHARS = 200  # of an eager call's error in its note
 HYPHEN = {"top_left": "top-left", "bottom_right": "bottom-right"}
 
 
@@ -38,13 +46,33 @@ class Convention(NamedTuple):
     alternative: Callable  # (case, inputs, out, truth) -> (out, ref, Magnitude | maker, str) | None
 
 
-def judge(case: Case, inputs, got: list[torch.Tensor], truth: Truth) -> Verdict:
-    """agreement.judge, plus a note per convention the output matches when it disagrees."""
+def judge(case: Case, inputs, got: list[torch.Tensor], truth: Truth, eager=None) -> Verdict:
+    """agreement.judge, plus, when it disagrees, what the disagreement is: for an impl that
+    uses torch.compile (``eager``: its call with torch.compile off, () -> (out, grads or
+    None) as run.call.Call.check makes them) whether its eager form agrees, and a note per
+    convention the output matches."""
     verdict = agreement.judge(case, got, truth)
+    found = []
+    if verdict.agrees is False and eager is not None:
+        found.append(eager_note(case, eager, truth))
     if verdict.failures and verdict.failures[0] and truth.mag is not None:
-        found = explain(case, inputs, got[0], truth)
-        verdict = dataclasses.replace(verdict, notes=[*verdict.notes, *found])
-    return verdict
+        found += explain(case, inputs, got[0], truth)
+    return dataclasses.replace(verdict, notes=[*verdict.notes, *found]) if found else verdict
+
+
+def eager_note(case: Case, eager, truth: Truth) -> str:
+    """Who is at fault when a compiled impl disagrees: the same call with torch.compile off,
+    judged by the same rule. Its failure (out of memory: eager FlexAttention holds the whole
+    score matrix) is a note; the row's verdict stands."""
+    try:
+        out, grads = eager()
+    except Exception as exc:  # noqa: BLE001 - a failed diagnosis is a note, never the row's
+        text = " ".join(f"{type(exc).__name__}: {exc}".split())
+        return f"eager not checked: {text[:EAGER_ERROR_CHARS]}"
+    compiler = f"torch.compile, torch {torch.__version__}"
+    if agreement.judge(case, [out, *(grads or ())], truth).agrees:
+        return f"eager agrees: the compiled output is wrong ({compiler})"
+    return f"eager disagrees too: the impl is wrong with torch.compile off as well ({compiler})"
 
 
 def explain(case: Case, inputs, out: torch.Tensor, truth: Truth) -> list[str]:
@@ -129,6 +157,32 @@ def _window(delta: int):
     return alternative
 
 
+def _diagonal(delta: int):
+    """The causal diagonal moved by ``delta`` (``triu(2)`` or ``triu(0)`` where the mask is
+    ``triu(1)``): query i at position p sees keys j <= p + delta. As the reference's query
+    positions moved by ``delta`` (shift), with a window widened by ``delta`` so that its far
+    edge stays. Rows the move leaves with no key (delta -1) may be NaN in ``out`` (a softmax
+    over nothing): they are read as zero, the reference's value there, and the note says so."""
+
+    def alternative(case, inputs, out, truth):
+        window = None if case.window is None else case.window + delta
+        if window is not None and window < 1:
+            return None
+        found = _recomputed(case, inputs, truth, shift=case.shift + delta, window=window)
+        if found is None:
+            return None
+        ref, mag = found
+        what = "also sees the next key" if delta > 0 else "misses its own key"
+        message = f"the causal diagonal shifted by {delta:+d}: each query {what}"
+        nan = out.isnan().all(-1, keepdim=True)  # (B, Hq, Sq, 1)
+        if nan.any() and (ref.masked_select(nan) == 0).all():
+            out = out.masked_fill(nan, 0.0)
+            message += f", NaN in the {int(nan.sum())} rows it leaves with no key"
+        return out, ref, mag, message
+
+    return alternative
+
+
 def _keyless(fill: str):
     """Rows with no visible key (zero in the reference) as ``fill``: uniform over all keys
     (a finite mask value) or NaN (a softmax over nothing)."""
@@ -191,6 +245,12 @@ def _masked(case: Case) -> bool:
     return case.causal or case.mask != "none"
 
 
+def _plain_causal(case: Case) -> bool:
+    """Causal, its mask an interval kind (none, padding, window), no score modifier: the
+    cases whose diagonal the reference's shift moves alone."""
+    return case.causal and isinstance(case.kind, IntervalKind) and not case.score_mod
+
+
 CONVENTIONS = (
     Convention(
         "causal_align",
@@ -198,6 +258,8 @@ CONVENTIONS = (
         _other_align,
     ),
     Convention("kv_head_mod", lambda c: c.gqa, _kv_head_mod),
+    Convention("diagonal_plus_1", _plain_causal, _diagonal(+1)),
+    Convention("diagonal_minus_1", _plain_causal, _diagonal(-1)),
     Convention("window_minus_1", lambda c: c.mask == "window", _window(-1)),
     Convention("window_plus_1", lambda c: c.mask == "window", _window(+1)),
     Convention("keyless_uniform", _masked, _keyless("uniform")),

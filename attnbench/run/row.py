@@ -20,7 +20,7 @@ from attnbench.measure import agreement, cuda_graph, diagnose
 from attnbench.measure.agreement import Truth
 from attnbench.measure.backends import borrowed_note
 from attnbench.measure.clocks import ClockSampler
-from attnbench.measure.compiling import RECOMPILED_NOTE, Watch, compile_ms, isolate
+from attnbench.measure.compiling import RECOMPILED_NOTE, Watch, compile_ms, eagerly, isolate
 from attnbench.measure.cuda_graph import GraphCaptureError
 from attnbench.measure.memory import MemoryUnavailable, peak_mem_mib
 from attnbench.measure.profiling import cross_check_due, mismatch_note, profile_fn
@@ -150,7 +150,8 @@ def measure(
         call = Call.prepare(impl, case, inputs)
         with Watch() as first:
             (out, grads), first_ms = _once(call.check, case.device_type)
-        verdict = diagnose.judge(case, inputs, [out, *(grads or ())], truth)
+        eager = eagerly(call.check) if impl.compiled else None  # run only on a disagreement
+        verdict = diagnose.judge(case, inputs, [out, *(grads or ())], truth, eager)
         del out, grads
         row.update(verdict.columns)
         notes.extend(verdict.notes)
