@@ -4,12 +4,12 @@ An impl is a function ``(q, k, v, *, causal, scale) -> out`` in the canonical la
 (q (B, Hq, Sq, D), k/v (B, Hkv, Skv, D), out (B, Hq, Sq, D)) or in the layout it declares
 (``layout="bshd"``: q (B, Sq, Hq, D), ...), returning out in that layout or in the one it
 declares as ``out_layout``; the harness converts outside the timed region.
-An impl that declares masks beyond ``none``, score modifiers, or the bottom-right causal
-alignment, is also called with ``mask=`` (a masks.Mask, whose ``align`` says where the diagonal
+An impl that declares masks beyond ``none``, score modifiers or the bottom-right causal
+alignment is also called with ``mask=`` (a masks.Mask, whose ``align`` says where the diagonal
 sits) where its signature takes it (``mask`` or ``**kwargs``, read once at registration): a
 bottom-right-only function may take ``causal`` alone, but masks, modifiers and a choice of two
-alignments reach an impl only through ``mask=``, so such a declaration without it is refused.
-The others never see it. An impl that declares ``paged=True`` gets its k and v as a paged KV cache:
+alignments reach an impl only through ``mask=``, so declaring one without it is refused. The
+others never see it. An impl that declares ``paged=True`` gets its k and v as a paged KV cache:
 pools (pages, page_tokens, Hkv, D), ``block_table=`` (B, pages per sequence) int32 and
 ``seq_kv=`` (the keys per sequence; the last page's tail beyond it is padding), as
 paged-attention servers keep them (run/inputs.py ``paged``; 128-token pages unless the impl
@@ -223,12 +223,13 @@ def _check_mask_param(impl: Impl) -> None:
     needs ``causal`` alone)."""
     if impl.module or impl.fn is None or takes_keyword(impl.fn, "mask"):
         return
-    extra = [m for m in impl.masks if m != "none"]
-    needs = (
-        [f"masks={tuple(extra)}"] * bool(extra)
-        + [f"score_mods={impl.score_mods}"] * bool(impl.score_mods)
-        + [f"causal_align={impl.causal_align}"] * (len(impl.causal_align) > 1)
-    )
+    extra, needs = tuple(m for m in impl.masks if m != "none"), []
+    if extra:
+        needs.append(f"masks={extra}")
+    if impl.score_mods:
+        needs.append(f"score_mods={impl.score_mods}")
+    if len(impl.causal_align) > 1:
+        needs.append(f"causal_align={impl.causal_align}")
     if needs:
         raise RegistryError(
             f"impl {impl.name!r}: {' and '.join(needs)} reach it only as mask=, which "
@@ -430,7 +431,7 @@ def _run_plugin(loader: Callable[[], object]) -> None:
 
 def _small_cases(mask: str) -> list[Case]:
     """Small self-attention cases of ``mask``, without and with causal, that its own checks
-    accept (a kind that needs more, a window or a spec, is tried on its first sweep's rows)."""
+    accept (none for a kind that needs more, such as a window: its rows say what fails)."""
     out = []
     for causal in (False, True):
         try:

@@ -164,7 +164,7 @@ def _mod_syntax(mod) -> str:
         return f"--score-mod {mod.name}[:ARG]"
     try:
         mod.canonical(None)
-    except ValueError:
+    except (TypeError, ValueError):
         return f"--score-mod {mod.name}:ARG"
     return f"--score-mod {mod.name}"
 
