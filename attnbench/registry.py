@@ -517,8 +517,8 @@ def unknown_hint(name: str, known: Iterable[str]) -> str:
         text = path.read_text(errors="replace")
         if f'"{name}"' in text or f"'{name}'" in text:
             return (
-                f"; {DROP_IN}/{path.name} names it, but attnbench loads no {DROP_IN}/ folder "
-                f"but its own checkout's: add --plugin {DROP_IN}/{path.name}"
+                f"; {DROP_IN}/{path.name} names it, but only attnbench's own checkout loads "
+                f"its {DROP_IN}/ folder unasked: add --plugin {DROP_IN}/{path.name}"
             )
     return "; did you forget --plugin FILE (the file that registers it)?"
 

@@ -25,7 +25,9 @@ GUIDE = ROOT / "docs" / "plugins.md"
 
 @pytest.fixture
 def registries(monkeypatch):
-    """Whatever a test registers (kinds, modifiers, impls, loaded plugin files) is gone after."""
+    """Whatever a test registers (kinds, modifiers, impls, loaded plugin files) is gone after;
+    the built-ins are loaded first, as a module imported once never registers again."""
+    registry.discover()
     kinds, mods = dict(KINDS), dict(MODS)
     monkeypatch.setattr(registry, "_IMPLS", dict(registry._IMPLS))
     monkeypatch.setattr(registry, "_LOADED", set(registry._LOADED))

@@ -92,18 +92,31 @@ def expect(ok: bool, what: str) -> None:
         raise TypeError(what)
 
 
-def tensor_like(out, shape: tuple, dtype: torch.dtype, broadcast: bool = False) -> None:
-    """A trial's check: ``out`` is a tensor of ``shape`` and ``dtype`` (with ``broadcast``: of
-    any dtype, broadcasting to ``shape``)."""
-    expect(isinstance(out, torch.Tensor), f"returned {type(out).__name__}, expected a tensor")
-    if broadcast:
+def tensor_of(shape: tuple, dtype: torch.dtype) -> Callable[[object], None]:
+    """A trial's check: a tensor of ``shape`` and ``dtype``."""
+
+    def check(out) -> None:
+        expect(isinstance(out, torch.Tensor), f"returned {type(out).__name__}, expected a tensor")
+        expect(
+            tuple(out.shape) == shape and out.dtype == dtype,
+            f"returned {out.dtype} {tuple(out.shape)}, expected {dtype} {shape}",
+        )
+
+    return check
+
+
+def broadcasting_to(shape: tuple) -> Callable[[object], None]:
+    """A trial's check: None (where a method may say 'nothing'), or a tensor that broadcasts to
+    ``shape``."""
+
+    def check(out) -> None:
+        if out is None:
+            return
+        expect(isinstance(out, torch.Tensor), f"returned {type(out).__name__}, expected a tensor")
         try:
             ok = torch.broadcast_shapes(out.shape, shape) == shape
         except RuntimeError:
             ok = False
         expect(ok, f"returned shape {tuple(out.shape)}, which does not broadcast to {shape}")
-        return
-    expect(
-        tuple(out.shape) == shape and out.dtype == dtype,
-        f"returned {out.dtype} {tuple(out.shape)}, expected {dtype} {shape}",
-    )
+
+    return check

@@ -25,7 +25,7 @@ from attnbench.masks.contract import (
     check_calls,
     check_name,
     expect,
-    tensor_like,
+    tensor_of,
 )
 
 KINDS: dict[str, MaskKind] = {}
@@ -112,32 +112,29 @@ def try_kind(kind: MaskKind, case) -> None:
     if layout is not None:
         rows, shown = layout.rows, type(layout).__name__
         i, j = torch.arange(Sq)[:, None], torch.arange(Skv)[None, :]  # (Sq, 1), (1, Skv)
-        run(
-            f"{shown}.rule",
-            lambda: layout.keep(0, Sq, 0, Skv, causal, "cpu"),
-            lambda out: tensor_like(out, (rows, Sq, Skv), torch.bool),
-        )
-        run(
-            f"{shown}.hidden",
-            lambda: layout.hidden(i, j, causal),
-            lambda out: tensor_like(
-                out, (len(out) if len(out) in (1, rows) else rows, Sq, Skv), torch.bool
-            ),
-        )
+        keep = lambda: layout.keep(0, Sq, 0, Skv, causal, "cpu")
+        run(f"{shown}.rule", keep, tensor_of((rows, Sq, Skv), torch.bool))
+        run(f"{shown}.hidden", lambda: layout.hidden(i, j, causal), _hidden(rows, Sq, Skv))
     run(f"{name}.pairs", lambda: kind.pairs(case, None, layout), _count)
-    run(
-        f"{name}.label",
-        lambda: kind.label(case),
-        lambda out: expect(isinstance(out, str), f"returned {out!r}, expected a str"),
-    )
+    run(f"{name}.label", lambda: kind.label(case), _text)
 
 
 def _layout_or_none(out) -> None:
     expect(out is None or isinstance(out, Layout), f"returned {out!r}, expected a Layout or None")
 
 
+def _hidden(rows: int, Sq: int, Skv: int):
+    """hidden's (Bm, Sq, Skv): Bm the layout's rows, or 1 where every row is alike."""
+    one, each = tensor_of((1, Sq, Skv), torch.bool), tensor_of((rows, Sq, Skv), torch.bool)
+    return lambda out: (one if getattr(out, "shape", (0,))[:1] == (1,) else each)(out)
+
+
 def _count(out) -> None:
     expect(int(out) == out >= 0, f"returned {out!r}, expected a count (an int >= 0)")
+
+
+def _text(out) -> None:
+    expect(isinstance(out, str), f"returned {out!r}, expected a str")
 
 
 def find_kind(name: str) -> MaskKind:

@@ -21,10 +21,11 @@ from attnbench.masks.contract import (
     GUIDE,
     ContractError,
     attempt,
+    broadcasting_to,
     check_calls,
     check_defined,
     check_name,
-    tensor_like,
+    tensor_of,
 )
 
 MODS: dict[str, type[ScoreMod]] = {}
@@ -126,13 +127,11 @@ def tried(cls: type[ScoreMod], arg: str | None) -> None:
     p, j = torch.arange(1, 4)[:, None], torch.arange(4)[None, :]  # (Sq, 1), (1, Skv)
     run = functools.partial(attempt, what, cls)  # run(call, step, check)
     mod = run(f"{name}({arg!r}, heads=2)", lambda: cls(arg, 2, "cpu"))
-    scores = lambda like: lambda out: tensor_like(out, shape, like.dtype)  # noqa: E731
-    broadcast = lambda out: out is None or tensor_like(out, shape, s.dtype, broadcast=True)  # noqa: E731
-    run(f"{name}.apply", lambda: mod.apply(s, h, p, j), scores(s))
-    run(f"{name}.reference", lambda: mod.reference(s64, h, p, j), scores(s64))
-    run(f"{name}.grad", lambda: mod.grad(s, h, p, j), broadcast)
+    run(f"{name}.apply", lambda: mod.apply(s, h, p, j), tensor_of(shape, s.dtype))
+    run(f"{name}.reference", lambda: mod.reference(s64, h, p, j), tensor_of(shape, s64.dtype))
+    run(f"{name}.grad", lambda: mod.grad(s, h, p, j), broadcasting_to(shape))
     if cls.additive:
-        run(f"{name}.bias", lambda: mod.bias(h, p, j), broadcast)
+        run(f"{name}.bias", lambda: mod.bias(h, p, j), broadcasting_to(shape))
 
 
 def make_mod(text: str, heads: int, device="cpu") -> ScoreMod | None:

@@ -122,9 +122,9 @@ def list_impls(impls: dict, device: str) -> str:
 def masks_table() -> str:
     """Every mask kind and score modifier, a plugin's too: how a sweep names it, what it
     needs, where it came from (built-in, or the plugin file) and what it means."""
-    entries = [(_kind_syntax(k), origin(type(k)), k.meaning, _needs(k)) for k in KINDS.values()] + [
-        (_mod_syntax(m), origin(m), m.meaning, "") for m in MODS.values()
-    ]
+    kinds = [(_kind_syntax(k), origin(type(k)), k.meaning, _needs(k)) for k in KINDS.values()]
+    mods = [(_mod_syntax(m), origin(m), m.meaning, "") for m in MODS.values()]
+    entries = kinds + mods
     width = max(len(e[0]) for e in entries) + 2
     lines = ["mask kinds and score modifiers (from: built-in, or the plugin file in brackets):"]
     for syntax, where, meaning, needs in entries:
