@@ -4,9 +4,12 @@ An impl is a function ``(q, k, v, *, causal, scale) -> out`` in the canonical la
 (q (B, Hq, Sq, D), k/v (B, Hkv, Skv, D), out (B, Hq, Sq, D)) or in the layout it declares
 (``layout="bshd"``: q (B, Sq, Hq, D), ...), returning out in that layout or in the one it
 declares as ``out_layout``; the harness converts outside the timed region.
-An impl that declares masks beyond ``none``, or the bottom-right causal alignment, is also
-called with ``mask=`` (a masks.Mask, whose ``align`` says where the diagonal sits); the others
-never see it. An impl that declares ``paged=True`` gets its k and v as a paged KV cache:
+An impl that declares masks beyond ``none``, score modifiers or the bottom-right causal
+alignment is also called with ``mask=`` (a masks.Mask, whose ``align`` says where the diagonal
+sits) where its signature takes it (``mask`` or ``**kwargs``, read once at registration): a
+bottom-right-only function may take ``causal`` alone, but masks, modifiers and a choice of two
+alignments reach an impl only through ``mask=``, so declaring one without it is refused. The
+others never see it. An impl that declares ``paged=True`` gets its k and v as a paged KV cache:
 pools (pages, page_tokens, Hkv, D), ``block_table=`` (B, pages per sequence) int32 and
 ``seq_kv=`` (the keys per sequence; the last page's tail beyond it is padding), as
 paged-attention servers keep them (run/inputs.py ``paged``; 128-token pages unless the impl
@@ -27,9 +30,12 @@ as unavailable with a reason. ``origin(impl)`` says which of the four it came fr
 
 from __future__ import annotations
 
+import difflib
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect
 import pkgutil
 import sys
 from collections.abc import Callable, Iterable
@@ -42,6 +48,8 @@ from attnbench import checkout
 from attnbench.case import DEVICES, DTYPES, Case, CaseError
 from attnbench.errors import AttnbenchError, UsageError
 from attnbench.masks import ALIGNS, ANY, KINDS, MODS
+from attnbench.masks.contract import ContractError
+from attnbench.masks.kind import try_kind
 
 BUILTIN_PACKAGE = "attnbench.impls"
 DROP_IN = "impls"  # the checkout's folder of one-file plugins, loaded in a checkout only
@@ -111,10 +119,11 @@ class Impl:
     @property
     def takes_mask(self) -> bool:
         """Called with ``mask=``: it declared a mask beyond none, a score modifier or the
-        bottom-right alignment."""
-        return (
+        bottom-right alignment, and its function takes ``mask`` (``takes_keyword``)."""
+        declared = (
             self.masks != ("none",) or bool(self.score_mods) or self.causal_align != ("top_left",)
         )
+        return declared and takes_keyword(self.fn, "mask")
 
     def reasons(self, case: Case) -> list[str]:
         """Why this impl cannot run ``case``; empty when it can."""
@@ -193,6 +202,42 @@ def _cuda_visible() -> bool:
     return torch.cuda.is_available()
 
 
+@functools.cache
+def takes_keyword(fn: Callable, name: str) -> bool:
+    """Whether ``fn`` takes the keyword argument ``name`` (or ``**kwargs``); read once per
+    function (registration reads it first). A function without a readable signature: True."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    keyword = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return any(
+        p.kind is inspect.Parameter.VAR_KEYWORD or (p.name == name and p.kind in keyword)
+        for p in params
+    )
+
+
+def _check_mask_param(impl: Impl) -> None:
+    """Masks, score modifiers and a choice of two alignments reach an impl only as ``mask=``:
+    declaring one with a function that does not take it is refused (a bottom-right-only impl
+    needs ``causal`` alone)."""
+    if impl.module or impl.fn is None or takes_keyword(impl.fn, "mask"):
+        return
+    extra, needs = tuple(m for m in impl.masks if m != "none"), []
+    if extra:
+        needs.append(f"masks={extra}")
+    if impl.score_mods:
+        needs.append(f"score_mods={impl.score_mods}")
+    if len(impl.causal_align) > 1:
+        needs.append(f"causal_align={impl.causal_align}")
+    if needs:
+        raise RegistryError(
+            f"impl {impl.name!r}: {' and '.join(needs)} reach it only as mask=, which "
+            f"{getattr(impl.fn, '__name__', 'its function')}{inspect.signature(impl.fn)} does "
+            f"not take; add mask to its keyword arguments (q, k, v, *, causal, scale, mask)"
+        )
+
+
 _IMPLS: dict[str, Impl] = {}
 _LOADED: set[str] = set()
 _current_source = ""
@@ -258,7 +303,9 @@ def register(
             unavailable="; ".join(why) or None,
             requires=dict(requires or {}),
         )
-        add(Impl(fn=fn, **fields))
+        impl = Impl(fn=fn, **fields)
+        _check_mask_param(impl)
+        add(impl)
         return fn
 
     return decorate
@@ -340,13 +387,15 @@ def _load(
     _LOADED.add(source)
     _current_source = source
     try:
-        loader()
+        _run_plugin(loader)
     except NameClash:
         raise  # bad input: the user must rename one of the two
     except Exception as exc:  # noqa: BLE001 - any other plugin failure is reported, not raised
+        error = " ".join(f"{type(exc).__name__}: {exc}".split())
         if named is not None:
             _LOADED.discard(source)
-            error = " ".join(f"{type(exc).__name__}: {exc}".split())
+            if isinstance(exc, (ContractError, RegistryError)):  # it names what and the fix
+                raise PluginImportError(f"--plugin {named}: {exc}") from None
             raise PluginImportError(
                 f"--plugin {named}: {source} failed to import ({error}); fix it or leave "
                 f"out this --plugin"
@@ -358,10 +407,41 @@ def _load(
             name=name,
             fn=None,
             source=source,
-            unavailable=f"plugin {source} failed to import: {type(exc).__name__}: {exc}".strip(),
+            unavailable=f"plugin {source} failed to import: {error}".strip(),
         )
     finally:
         _current_source = ""
+
+
+def _run_plugin(loader: Callable[[], object]) -> None:
+    """Run a plugin's ``loader``, then each mask kind it registered on a small case (a bad one
+    is taken out of the registry again, and its ContractError raised)."""
+    before = set(KINDS)
+    loader()
+    added = [KINDS[name] for name in KINDS if name not in before]
+    try:
+        for kind in added:
+            for case in _small_cases(kind.name):
+                try_kind(kind, case)
+    except ContractError:
+        for kind in added:
+            KINDS.pop(kind.name, None)
+        raise
+
+
+def _small_cases(mask: str) -> list[Case]:
+    """Small self-attention cases of ``mask``, without and with causal, that its own checks
+    accept (none for a kind that needs more, such as a window: its rows say what fails)."""
+    out = []
+    for causal in (False, True):
+        try:
+            out.append(
+                Case(batch=2, heads=2, kv_heads=2, seq_q=16, seq_kv=16, head_dim=8,
+                     causal=causal, mask=mask)
+            )  # fmt: skip
+        except CaseError:
+            continue
+    return out
 
 
 def _load_file(path: Path) -> None:
@@ -422,6 +502,25 @@ def discover(
         else:
             _load(f"module {src}", lambda m=src: importlib.import_module(m), src, named=spec)
     return dict(_IMPLS)
+
+
+def unknown_hint(name: str, known: Iterable[str]) -> str:
+    """What to add to "unknown impl (or mask, score_mod) NAME": a close known name; else the
+    file of the working folder's impls/ that names it, where that folder is not loaded (an
+    installed attnbench, or another folder than the checkout's); else the --plugin hint."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    here, root = Path(DROP_IN), checkout.root()
+    loaded = root is not None and here.resolve() == (root / DROP_IN).resolve()
+    for path in [] if loaded else _folder_modules(here):
+        text = path.read_text(errors="replace")
+        if f'"{name}"' in text or f"'{name}'" in text:
+            return (
+                f"; {DROP_IN}/{path.name} names it, but only attnbench's own checkout loads "
+                f"its {DROP_IN}/ folder unasked: add --plugin {DROP_IN}/{path.name}"
+            )
+    return "; did you forget --plugin FILE (the file that registers it)?"
 
 
 def _folder_modules(folder: Path) -> list[Path]:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import difflib
 import itertools
 from dataclasses import dataclass, field, replace
 
 from attnbench.case import MODES, PHASES, Case, CaseError, canonical_dtype
 from attnbench.dims import DIMS
-from attnbench.masks import ALIGNS, KINDS, MASKS, canonical_mod
+from attnbench.masks import ALIGNS, KINDS, MASKS, MODS, canonical_mod
 from attnbench.masks.blocks import block_kinds, fits
 from attnbench.models import model as find_model
+from attnbench.registry import unknown_hint
 
 # --mask values: the masks (KIND or KIND:SPEC), and "causal" for mask none with causal true
 MASK_CHOICES = ("none", "causal", *MASKS[1:])
@@ -362,15 +362,16 @@ class Spec:
         try:
             return canonical_mod(text)
         except ValueError as exc:
-            raise CaseError(f"--score-mod: {exc}") from None
+            name = text.partition(":")[0]
+            hint = "" if name in MODS else unknown_hint(name, MODS)
+            raise CaseError(f"--score-mod: {exc}{hint}") from None
 
 
 def _known_mask(name: str) -> str:
     """A --mask name (a kind, or causal), else the one-line error with the closest."""
     allowed = ("causal", *KINDS)
     if name not in allowed:
-        hint = difflib.get_close_matches(name, allowed, n=1)
-        did = f"; did you mean {hint[0]!r}?" if hint else ""
+        did = unknown_hint(name, allowed)
         raise CaseError(f"unknown mask {name!r}{did} (allowed: {', '.join(allowed)})")
     return name
 

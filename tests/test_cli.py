@@ -14,6 +14,7 @@ import pytest
 from torchlog import own_lines
 
 from attnbench.cli import main
+from attnbench.impls.xformers_kernels import extension_failure
 from attnbench.store.results import read_results
 from attnbench.store.schema import COLUMNS, METRICS, columns_markdown
 
@@ -87,14 +88,20 @@ def test_smoke_rows_cover_every_case_and_impl(smoke_run):
     gpu_only = {"xformers", "sdpa_efficient", "sdpa_cudnn", "triton_flash", "triton_flash_fa2"}
     assert not gpu_only & impls
     not_run = json.loads((run_dir / "env.json").read_text())["not_run"]
-    # xformers' reason: the device, or, where xformers is not installed, that it is missing
-    why = "device=cpu (supported: cuda)" if XFORMERS else "needs xformers, which is not installed"
+    # xformers' reason: the device; where its extension does not load, that and the fix; where
+    # it is not installed, that it is missing
+    why = (
+        (extension_failure() or "device=cpu (supported: cuda)")
+        if XFORMERS
+        else "needs xformers, which is not installed"
+    )
     assert gpu_only <= set(not_run) and why in not_run["xformers"]
     # named once: folded into counts as the run starts (--dry-run names each)
     folded = [line for line in proc.stdout.splitlines() if line.startswith("not run: ")]
     assert len(folded) == 1
     assert sum(int(n) for n in re.findall(r"(?:: |, )(\d+) ", folded[0])) == len(not_run)
     assert "xformers" not in proc.stdout.split("time_ms (median")[0]
+    assert "WARNING[XFORMERS]" not in proc.stderr  # its log block is in its reason instead
     assert (df["status"] == "ok").mean() > 0.8  # no filler
     assert len(df) == 8 * len(impls)  # smoke: 2 lengths x 2 causal x 2 modes
     assert not df.duplicated(["impl", "mode", "seq_q", "causal"]).any()
@@ -254,7 +261,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, args, me
         ("causal = [true, 3]\n", "'3' is not one of true, false, both"),
         ("impls = ['naive', 'tild']\n", "unknown impl 'tild'; did you mean 'tiled'?"),
         ("heads = [6]\nkv_heads = [4]\n", "heads=6 must be a multiple of kv_heads=4"),
-        ("mask = ['none', 'diagonal']\n", "unknown mask 'diagonal' (allowed: causal, none,"),
+        ("mask = ['none', 'diagonal']\n", "unknown mask 'diagonal'; did you forget --plugin"),
         ("mask = 'window'\n", "mask window needs --window W"),
         ("mask = 'window'\nwindow = -3\n", "window = '-3': -3 must be a positive integer"),
         ("level = ['op', 3]\n", "level = 'op,3': unknown level '3'"),

@@ -53,6 +53,11 @@ PLUGINS = {  # impl -> its plugin file's registration
 def bottom_right_only(q, k, v, *, causal, scale, mask):
     return library_attention(q, k, v, scale=scale, causal=causal)
 """,
+    "flash_attn_func_style": """
+@register("flash_attn_func_style", causal_align=("bottom_right",))
+def flash_attn_func_style(q, k, v, *, causal, scale):  # causal alone: no mask= to take
+    return library_attention(q, k, v, scale=scale, causal=causal)
+""",
     "cuda_backward": """
 @register("cuda_backward", backward=("cuda",))
 def cuda_backward(q, k, v, *, causal, scale):
@@ -91,9 +96,12 @@ def row(impl, c: Case) -> dict:
     return measure(impl, c, inputs, ground_truth(c, inputs), FAST).row
 
 
-def test_a_bottom_right_only_impl_runs_where_the_alignments_coincide(plugin):
-    impl = plugin["bottom_right_only"]
-    assert impl.causal_align == ("bottom_right",) and impl.takes_mask
+@pytest.mark.parametrize("name", ["bottom_right_only", "flash_attn_func_style"])
+def test_a_bottom_right_only_impl_runs_where_the_alignments_coincide(plugin, name):
+    impl = plugin[name]
+    # mask= only where its signature takes it: a flash_attn_func-style function needs causal
+    assert impl.causal_align == ("bottom_right",)
+    assert impl.takes_mask is (name == "bottom_right_only")
     top_left = row(impl, case(seq_q=4, seq_kv=12, causal=True))
     assert top_left["status"] == "unsupported"
     assert top_left["reason"] == "causal_align=top_left (supported: bottom_right)"
@@ -159,3 +167,26 @@ def test_an_output_layout_of_its_own_is_converted_by_the_harness(plugin, c):
     wrong = registry.Impl(name="same_layout", fn=impl.fn)
     bad = row(wrong, case(heads=4, kv_heads=2, seq_q=5, seq_kv=12))
     assert bad["status"] == "error" and "shape" in bad["reason"]
+
+
+def test_masks_or_modifiers_for_a_function_without_mask_are_refused_when_registered(monkeypatch):
+    monkeypatch.setattr(registry, "_IMPLS", dict(registry._IMPLS))
+
+    def fixed(q, k, v, *, causal, scale):
+        return q
+
+    for given, said in (
+        ({"masks": ("padding",)}, "masks=('padding',)"),
+        ({"score_mods": ("softcap",)}, "score_mods=('softcap',)"),
+        ({"causal_align": ("bottom_right", "top_left")}, "causal_align=('top_left', "),
+    ):
+        with pytest.raises(registry.RegistryError) as exc:
+            registry.register("fixed", **given)(fixed)
+        assert str(exc.value).startswith(f"impl 'fixed': {said}")
+        assert str(exc.value).endswith(
+            "reach it only as mask=, which fixed(q, k, v, *, causal, scale) does not take; add "
+            "mask to its keyword arguments (q, k, v, *, causal, scale, mask)"
+        )
+    assert "fixed" not in registry._IMPLS
+    registry.register("any_kw", masks=("padding",))(lambda q, k, v, **kw: q)  # **kwargs takes it
+    assert registry._IMPLS["any_kw"].takes_mask

@@ -64,3 +64,67 @@ def test_env_record_says_whether_the_extension_loaded():
     assert record["extension_loaded"] == (record["extension_error"] is None)
     assert all(xk.label(n).startswith("pytorch:") for n in record["pytorch_ops"])
     assert not any(xk.label(n).startswith("pytorch:") for n in record["own_ops"])
+
+
+def test_quiet_keeps_xformers_log_records_off_the_terminal(capfd):
+    import logging
+
+    logger = logging.getLogger("xformers")
+    handlers, propagate = list(logger.handlers), logger.propagate
+    with xk.quiet() as records:
+        logger.warning("WARNING[XFORMERS]: xFormers can't load C++/CUDA extensions.")
+        logging.getLogger("xformers.ops").warning("a child logger's record")
+    assert [r.getMessage()[:17] for r in records] == ["WARNING[XFORMERS]", "a child logger's "]
+    assert capfd.readouterr().err == ""
+    assert (logger.handlers, logger.propagate) == (handlers, propagate)  # put back
+
+
+FAKE_CPP_LIB = """
+import logging
+
+logging.getLogger("xformers").warning("WARNING[XFORMERS]: six lines of advice")
+_cpp_library_load_exception = OSError(
+    "xFormers can't load C++/CUDA extensions. xFormers was built for:\\n"
+    "    PyTorch 2.10.0+cu128 with CUDA 1208 (you have 2.13.0+cpu)\\n"
+    "    Python  3.10.19 (you have 3.11.7)\\n"
+    "  Please reinstall xformers (see https://github.com/facebookresearch/xformers)\\n"
+    "  Memory-efficient attention, SwiGLU, sparse and more won't be available."
+)
+"""
+
+
+def test_an_extension_that_does_not_load_is_one_line_with_the_fix(tmp_path, monkeypatch, capfd):
+    """xformers' own check, run on its own (a stand-in package here), its warning kept off the
+    terminal and said in one line instead."""
+    import sys
+
+    (tmp_path / "xformers").mkdir()
+    (tmp_path / "xformers" / "__init__.py").write_text("raise ImportError('never imported')\n")
+    (tmp_path / "xformers" / "_cpp_lib.py").write_text(FAKE_CPP_LIB)
+    (tmp_path / "xformers-0.0.99.dist-info").mkdir()
+    (tmp_path / "xformers-0.0.99.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: xformers\nVersion: 0.0.99\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "xformers", raising=False)
+    why = xk.extension_failure.__wrapped__()  # not the cached answer of this machine
+    assert why.startswith(
+        "xformers 0.0.99 cannot load its C++/CUDA extension (xFormers was built for: PyTorch "
+        "2.10.0+cu128 with CUDA 1208 (you have 2.13.0+cpu) Python 3.10.19 (you have 3.11.7)), "
+        "so its calls would run PyTorch's own kernels, not its own (install an xformers built "
+        "for torch "
+    )
+    assert why.endswith(f"{xk.INSTALL})") and "\n" not in why and "Please" not in why
+    assert capfd.readouterr().err == ""
+    (tmp_path / "xformers" / "_cpp_lib.py").write_text("_cpp_library_load_exception = None\n")
+    assert xk.extension_failure.__wrapped__() is None  # it loads: nothing to say
+
+
+def test_the_impl_is_unavailable_exactly_when_its_extension_does_not_load(impls):
+    import importlib.util
+
+    impl = impls["xformers"]
+    if importlib.util.find_spec("xformers") is None:
+        assert impl.unavailable.startswith("needs xformers, which is not installed")
+    else:  # never PyTorch's kernels under xformers' name
+        assert impl.unavailable == xk.extension_failure()

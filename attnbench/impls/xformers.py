@@ -4,12 +4,13 @@ Packed documents (mask document): the batch is flattened into one sequence of B 
 and xformers' block-diagonal bias (one block per document, causal within it when causal)
 keeps attention inside each document; its kernels visit only the blocks on the diagonal.
 
-Whose kernels ran: xformers hands some cases to PyTorch's own kernels, and all of them when
-its C++/CUDA extension does not load; the row's ``backend`` names the operators used
-(``xformers_kernels.py``) and its reason says when they were PyTorch's."""
+Whose kernels ran: xformers hands some cases to PyTorch's own kernels; the row's ``backend``
+names the operators used (``xformers_kernels.py``) and its reason says when they were
+PyTorch's. Where its C++/CUDA extension does not load, xformers has none of its own left: the
+impl is unavailable, with the extension's error and the fix as its reason."""
 
 from attnbench.case import Case
-from attnbench.impls.xformers_kernels import dispatched
+from attnbench.impls.xformers_kernels import INSTALL, dispatched, extension_failure
 from attnbench.masks import ALIGNS
 from attnbench.registry import Unsupported, register
 
@@ -38,7 +39,8 @@ def document_bias(pattern, causal: bool, device):
     color="#2ca02c",
     devices=("cuda",),
     layout="bshd",
-    requires={"xformers": "pip install 'xformers>=0.0.28'"},
+    requires={"xformers": INSTALL},
+    unavailable=extension_failure(),
     causal_align=ALIGNS,
     check=_gqa_backward,
     masks=("document",),

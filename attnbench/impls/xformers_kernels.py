@@ -7,12 +7,16 @@ Others only call PyTorch's own kernels: their names end in ``-pt`` (``cutlassF-p
 ``aten::_efficient_attention_forward``, ``fa2F@<version>-pt`` is PyTorch's flash kernel). When
 the C++/CUDA extension does not load (built for another torch or CUDA: xformers 0.0.35, the
 newest that installs beside torch 2.11, was built for torch 2.10 and CUDA 12), only the
-``-pt`` operators are left, and an ``xformers`` row measures PyTorch's kernels, the same ones
-as ``sdpa_flash`` or ``sdpa_efficient``.
+``-pt`` operators are left, and an ``xformers`` row would measure PyTorch's kernels, the same
+ones as ``sdpa_flash`` or ``sdpa_efficient``.
 
+``extension_failure()`` says, in one line, why the extension does not load: the ``xformers``
+impl is then unavailable with that reason (it would only measure PyTorch again), and xformers'
+own 6-line ``WARNING[XFORMERS]`` log block is kept off the terminal (``quiet``).
 ``xformers_kernels()`` is env.json's record of that; ``dispatched(run)`` names the operators
 that one call used, which becomes the row's ``backend``: ``pytorch:flash`` /
-``pytorch:efficient`` for PyTorch's kernels, ``xformers:<operator>`` for the others.
+``pytorch:efficient`` for PyTorch's kernels (which xformers may pick with its extension
+loaded too), ``xformers:<operator>`` for the others.
 
 No registration here (importing this module has no side effect on the registry)."""
 
@@ -20,9 +24,63 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.metadata
+import importlib.util
+import logging
 from collections.abc import Callable
+from pathlib import Path
+
+import torch
 
 from attnbench.measure.backends import PYTORCH_PREFIX
+
+INSTALL = "pip install 'xformers>=0.0.28'"
+
+
+@contextlib.contextmanager
+def quiet():
+    """xformers' logger held for the duration: its records (the extension's warning) are kept
+    in the list this yields instead of printed."""
+    logger, records = logging.getLogger("xformers"), []
+    keep = logging.Handler()
+    keep.emit = records.append
+    propagate, logger.propagate = logger.propagate, False
+    logger.addHandler(keep)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(keep)
+        logger.propagate = propagate
+
+
+@functools.cache
+def extension_failure() -> str | None:
+    """Why xformers' C++/CUDA extension does not load here, in one line with the fix; None
+    where it loads or xformers is not installed. Runs xformers' own check (its ``_cpp_lib``
+    module, which loads the extension) on its own: importing the package takes seconds
+    (scipy, torch._dynamo), and this runs wherever the impls are registered."""
+    spec = importlib.util.find_spec("xformers")
+    folders = (spec.submodule_search_locations or []) if spec else []
+    path = Path(folders[0]) / "_cpp_lib.py" if folders else None
+    if path is None or not path.is_file():
+        return None
+    probe = importlib.util.spec_from_file_location("attnbench_xformers_probe", path)
+    module = importlib.util.module_from_spec(probe)
+    try:
+        with quiet():
+            probe.loader.exec_module(module)
+    except Exception:  # noqa: BLE001 - a check we cannot run decides nothing
+        return None
+    failure = getattr(module, "_cpp_library_load_exception", None)
+    if failure is None:
+        return None
+    why = " ".join(str(failure).split()).split(" Please ")[0]  # before its reinstall advice
+    why = why.removeprefix("xFormers can't load C++/CUDA extensions. ")
+    return (
+        f"xformers {importlib.metadata.version('xformers')} cannot load its C++/CUDA extension "
+        f"({why}), so its calls would run PyTorch's own kernels, not its own (install an "
+        f"xformers built for torch {torch.__version__}: {INSTALL})"
+    )
 
 
 def label(op_name: str) -> str:
@@ -41,9 +99,10 @@ def label(op_name: str) -> str:
 def xformers_kernels() -> dict:
     """For env.json: whether xformers' C++/CUDA extension loaded (and why not), and which of
     its attention operators are available, split into its own and PyTorch's."""
-    import xformers
-    from xformers import _cpp_lib
-    from xformers.ops.common import OPERATORS_REGISTRY
+    with quiet():  # the extension's warning: extension_error below, and the impl's reason
+        import xformers
+        from xformers import _cpp_lib
+        from xformers.ops.common import OPERATORS_REGISTRY
 
     failure = _cpp_lib._cpp_library_load_exception
     names = sorted(

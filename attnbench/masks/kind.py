@@ -7,13 +7,38 @@ mask_mod) and ``hidden`` (the float64 reference's rule, written out on its own, 
 
 The interval kinds (none, padding, window) have no layout: their geometry is rules.py's, which
 impls use directly, and the reference writes them out from the case's window and key lengths.
+
+A kind is checked when it is registered (its name, every method taking what the harness
+passes: contract.py); ``try_kind`` runs a plugin's kind on a small case when its file loads.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
+from attnbench.masks.contract import (
+    GUIDE,
+    ContractError,
+    attempt,
+    check_calls,
+    check_name,
+    expect,
+    tensor_of,
+)
+
 KINDS: dict[str, MaskKind] = {}
+
+# what the harness calls on a kind: method -> (arguments passed, how the guide writes it)
+CALLS = {
+    "canonical": (1, "canonical(self, spec)"),
+    "check": (1, "check(self, case)"),
+    "layout": (2, "layout(self, case, seed)"),
+    "from_draws": (2, "from_draws(self, case, record)"),
+    "pairs": (3, "pairs(self, case, kv_lens, layout)"),
+    "label": (1, "label(self, case)"),
+}
 
 
 class MaskKind:
@@ -63,13 +88,53 @@ class MaskKind:
 
 
 def register_kind(kind: MaskKind) -> MaskKind:
-    """Add a kind to the registry (a plugin's file calls this at import); a name taken by a
-    different kind is an error."""
+    """Add a kind to the registry (a plugin's file calls this at import) once its name and
+    methods are checked; a name taken by a different kind is an error."""
+    if not isinstance(kind, MaskKind):
+        hint = f": register_kind({kind.__name__}())" if isinstance(kind, type) else ""
+        raise ContractError(f"register_kind takes a MaskKind instance{hint} ({GUIDE})")
+    check_name("mask kind", kind.name, reserved="causal")
+    check_calls(f"mask kind {kind.name!r}", type(kind), CALLS)
     old = KINDS.get(kind.name)
     if old is not None and type(old) is not type(kind):
         raise ValueError(f"mask kind {kind.name!r} is already registered ({type(old).__name__})")
     KINDS[kind.name] = kind
     return kind
+
+
+def try_kind(kind: MaskKind, case) -> None:
+    """Run ``kind`` on one small case as a sweep does: its layout drawn, its rule over the
+    case, the reference's rule, the pair count and the label; ContractError naming what failed
+    (whether rule and hidden agree is the reference's to find, row by row)."""
+    run = functools.partial(attempt, f"mask kind {kind.name!r}", type(kind))
+    name, Sq, Skv, causal = type(kind).__name__, case.seq_q, case.seq_kv, case.causal
+    layout = run(f"{name}.layout", lambda: kind.layout(case, 0), _layout_or_none)
+    if layout is not None:
+        rows, shown = layout.rows, type(layout).__name__
+        i, j = torch.arange(Sq)[:, None], torch.arange(Skv)[None, :]  # (Sq, 1), (1, Skv)
+        keep = lambda: layout.keep(0, Sq, 0, Skv, causal, "cpu")
+        run(f"{shown}.rule", keep, tensor_of((rows, Sq, Skv), torch.bool))
+        run(f"{shown}.hidden", lambda: layout.hidden(i, j, causal), _hidden(rows, Sq, Skv))
+    run(f"{name}.pairs", lambda: kind.pairs(case, None, layout), _count)
+    run(f"{name}.label", lambda: kind.label(case), _text)
+
+
+def _layout_or_none(out) -> None:
+    expect(out is None or isinstance(out, Layout), f"returned {out!r}, expected a Layout or None")
+
+
+def _hidden(rows: int, Sq: int, Skv: int):
+    """hidden's (Bm, Sq, Skv): Bm the layout's rows, or 1 where every row is alike."""
+    one, each = tensor_of((1, Sq, Skv), torch.bool), tensor_of((rows, Sq, Skv), torch.bool)
+    return lambda out: (one if getattr(out, "shape", (0,))[:1] == (1,) else each)(out)
+
+
+def _count(out) -> None:
+    expect(int(out) == out >= 0, f"returned {out!r}, expected a count (an int >= 0)")
+
+
+def _text(out) -> None:
+    expect(isinstance(out, str), f"returned {out!r}, expected a str")
 
 
 def find_kind(name: str) -> MaskKind:
@@ -93,12 +158,12 @@ class Layout:
     def rule(self, b, i, j, causal: bool):
         """True where query i keeps key j in batch row b, causal combined as the kind says;
         b, i, j broadcast (tensors: index grids, or FlexAttention's scalars)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} defines no rule(self, b, i, j, causal)")
 
     def hidden(self, i: torch.Tensor, j: torch.Tensor, causal: bool) -> torch.Tensor:
         """The reference's rule: True where key j is hidden from query i, (Bm, c, Skv) for
         query indices i (c, 1) and key indices j (1, Skv); written apart from ``rule``."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} defines no hidden(self, i, j, causal)")
 
     def draws(self) -> dict:
         """What the layout drew from the seed, JSON-ready, for the run's draws file."""

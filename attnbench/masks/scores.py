@@ -5,11 +5,48 @@ A modifier is one file (attnbench/masks/<name>.py, or a plugin's) declaring a ``
 score_mod body), ``grad`` its derivative for hand-written backwards, and ``reference`` the
 float64 reference's version, written out on its own, on purpose. A case names one modifier
 in its ``score_mod`` column (``softcap:50``, ``alibi``; blank: none); it combines with every
-mask. Modifiers do not change the pair count or the FLOPs (matmul work only)."""
+mask. Modifiers do not change the pair count or the FLOPs (matmul work only).
+
+A modifier is checked when it is registered (its name, apply and reference defined, every
+method taking what the harness passes: contract.py) and tried once on small scores when a
+case's text names it (``canonical_mod``), in the driver, before any worker starts."""
 
 from __future__ import annotations
 
+import functools
+
+import torch
+
+from attnbench.masks.contract import (
+    GUIDE,
+    ContractError,
+    attempt,
+    broadcasting_to,
+    check_calls,
+    check_defined,
+    check_name,
+    tensor_of,
+)
+
 MODS: dict[str, type[ScoreMod]] = {}
+
+# what the harness calls on a modifier: method -> (arguments passed, how the guide writes it)
+CALLS = {
+    "__init__": (
+        3,
+        '__init__(self, arg, heads, device="cpu") calling super().__init__(arg, heads, '
+        "device), or no __init__",
+    ),
+    "canonical": (1, "canonical(cls, arg) as a @classmethod"),
+    "apply": (4, "apply(self, s, h, p, j)"),
+    "grad": (4, "grad(self, s, h, p, j)"),
+    "reference": (4, "reference(self, s, h, p, j)"),
+    "bias": (3, "bias(self, h, p, j)"),
+}
+REQUIRED = {  # what a modifier must define: method -> how the guide writes it
+    "apply": "apply(self, s, h, p, j), the modified scores impls run",
+    "reference": "reference(self, s, h, p, j), the float64 reference's version",
+}
 
 
 class ScoreMod:
@@ -48,6 +85,15 @@ class ScoreMod:
 
 
 def register_mod(cls: type[ScoreMod]) -> type[ScoreMod]:
+    """Add a modifier class to the registry (a plugin's file decorates its class with it) once
+    its name and methods are checked; a name taken by a different class is an error."""
+    if not (isinstance(cls, type) and issubclass(cls, ScoreMod)):
+        raise ContractError(f"register_mod takes a ScoreMod subclass, not {cls!r} ({GUIDE})")
+    check_name("score_mod", cls.name, reserved="none")
+    what = f"score_mod {cls.name!r}"
+    bias = {"bias": "bias(self, h, p, j), as additive = True says it adds one"}
+    check_defined(what, cls, ScoreMod, REQUIRED | (bias if cls.additive else {}))
+    check_calls(what, cls, CALLS, on_class=("__init__", "canonical"))
     old = MODS.get(cls.name)
     if old is not None and old is not cls and old.__qualname__ != cls.__qualname__:
         raise ValueError(f"score_mod {cls.name!r} is already registered ({old.__name__})")
@@ -66,7 +112,26 @@ def canonical_mod(text: str | None) -> str:
         raise ValueError(f"unknown score_mod {name!r} (allowed: none, {', '.join(MODS)})")
     cls = MODS[name]
     arg = cls.canonical(arg if sep else cls.default_arg)
+    tried(cls, arg)
     return name if arg is None else f"{name}:{arg}"
+
+
+@functools.cache
+def tried(cls: type[ScoreMod], arg: str | None) -> None:
+    """Run the modifier once on small scores as impls and the reference do (2 heads, 3 queries
+    at positions 1..3 among 4 keys, on the CPU); ContractError naming what failed."""
+    what, name = f"score_mod {cls.name}" + ("" if arg is None else f":{arg}"), cls.__name__
+    s = torch.linspace(-4.0, 4.0, 24).view(1, 2, 3, 4)  # (1, H, Sq, Skv) float32
+    s64, shape = s.double(), tuple(s.shape)
+    h = torch.arange(2)[None, :, None, None]  # (1, H, 1, 1)
+    p, j = torch.arange(1, 4)[:, None], torch.arange(4)[None, :]  # (Sq, 1), (1, Skv)
+    run = functools.partial(attempt, what, cls)  # run(call, step, check)
+    mod = run(f"{name}({arg!r}, heads=2)", lambda: cls(arg, 2, "cpu"))
+    run(f"{name}.apply", lambda: mod.apply(s, h, p, j), tensor_of(shape, s.dtype))
+    run(f"{name}.reference", lambda: mod.reference(s64, h, p, j), tensor_of(shape, s64.dtype))
+    run(f"{name}.grad", lambda: mod.grad(s, h, p, j), broadcasting_to(shape))
+    if cls.additive:
+        run(f"{name}.bias", lambda: mod.bias(h, p, j), broadcasting_to(shape))
 
 
 def make_mod(text: str, heads: int, device="cpu") -> ScoreMod | None:

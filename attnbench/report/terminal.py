@@ -1,6 +1,6 @@
 """What the terminal shows besides a run's progress: ``attnbench list`` (every impl on one
-line, then a note per impl), the model presets (--list-models) and the summary table printed
-at the end of a sweep."""
+line, then a note per impl, then every mask kind and score modifier), the model presets
+(--list-models) and the summary table printed at the end of a sweep."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pandas as pd
 
 from attnbench import registry
 from attnbench.case import DEVICES, DTYPES, Case
-from attnbench.masks import ANY, MASKS
+from attnbench.masks import ANY, KINDS, MASKS, MODS
+from attnbench.masks.contract import origin
 from attnbench.models import models_table
 from attnbench.report import analysis
 from attnbench.store.schema import CASE_KEY
@@ -115,7 +116,57 @@ def list_impls(impls: dict, device: str) -> str:
         width=LIST_WIDTH,
         break_on_hyphens=False,
     )
-    return "\n".join([table, "", legend, "", *notes])
+    return "\n".join([table, "", legend, "", *notes, "", masks_table()])
+
+
+def masks_table() -> str:
+    """Every mask kind and score modifier, a plugin's too: how a sweep names it, what it
+    needs, where it came from (built-in, or the plugin file) and what it means."""
+    kinds = [(_kind_syntax(k), origin(type(k)), k.meaning, _needs(k)) for k in KINDS.values()]
+    mods = [(_mod_syntax(m), origin(m), m.meaning, "") for m in MODS.values()]
+    entries = kinds + mods
+    width = max(len(e[0]) for e in entries) + 2
+    lines = ["mask kinds and score modifiers (from: built-in, or the plugin file in brackets):"]
+    for syntax, where, meaning, needs in entries:
+        source = "built-in" if where == "built-in" else "plugin"
+        extra = "" if where == "built-in" else f" [{where}]"
+        lines.append(
+            textwrap.fill(
+                f"{syntax.ljust(width)}{source:<9} {meaning or '(no meaning)'}{needs}{extra}",
+                width=LIST_WIDTH,
+                subsequent_indent=" " * (width + 10),
+                break_on_hyphens=False,
+                break_long_words=False,  # a plugin's file path stays whole
+            )
+        )
+    return "\n".join(lines)
+
+
+def _kind_syntax(kind) -> str:
+    """--mask NAME, with [:SPEC] where it takes a spec (its meaning names an option that
+    gives one too)."""
+    return f"--mask {kind.name}" + ("" if kind.default_spec is None else "[:SPEC]")
+
+
+def _needs(kind) -> str:
+    """What a kind needs of a case, and its default spec."""
+    needs = [f"default {kind.default_spec}"] if kind.default_spec is not None else []
+    if kind.needs_causal:
+        needs.append("causal only")
+    if kind.self_only:
+        needs.append("seq_q = seq_kv")
+    return f" ({'; '.join(needs)})" if needs else ""
+
+
+def _mod_syntax(mod) -> str:
+    """--score-mod NAME, with [:ARG] where it takes an argument (:ARG where it needs one)."""
+    if mod.default_arg is not None:
+        return f"--score-mod {mod.name}[:ARG]"
+    try:
+        mod.canonical(None)
+    except (TypeError, ValueError):
+        return f"--score-mod {mod.name}:ARG"
+    return f"--score-mod {mod.name}"
 
 
 def summary_table(df: pd.DataFrame, impls: list[str] | None = None) -> str:

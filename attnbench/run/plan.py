@@ -6,7 +6,6 @@ is one UsageError line."""
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -270,10 +269,8 @@ def select_impls(
         return selected, left_out
     for name in names:
         if name not in impls:
-            close = difflib.get_close_matches(name, list(impls), n=1)
-            did = f"; did you mean {close[0]!r}?" if close else ""
             raise UsageError(
-                f"--impls: unknown impl {name!r}{did} "
+                f"--impls: unknown impl {name!r}{registry.unknown_hint(name, impls)} "
                 f"(known: {', '.join(impls)}; see attnbench list)"
             )
     return [impls[n] for n in names], {}
