@@ -13,8 +13,8 @@ name, whether it applies to the case, and ``alternative`` (case, inputs, out, tr
 ref', magnitude' or a function making it, message), or None where it changes nothing.
 Alternatives are the float64 reference (measure/reference.py) with changed arguments, or a
 transform of the output. Only the forward output is tried, only on rows whose output
-disagrees, and no impl is called again; an alternative's magnitude only where the output lies
-within FAR of it. ``inputs`` is the case's run.inputs.Inputs (q, k, v, scale, mask), read by
+disagrees, and no impl is called for them; an alternative's magnitude only where the output
+lies within FAR of it. ``inputs`` is the case's run.inputs.Inputs (q, k, v, scale, mask), read by
 attribute.
 """
 
