@@ -16,7 +16,7 @@ import torch
 from attnbench.case import DTYPES
 
 RESOURCES = ("compute", "memory")
-SAMPLES = 3  # per resource and round, after one warm-up call
+SAMPLES = 2  # per resource and round (one warm-up call each when the anchor is made)
 # device type -> (the matmul's side for 4- and 8-byte dtypes, for 2-byte ones; the copy's MiB)
 SIZES = {"cpu": (256, 128, 4), "cuda": (4096, 8192, 256)}
 L2_FLUSH_BYTES = 256 * 2**20  # CUDA: flushed before every sample, as the impls' timer does
@@ -34,14 +34,15 @@ class Anchor:
         self.a, self.b = (torch.randn(n, n, generator=g).to(device, torch_dtype) for _ in "ab")
         self.src = torch.ones(mib * 2**20, dtype=torch.uint8, device=device)
         self.dst = torch.empty_like(self.src)
+        self.work = {"compute": lambda: self.a @ self.b, "memory": lambda: self.dst.copy_(self.src)}
+        for fn in self.work.values():
+            fn()
 
     def round(self) -> dict[str, list[float]]:
         """One round's samples, ms: resource -> SAMPLES times."""
-        work = {"compute": lambda: self.a @ self.b, "memory": lambda: self.dst.copy_(self.src)}
-        return {name: self._samples(work[name]) for name in RESOURCES}
+        return {name: self._samples(self.work[name]) for name in RESOURCES}
 
     def _samples(self, fn) -> list[float]:
-        fn()
         if self.device_type != "cuda":
             out = []
             for _ in range(SAMPLES):
