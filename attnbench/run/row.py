@@ -1,6 +1,9 @@
-"""One case and one row: inputs and the float64 reference once per case; per impl a checked
-call, accuracy, compile time, backend, a timing pass, a memory pass and a profiled pass. A
-failure at any step is a row with a status and a reason and every metric blank."""
+"""One case and one row: inputs and the float64 reference once per case (``Prepared``); per
+impl the design's steps, which the worker (run/worker.py) drives over a case's impls: ``check``
+(a checked call, accuracy, compile time, backend), ``time_round`` (its part of each timing
+round) and ``finish`` (the timing columns, a memory pass and a profiled pass: run/passes.py);
+``measure`` runs them for one impl alone. A failure at any step is a row with a status and a
+reason and every metric blank (run/failed.py)."""
 
 from __future__ import annotations
 
