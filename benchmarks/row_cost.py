@@ -30,6 +30,7 @@ from attnbench.measure.timing import TimerConfig  # noqa: E402
 from attnbench.run.local import InProcess, Subprocess  # noqa: E402
 from attnbench.run.row import Settings  # noqa: E402
 from attnbench.run.sweep import run_sweep  # noqa: E402
+from attnbench.run.worker import Worker, WorkerSpec  # noqa: E402
 
 REP_MS = 1.0
 EXECUTORS = ("inprocess", "subprocess")
@@ -51,8 +52,8 @@ def per_row_s(executor: str, rows: int) -> float:
     """Seconds per tiny row, the executor already started and warm."""
     impls = registry.discover()
     sdpa = impls["sdpa"]
-    settings = Settings(timer=TimerConfig(rep_ms=REP_MS))
-    ex = Subprocess([], 0, settings, None) if executor == "subprocess" else InProcess(0, settings)
+    spec = WorkerSpec(settings=Settings(timer=TimerConfig(rep_ms=REP_MS)))
+    ex = Worker(spec, Subprocess(spec) if executor == "subprocess" else InProcess(spec))
     try:
         with tempfile.TemporaryDirectory(prefix="attnbench-rowcost-") as tmp:
             for sub in ("warm", "run"):

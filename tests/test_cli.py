@@ -22,7 +22,8 @@ XFORMERS = importlib.util.find_spec("xformers") is not None
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = (
     "run_id, impl, mode, batch, heads, kv_heads, seq_q, seq_kv, head_dim, dtype, causal, "
-    "device, status, reason, time_ms, time_ms_p20, time_ms_p80, samples, tflops, "
+    "device, status, reason, time_ms, time_ms_p20, time_ms_p80, samples, rounds, speedup, "
+    "speedup_lo, speedup_hi, speed_compute, speed_memory, tflops, "
     "peak_mem_mib, max_abs_err, rel_err, agrees"
 ).split(", ")
 

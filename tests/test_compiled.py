@@ -108,9 +108,10 @@ def doubled(x):
 
 @register("recompiling", compiled=True, backward=False)
 def recompiling(q, k, v, *, causal, scale):
-    # calls 0 and 1 are the checked call and the steady one; from call 2 on (the timing
-    # pass) the input has a new shape, so the compiled function is compiled again
-    x = q if next(calls) < 2 else q[..., :1]
+    # calls 0 and 1 are the checked call and the steady one, then 2 to 8 warm-up calls
+    # (timing.CPU_WARMUP_MAX_CALLS); from call 10 on (in the first round's samples, which
+    # take many calls) the input has a new shape, so the function is compiled again there
+    x = q if next(calls) < 10 else q[..., :1]
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale) + 0 * doubled(
         x).sum()
 """
@@ -120,7 +121,10 @@ def test_a_recompile_inside_the_timing_pass_is_flagged(tmp_path):
     path = tmp_path / "recompiling.py"
     path.write_text(textwrap.dedent(RECOMPILING))
     impl = registry.discover([str(path)], builtin=False, entry_points=False)["recompiling"]
-    row = run(impl, Case(batch=1, heads=2, kv_heads=2, seq_q=16, seq_kv=16, head_dim=8))
+    case = Case(batch=1, heads=2, kv_heads=2, seq_q=16, seq_kv=16, head_dim=8)
+    inputs = make_inputs(case, 0)
+    settings = Settings(TimerConfig(rep_ms=100.0, min_samples=1))  # rounds of many calls
+    row = measure(impl, case, inputs, ground_truth(case, inputs), settings).row
     assert row["status"] == "ok", row["reason"]
     assert row["compile_ms"] > 0
     assert row["recompiled"] is True

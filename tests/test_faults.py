@@ -175,7 +175,7 @@ def test_a_long_compile_error_keeps_the_compilers_error_and_the_run_keeps_it_who
 
 
 def test_a_long_error_without_a_compilers_line_keeps_its_start_and_its_end():
-    from attnbench.run.row import error_reason
+    from attnbench.run.failed import error_reason
 
     with pytest.raises(ValueError) as caught:
         raise ValueError("start " + "x " * 400 + "the end")

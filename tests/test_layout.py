@@ -116,6 +116,29 @@ def test_no_module_over_the_limit():
     assert not long, f"over {MAX_MODULE_LINES} lines: {long}"
 
 
+MAX_RUN_MODULE_LINES = 300  # run/: the orchestration reads in small pieces
+
+
+def test_run_modules_are_small():
+    long = [
+        f"{path.name} ({n} lines)"
+        for path in (PACKAGE / "run").rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_RUN_MODULE_LINES
+    ]
+    assert not long, f"run/ modules over {MAX_RUN_MODULE_LINES} lines: {long}"
+
+
+def test_the_worker_state_machine_is_written_once():
+    """One worker (run/worker.py) for every transport: a case that cannot be prepared is
+    named in one place."""
+    said = [
+        path.relative_to(PACKAGE).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        for _ in range(path.read_text().count("while preparing the case"))
+    ]
+    assert said == ["run/worker.py"], said
+
+
 CLI_MAY_IMPORT = (
     "attnbench.run",
     "attnbench.report",

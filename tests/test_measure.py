@@ -19,9 +19,15 @@ from attnbench.measure.timing import TimerConfig, time_fn
 from attnbench.registry import Impl
 from attnbench.run.local import InProcess
 from attnbench.run.row import Settings
+from attnbench.run.worker import Worker, WorkerSpec
 from attnbench.store.results import read_results
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def in_process(timer: TimerConfig) -> Worker:
+    spec = WorkerSpec(settings=Settings(timer))
+    return Worker(spec, InProcess(spec))
 
 
 def event(name, start_us, end_us, device=DeviceType.CUDA, annotation=False):
@@ -65,9 +71,9 @@ def test_backend_is_detected_in_the_timed_pass_grad_mode():
     impl = Impl(name="fake_sdpa", fn=attend, backend=detect)
     for mode, grad in (("fwd", False), ("bwd", True)):
         case = Case(batch=1, heads=1, kv_heads=1, seq_q=8, seq_kv=8, head_dim=4, mode=mode)
-        ex = InProcess(0, Settings(TimerConfig(rep_ms=1, min_samples=1)))
-        ex.prepare(case, [impl])
-        row = ex.measure(impl).row
+        (row,) = [
+            m.row for m in in_process(TimerConfig(rep_ms=1, min_samples=1)).run_case(case, [impl])
+        ]
         assert row["status"] == "ok" and row["backend"] == "fake"
         assert seen and seen[-1] is grad, mode
 
@@ -85,12 +91,15 @@ def test_cpu_sample_count_stays_within_its_bounds():
 def test_prepare_makes_inputs_and_reference_before_any_row():
     impl = Impl(name="plain", fn=lambda q, k, v, *, causal, scale: q)
     case = Case(batch=1, heads=1, kv_heads=1, seq_q=8, seq_kv=8, head_dim=4)
-    ex = InProcess(0, Settings())
-    ex.prepare(case, [impl])
-    assert ex.prepared.inputs is not None and ex.prepared.truth is not None
     gpu_only = Impl(name="gpu_only", fn=None, devices=("cuda",))
-    ex.prepare(case, [gpu_only])  # no impl can run it: nothing is made
-    assert ex.prepared.inputs is None
+    worker = in_process(TimerConfig(rep_ms=1, min_samples=1))
+    (row,) = [m.row for m in worker.run_case(case, [gpu_only])]  # no impl can run it
+    assert (
+        row["status"] == "unsupported" and worker.transport.steps.prepared is None
+    )  # nothing made
+    list(worker.run_case(case, [impl]))
+    prepared = worker.transport.steps.prepared
+    assert prepared.case == case and prepared.inputs is not None and prepared.truth is not None
 
 
 def test_a_slow_reference_does_not_count_against_the_row_timeout(tmp_path):
@@ -99,9 +108,8 @@ def test_a_slow_reference_does_not_count_against_the_row_timeout(tmp_path):
     case = Case(batch=1, heads=1, kv_heads=1, seq_q=16, seq_kv=16, head_dim=8)
     impl = Impl(name="quick", fn=lambda q, k, v, *, causal, scale: q * scale)
     started = time.perf_counter()
-    ex = InProcess(0, Settings(TimerConfig(rep_ms=2.0)))
-    ex.prepare(case, [impl])
-    assert ex.measure(impl).row["status"] == "ok"
+    (row,) = [m.row for m in in_process(TimerConfig(rep_ms=2.0)).run_case(case, [impl])]
+    assert row["status"] == "ok"
     timeout = max(5, math.ceil(40 * (time.perf_counter() - started)))
     proc = subprocess.run(
         [

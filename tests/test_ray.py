@@ -32,9 +32,9 @@ KEY = ["impl", "mode", "causal", "seq_q"]
 def cluster():
     """A local Ray instance (2 CPUs); every sweep here joins it with --ray-address."""
     ray = pytest.importorskip("ray")
-    from attnbench.run import ray_executor
+    from attnbench.run import ray_cluster
 
-    ray_executor._quiet_raylet_notices()
+    ray_cluster._quiet_raylet_notices()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
@@ -202,11 +202,11 @@ def test_bad_ray_options_are_usage_errors(args, message, tmp_path, capsys):
 
 
 def test_without_ray_the_error_names_the_extra(monkeypatch):
-    from attnbench.run import ray_executor
+    from attnbench.run import ray_cluster
 
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(UsageError, match=r"pip install 'ray>=2.40'"):
-        ray_executor._import_ray()
+        ray_cluster._import_ray()
 
 
 class _Fake:
@@ -215,11 +215,9 @@ class _Fake:
     def __init__(self, device_name):
         self.device_name, self.host, self.ran = device_name, "h", []
 
-    def prepare(self, case, impls):
+    def run_case(self, case, impls, baseline=None):
         self.ran.append(case)
-
-    def measure(self, impl):
-        return failed(impl, self.ran[-1], "error", "fake")
+        return [failed(impl, case, "error", "fake") for impl in impls]
 
     def close(self):
         pass

@@ -305,7 +305,7 @@ def test_install_hints_name_packages_an_index_has(impls):
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
 
-    from attnbench.run.ray_executor import INSTALL_HINT
+    from attnbench.run.ray_cluster import INSTALL_HINT
 
     pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
     extras = {r for reqs in pyproject["project"]["optional-dependencies"].values() for r in reqs}

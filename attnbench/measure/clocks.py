@@ -128,16 +128,22 @@ class ClockSampler:
             self._thread.join()
 
     def summary(self) -> dict:
-        if not self.samples:
-            return {"sm_clock_mhz": None, "power_w": None, "temp_c": None, "throttle": None}
-        clock, power, temp, bits = zip(*self.samples)
-        seen = 0
-        for b in bits:
-            seen |= b
-        names = [name for bit, name in THROTTLE_BITS.items() if seen & bit]
-        return {
-            "sm_clock_mhz": statistics.median(clock),
-            "power_w": statistics.median(power),
-            "temp_c": statistics.median(temp),
-            "throttle": ",".join(names) or "none",
-        }
+        return summarize(self.samples)
+
+
+def summarize(samples: list[tuple[float, float, float, int]]) -> dict:
+    """Medians of NVML readings (a ClockSampler's, or several's together), and the throttle
+    reasons seen; all blank without readings (a CPU, or no NVML)."""
+    if not samples:
+        return {"sm_clock_mhz": None, "power_w": None, "temp_c": None, "throttle": None}
+    clock, power, temp, bits = zip(*samples)
+    seen = 0
+    for b in bits:
+        seen |= b
+    names = [name for bit, name in THROTTLE_BITS.items() if seen & bit]
+    return {
+        "sm_clock_mhz": statistics.median(clock),
+        "power_w": statistics.median(power),
+        "temp_c": statistics.median(temp),
+        "throttle": ",".join(names) or "none",
+    }

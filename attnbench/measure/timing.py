@@ -1,7 +1,12 @@
 """Timers: CUDA events on the GPU (triton.testing.do_bench's method: warm-up by time, L2 flushed
 before every sample; the sample count is bounded here, which do_bench does not allow),
 torch.utils.benchmark on the CPU. Both return every sample, so the median and the spread come
-from the same data, and both keep the count within [min_samples, max_samples]."""
+from the same data, and both keep the count within [min_samples, max_samples].
+
+Timing is done in rounds (``RoundTimer``): a case's impls take turns, each round a short
+warm-up and then the impl's share of the round (rep_ms / rounds), so the machine's drift over
+the case hits every impl alike. ``Slice`` is one impl's part of one round; ``Timing`` is made
+from an impl's slices. ``time_fn`` times one function alone, in the same rounds."""
 
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ L2_FLUSH_BYTES = 256 * 2**20  # larger than any GPU's L2 today, as do_bench uses
 # a row whose p20-p80 spread is more than this fraction of its median is flagged as noisy: its
 # median can move between identical runs by more than most changes one wants to see
 NOISY_SPREAD = 0.10
+ROUNDS = 5  # a case's impls are timed in this many interleaved rounds (docs/method.md)
+CPU_ROUND_WARMUP_CALLS = 1  # each round after an impl's first: its caches and clocks again
 CPU_WARMUP_CALLS = 2  # at least; more while calls still page-fault (the heap growing)
 CPU_WARMUP_MAX_CALLS = 8
 CPU_WARMUP_MAX_S = 4.0  # and at most about this long (or rep_ms), while calls still fault
@@ -31,10 +38,36 @@ PAGE_FAULTS_FLAG = 10.0
 
 
 @dataclass(frozen=True)
+class Slice:
+    """One impl's samples in one round, and what its timed loop saw (CPU: its calls, their
+    page faults, its share of the CPU; CUDA: the clocks read meanwhile, recompiles)."""
+
+    round: int
+    samples_ms: tuple[float, ...]
+    calls: int = 0
+    faults: int = 0
+    wall_s: float = 0.0
+    contention: contention.Contention | None = None
+    clocks: tuple = ()  # CUDA: NVML readings while the samples were taken (ClockSampler)
+    recompiled: bool = False  # torch.compile compiled while the samples were taken
+
+
+@dataclass(frozen=True)
 class Timing:
     samples_ms: tuple[float, ...]
     page_faults: float | None = None  # CPU: minor page faults per timed call (getrusage)
     contention: contention.Contention | None = None  # CPU: what the timed loop got of the CPU
+    rounds: tuple[int, ...] = ()  # the round of each sample
+
+    @classmethod
+    def from_slices(cls, slices: list[Slice]) -> Timing:
+        """An impl's timing over its rounds: every sample, page faults per call over all its
+        calls, and its loops' CPU shares weighted by their wall time."""
+        samples = tuple(t for s in slices for t in s.samples_ms)
+        rounds = tuple(s.round for s in slices for _ in s.samples_ms)
+        calls = sum(s.calls for s in slices)
+        faults = sum(s.faults for s in slices) / calls if calls else None
+        return cls(samples, faults, _combined(slices), rounds)
 
     @property
     def median_ms(self) -> float:
@@ -61,6 +94,7 @@ class Timing:
             "time_ms_p20": self.p20_ms,
             "time_ms_p80": self.p80_ms,
             "samples": len(self.samples_ms),
+            "rounds": len(set(self.rounds)) or None,
         }
         if self.page_faults is not None:
             out["page_faults"] = self.page_faults
@@ -97,37 +131,106 @@ class TimerConfig:
     min_samples: int = 5  # slow calls still get this many samples
     max_samples: int = 200  # fast calls get at most this many samples
     cuda_graph: bool = False  # CUDA: time replays of a CUDA graph of fn (measure/cuda_graph.py)
+    rounds: int = ROUNDS  # rep_ms and the sample bounds are split over this many rounds
+
+    def per_round(self) -> tuple[float, int, int]:
+        """A round's time budget (ms) and its bounds on the sample count (at least 1)."""
+        low = -(-self.min_samples // self.rounds)  # ceil: the rounds together reach min_samples
+        return self.rep_ms / self.rounds, max(1, low), max(1, self.max_samples // self.rounds)
 
 
 def time_fn(fn: Callable[[], object], device_type: str, cfg: TimerConfig = TimerConfig()) -> Timing:
-    if device_type == "cuda":
-        return _time_cuda(cuda_graph.capture(fn) if cfg.cuda_graph else fn, cfg)
-    if cfg.cuda_graph:
-        raise ValueError("CUDA-graph timing needs a CUDA device")
-    return _time_cpu(fn, cfg)
+    """``fn`` timed alone, in cfg.rounds rounds back to back."""
+    timer = RoundTimer(fn, device_type, cfg)
+    return Timing.from_slices([timer.round(r) for r in range(cfg.rounds)])
 
 
-def _time_cpu(fn: Callable[[], object], cfg: TimerConfig) -> Timing:
-    _warm_up_cpu(fn, cfg)
-    calls = 0
+class RoundTimer:
+    """One function's timer over a case's rounds: its first round warms it up fully (CPU: until
+    the heap stops growing; CUDA: warmup_ms), each later one briefly (``warm_up``), then a
+    round's share of the samples (``samples``). With cuda_graph the function is captured once
+    and replayed."""
 
-    def counted():
-        nonlocal calls
-        calls += 1
-        return fn()
+    def __init__(self, fn: Callable[[], object], device_type: str, cfg: TimerConfig):
+        if cfg.cuda_graph and device_type != "cuda":
+            raise ValueError("CUDA-graph timing needs a CUDA device")
+        self.fn = cuda_graph.capture(fn) if cfg.cuda_graph else fn
+        self.device_type, self.cfg = device_type, cfg
+        self.warm = False
+        self._estimate_ms: float | None = None
 
-    faults, threads = minor_faults(), torch.get_num_threads()
-    before = contention.usage()
-    timer = tbench.Timer(stmt="fn()", globals={"fn": counted}, num_threads=threads)
-    m = timer.blocked_autorange(min_run_time=cfg.rep_ms / 1e3)
-    times = list(m.times)[: cfg.max_samples]  # seconds per call, one per block of calls
-    while len(times) < cfg.min_samples:  # slow calls: top up with single-call samples
-        start = time.perf_counter()
-        counted()
-        times.append(time.perf_counter() - start)
-    used = contention.between(before, contention.usage(), threads)
-    faults = (minor_faults() - faults) / max(calls, 1)
-    return Timing(tuple(t * 1e3 for t in times), page_faults=faults, contention=used)
+    def round(self, index: int) -> Slice:
+        self.warm_up()
+        return self.samples(index)
+
+    def warm_up(self) -> None:
+        """The first round's full warm-up, or a later round's short one."""
+        if self.device_type == "cuda":
+            if self._estimate_ms is None:
+                self._estimate_ms = _estimate_cuda_ms(self.fn, _flush_buffer())
+            warm_ms = self.cfg.warmup_ms / (self.cfg.rounds if self.warm else 1)
+            for _ in range(max(1, int(warm_ms / self._estimate_ms))):
+                self.fn()
+        elif self.warm:
+            for _ in range(CPU_ROUND_WARMUP_CALLS):
+                self.fn()
+        else:
+            _warm_up_cpu(self.fn, self.cfg)
+        self.warm = True
+
+    def samples(self, index: int) -> Slice:
+        """Round ``index``'s samples (after ``warm_up``)."""
+        return self._cuda(index) if self.device_type == "cuda" else self._cpu(index)
+
+    def _cpu(self, index: int) -> Slice:
+        budget_ms, low, high = self.cfg.per_round()
+        calls, fn = 0, self.fn
+
+        def counted():
+            nonlocal calls
+            calls += 1
+            return fn()
+
+        faults, threads = minor_faults(), torch.get_num_threads()
+        before = contention.usage()
+        timer = tbench.Timer(stmt="fn()", globals={"fn": counted}, num_threads=threads)
+        times = list(timer.blocked_autorange(min_run_time=budget_ms / 1e3).times)[:high]
+        while len(times) < low:  # slow calls: top up with single-call samples
+            start = time.perf_counter()
+            counted()
+            times.append(time.perf_counter() - start)
+        after = contention.usage()
+        return Slice(
+            index,
+            tuple(t * 1e3 for t in times),  # seconds per call, one per block of calls
+            calls,
+            minor_faults() - faults,
+            after.wall_s - before.wall_s,
+            contention.between(before, after, threads),
+        )
+
+    def _cuda(self, index: int) -> Slice:
+        """do_bench's method with the sample count in our hands: the L2 flushed before every
+        sample outside the timed region, one pair of CUDA events per sample."""
+        budget_ms, low, high = self.cfg.per_round()
+        flush = _flush_buffer()
+        n = min(high, max(low, round(budget_ms / self._estimate_ms)))
+        events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for _ in range(n)
+        ]
+        for start, end in events:
+            flush.zero_()
+            start.record()
+            self.fn()
+            end.record()
+        torch.cuda.synchronize()
+        return Slice(index, tuple(start.elapsed_time(end) for start, end in events))
+
+
+def _flush_buffer() -> torch.Tensor:
+    """A buffer larger than the L2 (the caching allocator hands the same block back)."""
+    return torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
 
 
 def _warm_up_cpu(fn: Callable[[], object], cfg: TimerConfig) -> None:
@@ -149,30 +252,16 @@ def _warm_up_cpu(fn: Callable[[], object], cfg: TimerConfig) -> None:
             return
 
 
-def sample_count(rep_ms: float, call_ms: float, cfg: TimerConfig) -> int:
-    """Samples for a time budget: rep_ms / one call, within [min_samples, max_samples]."""
-    return min(cfg.max_samples, max(cfg.min_samples, round(rep_ms / max(call_ms, 1e-6))))
-
-
-def _time_cuda(fn: Callable[[], object], cfg: TimerConfig) -> Timing:
-    """do_bench's method with the sample count in our hands: warm-up by time, the L2 flushed
-    before every sample outside the timed region, one pair of CUDA events per sample."""
-    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
-    estimate_ms = _estimate_cuda_ms(fn, flush)
-    for _ in range(max(1, int(cfg.warmup_ms / estimate_ms))):
-        fn()
-    n = sample_count(cfg.rep_ms, estimate_ms, cfg)
-    events = [
-        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        for _ in range(n)
-    ]
-    for start, end in events:
-        flush.zero_()
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return Timing(tuple(start.elapsed_time(end) for start, end in events))
+def _combined(slices: list[Slice]) -> contention.Contention | None:
+    """The contention of several timed loops: their CPU and wait shares weighted by wall time."""
+    parts = [(s.wall_s, s.contention) for s in slices if s.contention is not None and s.wall_s > 0]
+    if not parts:
+        return None
+    wall = sum(w for w, _ in parts)
+    cpu = sum(w * c.cpu_share for w, c in parts) / wall
+    waits = [c.wait_share for _, c in parts]
+    wait = None if None in waits else sum(w * c.wait_share for w, c in parts) / wall
+    return contention.Contention(cpu, wait, parts[0][1].threads)
 
 
 def _estimate_cuda_ms(fn: Callable[[], object], flush: torch.Tensor, calls: int = 5) -> float:

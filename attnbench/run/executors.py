@@ -1,41 +1,22 @@
-"""Executors: where rows are measured. One protocol, so the sweep never asks which it has:
+"""Executors: where rows are measured. Every executor is a ``worker.Worker`` (one device's
+rows, case by case: ``run_case(case, impls)`` yields each row as soon as it is final), so the
+sweep never asks which transport carries its steps.
 
-    host, device_name  the machine and the device that measure its rows
-    prepare(case)      inputs and the float64 reference, once per case, outside any row's
-                       timeout
-    measure(impl)      one row (``row.Measured``); a failure of any kind is a row, never an
-                       exception
-    close()
-
-``start(kind, plan)`` is the one place that knows the executor kinds: ``local`` (a worker
-process, ``local.Subprocess``, or this process with --no-isolate, ``local.InProcess``) and
-``ray`` (one actor per device, ``ray_executor``). It returns a ``Pool``: the executors, the
-devices they measure on (env.json ``devices`` and ``ceilings``), and ``close``."""
+``start(kind, plan)`` is the one place that knows the kinds: ``local`` (a worker process,
+``local.Subprocess``, or this process with --no-isolate, ``local.InProcess``) and ``ray`` (one
+actor per device, ``ray_executor``). It returns a ``Pool`` whose executors exist from then on;
+``Pool.measure_devices`` has each measure its device (env.json ``devices`` and ``ceilings``)
+and then reads pct_peak against its own device's ceilings."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 import time
-from dataclasses import replace
-from typing import Protocol
+from concurrent.futures import ThreadPoolExecutor
 
-from attnbench.case import Case
-from attnbench.measure import ceilings
-from attnbench.registry import Impl, plugin_source
 from attnbench.run.local import InProcess, Subprocess
-from attnbench.run.row import Measured
-
-KINDS = ("local", "ray")
-
-
-class Executor(Protocol):
-    host: str | None  # the machine that measures (None until a Ray actor has started)
-    device_name: str | None  # the device that measures: GPU name on CUDA, else CPU model
-
-    def prepare(self, case: Case, impls: list[Impl]) -> None: ...
-    def measure(self, impl: Impl) -> Measured: ...
-    def close(self) -> None: ...
+from attnbench.run.worker import Worker
 
 
 def triton_cache_dir() -> str:
@@ -46,66 +27,45 @@ def triton_cache_dir() -> str:
 
 
 class Pool:
-    """A sweep's executors of one kind; ``started`` is a line to print, or None."""
+    """A sweep's executors; ``started`` is a line to print, or None."""
 
-    def __init__(self, kind: str, plan, executors: list[Executor], started: str | None):
-        self.kind, self.plan, self.executors, self.started = kind, plan, executors, started
-        self._compile_cache = tempfile.TemporaryDirectory(prefix="attnbench-inductor-")
+    def __init__(self, plan, compile_cache: tempfile.TemporaryDirectory):
+        self.plan, self._compile_cache = plan, compile_cache
+        self.executors: list[Worker] = []
+        self.started: str | None = None
+        self._leave = None  # how to leave the cluster the executors run on, if any
 
     def measure_devices(self) -> dict:
-        """env.json's ``devices`` ({device_name: {hosts, actors, versions, ceilings}}) and
-        ``ceilings`` (the driver's device). Each executor's settings then carry its device's
-        ceilings (pct_peak, bound); local executors are made here, once they are known."""
+        """env.json's ``ceilings`` (the driver's device) and ``devices`` ({device_name: {hosts,
+        actors, versions, ceilings}}): each executor measures its device (at once on GPUs,
+        one after another on CPUs, which share a machine's memory bandwidth), per device name
+        the best of its executors is kept (a ceiling is what the device can do), and each
+        executor then reads pct_peak and bound against its device's."""
         plan = self.plan
-        if self.kind == "ray":  # each actor measures its own device; the driver's is one
-            from attnbench.run import ray_executor
-            from attnbench.store.env import device_name
+        ask = lambda w: (w.ask("device"), w.ask("ceilings", plan.dtypes, plan.quick))  # noqa: E731
+        at_once = plan.device.startswith("cuda") and len(self.executors) > 1
+        with ThreadPoolExecutor(len(self.executors) if at_once else 1) as threads:
+            measured = list(threads.map(ask, self.executors))
+        devices: dict[str, dict] = {}
+        for entry, ceilings in measured:
+            name, host = entry.pop("device_name"), entry.pop("host")
+            device = devices.setdefault(name, {"hosts": [], "actors": 0, **entry})
+            if host not in device["hosts"]:
+                device["hosts"].append(host)
+            device["actors"] += 1
+            device["ceilings"] = _best(device.get("ceilings"), ceilings)
+        for worker in self.executors:
+            worker.use_ceilings(devices[worker.device_name]["ceilings"])
+        from attnbench.store.env import device_name
 
-            devices = ray_executor.measure_devices(
-                self.executors, plan.dtypes, plan.device, plan.quick
-            )
-            here = devices.get(device_name(plan.device)) or next(iter(devices.values()))
-            return {"devices": devices, "ceilings": here["ceilings"]}
-        from attnbench.store.env import device_env
-
-        measured = ceilings.measure(plan.dtypes, plan.device, quick=plan.quick)
-        here = device_env(plan.device)
-        devices = {
-            here.pop("device_name"): {
-                "hosts": [here.pop("host")],
-                "actors": 1,
-                **here,
-                "ceilings": measured,
-            }
-        }
-        settings = replace(
-            plan.settings,
-            matmul_tflops=measured["matmul_tflops"],
-            copy_gb_s=measured["copy_gb_s"],
-            ceilings_contended=measured["contended"],
-        )
-        opts = plan.opts
-        self.executors = [
-            Subprocess(
-                plan.target.plugins,
-                plan.seed,
-                settings,
-                opts.get("timeout"),
-                opts.get("threads"),
-                plan.device,
-            )
-            if plan.isolate
-            else InProcess(plan.seed, settings, plan.device)
-        ]
-        return {"ceilings": measured, "devices": devices}  # env.json's order on one machine
+        here = devices.get(device_name(plan.device)) or next(iter(devices.values()))
+        return {"ceilings": here["ceilings"], "devices": devices}
 
     def close(self) -> None:
         for ex in self.executors:
             ex.close()
-        if self.kind == "ray":
-            from attnbench.run import ray_executor
-
-            ray_executor.shutdown()
+        if self._leave is not None:
+            self._leave()
         self._compile_cache.cleanup()
 
     def __enter__(self) -> Pool:
@@ -115,11 +75,24 @@ class Pool:
         self.close()
 
 
+def _best(a: dict | None, b: dict) -> dict:
+    """The better of two ceilings of one device (a per-dtype matmul rate, a bandwidth)."""
+    if a is None:
+        return b
+    out = dict(a)
+    out["matmul_tflops"] = {
+        d: max(a["matmul_tflops"].get(d, 0.0), t) for d, t in b["matmul_tflops"].items()
+    }
+    out["copy_gb_s"] = max(a["copy_gb_s"], b["copy_gb_s"])
+    out["contended"] = a.get("contended", False) and b.get("contended", False)
+    return out
+
+
 def start(kind: str, plan) -> Pool:
-    """The executors of ``kind`` for ``plan``: Ray's actors are started here (before anything
-    is written: a bad address is a usage error), local ones once the device's ceilings are
-    measured (``Pool.measure_devices``). torch.compile gets a cache private to this sweep."""
-    pool = Pool(kind, plan, [], None)
+    """The executors of ``kind`` for ``plan`` (``plan.worker``, their one configuration):
+    Ray's actors are started here (before anything is written: a bad address is a usage
+    error). torch.compile gets a cache private to this sweep."""
+    pool = Pool(plan, tempfile.TemporaryDirectory(prefix="attnbench-inductor-"))
     # torch.compile's cache private to this sweep (its workers inherit it): no kernel compiled
     # by another process, for other settings, can be picked up; an explicit setting wins
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", pool._compile_cache.name)
@@ -127,34 +100,24 @@ def start(kind: str, plan) -> Pool:
     # above), and every Triton kernel compiled after that (triton_flash's, its autotuning
     # results) would be lost with it: Triton's own cache stays where Triton keeps it
     os.environ.setdefault("TRITON_CACHE_DIR", triton_cache_dir())
-    opts = plan.opts
-    if kind == "ray":
-        from attnbench.run import ray_executor
+    spec = plan.worker
+    if kind != "ray":
+        pool.executors = [Worker(spec, Subprocess(spec) if plan.isolate else InProcess(spec))]
+        return pool
+    from attnbench.run import ray_cluster, ray_executor
 
-        started = time.perf_counter()
-        try:
-            pool.executors = ray_executor.start(
-                opts.get("ray_address"),
-                plugins=[plugin_source(p) for p in plan.target.plugins],
-                seed=plan.seed,
-                settings=plan.settings,
-                timeout_s=opts.get("timeout"),
-                device=plan.device,
-                threads=opts.get("threads"),
-                actors=opts.get("ray_actors"),
-                command=plan.command,
-            )
-        except BaseException:
-            pool._compile_cache.cleanup()
-            raise
-        n = len(pool.executors)
-        pool.started = (
-            f"ray: {n} actor{'s' if n > 1 else ''} up in "
-            f"{time.perf_counter() - started:.1f} s "
-            f"({', '.join(sorted({f'{e.device_name}@{e.host}' for e in pool.executors}))})"
-        )
-    elif "threads" in opts:
-        import torch
-
-        torch.set_num_threads(opts["threads"])
+    started = time.perf_counter()
+    try:
+        address, actors = plan.ray
+        transports = ray_executor.start(address, spec, actors, plan.command)
+    except BaseException:
+        pool._compile_cache.cleanup()
+        raise
+    pool.executors = [Worker(spec, t) for t in transports]
+    pool._leave = ray_cluster.shutdown
+    n = len(transports)
+    pool.started = (
+        f"ray: {n} actor{'s' if n > 1 else ''} up in {time.perf_counter() - started:.1f} s "
+        f"({', '.join(sorted({f'{t.device_name}@{t.host}' for t in transports}))})"
+    )
     return pool

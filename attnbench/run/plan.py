@@ -7,7 +7,6 @@ is one UsageError line."""
 from __future__ import annotations
 
 import os
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -20,17 +19,21 @@ from attnbench.measure import allocator
 from attnbench.measure.timing import TimerConfig
 from attnbench.options import as_text, flag
 from attnbench.run.row import Settings
+from attnbench.run.selection import (
+    check_profile_filter,
+    left_out_summary,
+    left_out_text,
+    select_impls,
+)
 from attnbench.run.sweep import run_sweep
+from attnbench.run.worker import WorkerSpec
 from attnbench.spec import GPU_PRESETS, SPEC_OPTIONS, Spec
 from attnbench.store.repro import MEASURE_OPTIONS
 from attnbench.store.rundir import RunDir
 
 DRY_RUN_CASES = 10  # --dry-run names this many cases, then counts the rest
-EXECUTORS = ("local", "ray")
 RAY_ONLY = ("ray_address", "ray_actors")  # options that need --executor ray
 # why a sweep without --impls leaves an impl out, besides the cases it cannot run
-COMPILED_LEFT_OUT = "uses torch.compile (a compile per shape): name it in --impls"
-NOT_REGISTERED = "not registered here"
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,23 @@ class Plan:
         return self.opts.get("isolate", True) or "timeout" in self.opts
 
     @property
+    def worker(self) -> WorkerSpec:
+        """The workers' one configuration (run/worker.py)."""
+        return WorkerSpec(
+            plugins=tuple(str(registry.plugin_source(p)) for p in self.target.plugins),
+            seed=self.seed,
+            settings=self.settings,
+            timeout_s=self.opts.get("timeout"),
+            threads=self.opts.get("threads"),
+            device=self.device,
+        )
+
+    @property
+    def ray(self) -> tuple[str | None, int | None]:
+        """--ray-address and --ray-actors (None: a local Ray instance; one actor per device)."""
+        return self.opts.get("ray_address"), self.opts.get("ray_actors")
+
+    @property
     def quick(self) -> bool:
         """A short timer budget: the ceilings are measured quickly too."""
         return self.spec.rep_ms[0] < 50
@@ -244,76 +264,6 @@ class Plan:
             "" if named else f" --run-id {run_id}"
         )
         return f"\ninterrupted; every finished row is in {run.results}. Continue with: {again}"
-
-
-def select_impls(
-    names: list[str] | None, impls: dict, spec: Spec, cases: list[Case]
-) -> tuple[list, dict[str, str]]:
-    """The impls to run, and those left out (name -> why). Named impls all run (their rows
-    say what they cannot do); without names, the preset's impls (or every impl) that can run
-    some case of the grid, so that no preset fills its rows with 'unsupported'."""
-    if names is None:
-        if spec.impls is not None:  # the preset's own
-            pool = [impls[n] for n in spec.impls if n in impls]
-            left_out = {n: NOT_REGISTERED for n in spec.impls if n not in impls}
-        else:
-            pool = [i for i in impls.values() if spec.compiled or not i.compiled]
-            left_out = {i.name: COMPILED_LEFT_OUT for i in impls.values() if i not in pool}
-        selected = []
-        for impl in pool:
-            reasons = [impl.reasons(c) for c in cases]
-            if all(reasons):
-                left_out[impl.name] = "; ".join(reasons[0])
-            else:
-                selected.append(impl)
-        return selected, left_out
-    for name in names:
-        if name not in impls:
-            raise UsageError(
-                f"--impls: unknown impl {name!r}{registry.unknown_hint(name, impls)} "
-                f"(known: {', '.join(impls)}; see attnbench list)"
-            )
-    return [impls[n] for n in names], {}
-
-
-def left_out_text(left_out: dict[str, str]) -> str:
-    lines = ["not run, as no --impls named them (name them to record their rows anyway):"]
-    return "\n".join(lines + [f"  {name}: {why}" for name, why in left_out.items()])
-
-
-def left_out_summary(left_out: dict[str, str], impls: dict) -> str:
-    """The impls left out, folded into counts by why (what a run prints as it starts;
-    --dry-run names each): 'not run: 7 not installed, 5 not for device=cpu, ...'."""
-    why = Counter(_why_left_out(left_out[name], impls.get(name)) for name in left_out)
-    counts = ", ".join(f"{n} {what}" for what, n in why.most_common())
-    return (
-        f"not run: {counts}\n  (--dry-run names each and why; name them in --impls to "
-        f"record their rows anyway)"
-    )
-
-
-def _why_left_out(reason: str, impl) -> str:
-    """One left-out impl's reason as a group: 'not installed', 'not for device=cpu', ..."""
-    if impl is None:
-        return reason
-    if impl.unavailable:
-        return "not installed" if "not installed" in reason else "unavailable"
-    if reason == COMPILED_LEFT_OUT:
-        return "use torch.compile"
-    return "not for " + reason.split(" (supported")[0].split("; ")[0]
-
-
-def check_profile_filter(profile: tuple[str, ...] | None, impls: list, cases: list) -> None:
-    """--profile with texts that no (impl, case) pair contains would profile nothing."""
-    if not profile:
-        return
-    pairs = [f"{i.name} {c.label()}" for i in impls for c in cases]
-    if not any(all(part in text for part in profile) for text in pairs):
-        raise UsageError(
-            f"--profile {','.join(profile)}: no (impl, case) pair contains all of "
-            f"{list(profile)}; pairs look like {pairs[0]!r} (give parts of it, "
-            f"comma separated, or 'all')"
-        )
 
 
 def warn_if_busy(device: str) -> str | None:

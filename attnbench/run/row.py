@@ -1,17 +1,16 @@
-"""One case and one row: inputs and the float64 reference once per case; per impl a checked
-call, accuracy, compile time, backend, a timing pass, a memory pass and a profiled pass. A
-failure at any step is a row with a status and a reason and every metric blank."""
+"""One case and one row: inputs and the float64 reference once per case (``Prepared``); per
+impl the design's steps, which the worker (run/worker.py) drives over a case's impls: ``check``
+(a checked call, accuracy, compile time, backend), ``time_round`` (its part of each timing
+round) and ``finish`` (the timing columns, a memory pass and a profiled pass: run/passes.py);
+``measure`` runs them for one impl alone. A failure at any step is a row with a status and a
+reason and every metric blank (run/failed.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import re
 import time
-import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 
@@ -19,25 +18,17 @@ from attnbench.case import MODE_FLOP_FACTOR, Case
 from attnbench.measure import agreement, cuda_graph, diagnose
 from attnbench.measure.agreement import Truth
 from attnbench.measure.backends import borrowed_note
-from attnbench.measure.clocks import ClockSampler
+from attnbench.measure.clocks import ClockSampler, summarize
 from attnbench.measure.compiling import RECOMPILED_NOTE, Watch, compile_ms, eagerly, isolate
-from attnbench.measure.cuda_graph import GraphCaptureError
-from attnbench.measure.memory import MemoryUnavailable, peak_mem_mib
-from attnbench.measure.profiling import cross_check_due, mismatch_note, profile_fn
 from attnbench.measure.reference import magnitude, reference
 from attnbench.measure.roofline import rates, roofline
-from attnbench.measure.timing import TimerConfig, time_fn
-from attnbench.registry import Impl, Unsupported
-from attnbench.run.call import BadOutput, Call
+from attnbench.measure.timing import RoundTimer, Slice, TimerConfig, Timing
+from attnbench.registry import Impl
+from attnbench.run.call import Call
+from attnbench.run.failed import Measured, base_row, caught, failed, one_line
 from attnbench.run.inputs import Inputs, make_inputs
 from attnbench.run.layer import layer_reference
-from attnbench.store.rundir import RunDir
-from attnbench.store.schema import COLUMNS
-
-REASON_CHARS = 500  # a failed row's reason keeps about this much of its error
-# a compiler's diagnostic line (gcc, clang, nvcc, ptxas: "file:line:col: error: ..."), which a
-# compile error's message buries between the command line and pages of warnings
-COMPILER_ERROR = re.compile(r"^.*\berror\b: .*$", re.MULTILINE)
+from attnbench.run.passes import memory, nvtx, profile
 
 
 @dataclass(frozen=True)
@@ -52,23 +43,18 @@ class Settings:
     traces_dir: Path | None = None  # where --profile writes one Chrome trace per pair
     malloc_tunables: bool = True  # CPU: keep the heap between timed calls (measure/allocator.py)
 
+    def with_ceilings(self, ceilings: dict) -> Settings:
+        """These settings reading pct_peak and bound against the measured ``ceilings``."""
+        return replace(
+            self,
+            matmul_tflops=ceilings["matmul_tflops"],
+            copy_gb_s=ceilings["copy_gb_s"],
+            ceilings_contended=ceilings.get("contended", False),
+        )
+
     def profiles(self, impl: Impl, case: Case) -> bool:
         text = f"{impl.name} {case.label()}"
         return self.profile is not None and all(part in text for part in self.profile)
-
-
-class Measured(NamedTuple):
-    row: dict
-    times: list[float]  # the timing samples, ms
-    kernels: list[dict]  # with --profile: the kernel (GPU) or op (CPU) table of the pair
-    error: str | None = None  # the full error (traceback) when the reason had to cut it short
-
-
-def base_row(impl: Impl, case: Case) -> dict:
-    """The row's identity, every other column blank (``measure`` fills them for ok rows)."""
-    row = {name: None for name in COLUMNS}
-    row.update(case.as_dict(), impl=impl.name)
-    return row
 
 
 class Prepared:
@@ -136,14 +122,47 @@ def ground_truth(case: Case, inputs: Inputs) -> Truth:
 def measure(
     impl: Impl, case: Case, inputs: Inputs | None, truth: Truth | None, settings: Settings
 ) -> Measured:
-    """One row, the design's loop: check support, judge a checked call against the float64
-    reference, compile time, backend, a timing pass (clocks sampled), a memory pass, and on
-    CUDA (or with --profile) a profiled pass. A failure at any step leaves every metric
-    blank."""
-    reasons = impl.reasons(case) + (cuda_graph.reasons(case) if settings.timer.cuda_graph else [])
+    """One row alone: its check, then its timing rounds back to back, then its finish."""
+    checked = check(impl, case, inputs, truth, settings)
+    try:
+        if isinstance(checked, Measured):
+            return checked
+        slices = []
+        for index in range(settings.timer.rounds):
+            timed = time_round(checked, index)
+            if isinstance(timed, Measured):
+                return timed
+            slices.append(timed)
+        return finish(checked, slices, settings)
+    finally:
+        checked = None
+        release(case)
+
+
+@dataclass
+class Checked:
+    """An impl whose call passed its check on a case: the call, the row so far and its
+    notes, and the timer of its rounds."""
+
+    impl: Impl
+    case: Case
+    inputs: Inputs
+    call: Call
+    row: dict
+    notes: list[str]
+    timer: RoundTimer
+
+
+def check(
+    impl: Impl, case: Case, inputs: Inputs | None, truth: Truth | None, settings: Settings
+) -> Checked | Measured:
+    """The design's check phase: support, a checked call judged against the float64
+    reference (diagnosed on disagreement), compile time, backend; the impl's row if it
+    failed, else what its timing rounds need."""
+    reasons = support_reasons(impl, case, settings)
     if reasons:
         return failed(impl, case, "unsupported", "; ".join(reasons))
-    row, notes, call = base_row(impl, case), [], None
+    row, notes = base_row(impl, case), []
     try:
         if impl.compiled:
             isolate(impl.name)
@@ -160,61 +179,56 @@ def measure(
             row["compile_ms"] = compile_ms(first.compiled, first_ms, again_ms, notes)
         row["backend"] = _backend(impl, call, case)
         notes.extend(filter(None, [borrowed_note(impl.name, row["backend"])]))
-        times = _time(impl, case, inputs, call, settings, row, notes)
-        row["work_flops"] = work_flops(impl, case, call)
-        row.update(roofline(row, case, settings, notes))
-        row["peak_mem_mib"] = _memory(impl, case, call, notes)
-        kernels = _profile(impl, case, call, settings, row, notes)
-        row.update(status="ok", reason="; ".join(notes) or None)
-        return Measured(row, times, kernels)
+        timer = RoundTimer(call.timed_fn(), case.device_type, settings.timer)
+        return Checked(impl, case, inputs, call, row, notes, timer)
     except Exception as exc:  # noqa: BLE001 - an impl's failure is a row, never a crash
         return caught(impl, case, exc)
-    finally:
-        call = None
-        release(case)
 
 
-def _time(
-    impl: Impl, case: Case, inputs: Inputs, call: Call, settings: Settings, row, notes
-) -> list[float]:
-    """The timing pass, clocks sampled alongside: the row's time, clock, rate and
-    recompiled columns and the pass's notes (measure/timing.py). Returns the samples, ms."""
-    label = f"{impl.name} {case.label()} timing"
-    with ClockSampler(case.device) as clocks, _nvtx(label), Watch() as timed:
-        timing = time_fn(call.timed_fn(), case.device_type, settings.timer)
-    row.update(clocks.summary(), recompiled=timed.compiled)
-    if timed.compiled:
-        notes.append(RECOMPILED_NOTE)
-    notes.extend(timing.notes())
-    kv_lens = None if inputs.mask.kv_lens is None else inputs.mask.kv_lens.tolist()
-    flops = case.flops(kv_lens, inputs.mask.pattern)
-    row.update(timing.columns(), cuda_graph=settings.timer.cuda_graph)
-    row.update(rates(flops, case.bytes_moved(), timing.median_ms))
-    return list(timing.samples_ms)
-
-
-def _memory(impl: Impl, case: Case, call: Call, notes: list[str]) -> float | None:
-    """The memory pass: peak_mem_mib, or blank with a note where it cannot be measured."""
+def time_round(checked: Checked, index: int) -> Slice | Measured:
+    """The impl's part of timing round ``index``: a short warm-up, then its samples, clocks
+    sampled and compiles watched alongside; its failed row if it raised."""
+    impl, case = checked.impl, checked.case
     try:
-        with _nvtx(f"{impl.name} {case.label()} memory"):
-            return peak_mem_mib(call.memory_fn(), case.device_type)
-    except MemoryUnavailable as exc:
-        notes.append(f"peak_mem_mib not measured: {exc}")
-        return None
+        checked.timer.warm_up()  # a recompile here is not timed, so not flagged
+        label = f"{impl.name} {case.label()} timing"
+        with ClockSampler(case.device) as clocks, nvtx(label), Watch() as timed:
+            part = checked.timer.samples(index)
+        return replace(part, clocks=tuple(clocks.samples), recompiled=timed.compiled)
+    except Exception as exc:  # noqa: BLE001 - an impl's failure is a row, never a crash
+        return caught(impl, case, exc)
 
 
-def caught(impl: Impl, case: Case, exc: Exception) -> Measured:
-    """The failed row for what a row's steps raised: unsupported (the impl or the CUDA-graph
-    capture refused), a bad output, out of memory, or an error (its full text kept for the
-    run's errors log when the reason cuts it short)."""
-    if isinstance(exc, (Unsupported, GraphCaptureError)):
-        return failed(impl, case, "unsupported", str(exc))
-    if isinstance(exc, BadOutput):
-        return failed(impl, case, "error", f"bad output: {exc}")
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or _is_cpu_oom(exc):
-        return failed(impl, case, "oom", _oom_reason(case, exc))
-    reason, full = error_reason(exc)
-    return failed(impl, case, "error", reason)._replace(error=full)
+def finish(checked: Checked, slices: list[Slice], settings: Settings) -> Measured:
+    """The row from its timing rounds (time, clock, rate and recompiled columns and their
+    notes: measure/timing.py), then a memory pass, and on CUDA (or with --profile) a profiled
+    pass. A failure at any step leaves every metric blank."""
+    impl, case, inputs, call = checked.impl, checked.case, checked.inputs, checked.call
+    row, notes = checked.row, checked.notes
+    try:
+        timing = Timing.from_slices(slices)
+        row.update(summarize([c for s in slices for c in s.clocks]))
+        row["recompiled"] = any(s.recompiled for s in slices)
+        if row["recompiled"]:
+            notes.append(RECOMPILED_NOTE)
+        notes.extend(timing.notes())
+        kv_lens = None if inputs.mask.kv_lens is None else inputs.mask.kv_lens.tolist()
+        flops = case.flops(kv_lens, inputs.mask.pattern)
+        row.update(timing.columns(), cuda_graph=settings.timer.cuda_graph)
+        row.update(rates(flops, case.bytes_moved(), timing.median_ms))
+        row["work_flops"] = work_flops(impl, case, call)
+        row.update(roofline(row, case, settings, notes))
+        row["peak_mem_mib"] = memory(impl, case, call, notes)
+        kernels = profile(impl, case, call, settings, row, notes)
+        row.update(status="ok", reason="; ".join(notes) or None)
+        return Measured(row, list(timing.samples_ms), kernels, rounds=timing.rounds)
+    except Exception as exc:  # noqa: BLE001 - an impl's failure is a row, never a crash
+        return caught(impl, case, exc)
+
+
+def support_reasons(impl: Impl, case: Case, settings: Settings) -> list[str]:
+    """Why ``impl`` cannot run ``case`` with these settings ([] when it can)."""
+    return impl.reasons(case) + (cuda_graph.reasons(case) if settings.timer.cuda_graph else [])
 
 
 def work_flops(impl: Impl, case: Case, call: Call) -> float | None:
@@ -245,80 +259,6 @@ def _backend(impl: Impl, call: Call, case: Case) -> str | None:
     if not callable(impl.backend):
         return impl.backend
     return impl.backend(call.memory_fn(), case.device_type)
-
-
-def _profile(
-    impl: Impl, case: Case, call: Call, settings: Settings, row: dict, notes: list[str]
-) -> list[dict]:
-    """CUDA rows: the profiler's kernel time per call (``profiler_ms``), cross-checked
-    against the median, on every row with --profile and else on a sample (the first and every
-    tenth row of each impl: profiling.cross_check_due). With --profile also a Chrome trace and
-    the kernel table of the matching pairs."""
-    wanted = settings.profiles(impl, case)
-    cuda_due = case.device_type == "cuda" and (
-        settings.profile is not None or cross_check_due(impl.name)
-    )
-    if not (wanted or cuda_due):
-        return []
-    trace = None
-    if wanted and settings.traces_dir is not None:
-        trace = settings.traces_dir / f"{impl.name}__{_slug(case.label())}.json"
-    with _nvtx(f"{impl.name} {case.label()} profile"):
-        prof = profile_fn(call.timed_fn(), case.device_type, trace_path=trace)
-    row["profiler_ms"] = prof.device_ms_per_call
-    note = mismatch_note(row["time_ms"], prof.device_ms_per_call)
-    if note:
-        notes.append(note)
-    return prof.kernels if wanted else []
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
-
-
-def _nvtx(name: str):
-    """An NVTX range (seen by nsys / ncu) when CUDA is up; nothing otherwise."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return torch.cuda.nvtx.range(name)
-    return contextlib.nullcontext()
-
-
-def failed(impl: Impl, case: Case, status: str, reason: str) -> Measured:
-    return Measured({**base_row(impl, case), "status": status, "reason": reason}, [], [])
-
-
-def _is_cpu_oom(exc: Exception) -> bool:
-    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
-
-
-def _oom_reason(case: Case, exc: BaseException) -> str:
-    return (
-        f"out of memory at B={case.batch} Hq={case.heads} seq_q={case.seq_q} "
-        f"seq_kv={case.seq_kv} D={case.head_dim} {case.dtype}: {one_line(exc)}"
-    )
-
-
-def error_reason(exc: BaseException) -> tuple[str, str | None]:
-    """A failed row's reason, one line: the error's type and message, and when that is longer
-    than REASON_CHARS its start and its end, or instead of the end a compiler's first error
-    line (after its command line, before its warnings), naming the run's errors log; then
-    also the full error with its traceback, for the log."""
-    text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-    if len(text) <= REASON_CHARS:
-        return text, None
-    half = REASON_CHARS // 2
-    diagnostic = COMPILER_ERROR.search(str(exc))  # the compiler's first error, if any
-    end = " ".join(diagnostic.group(0).split())[:half] if diagnostic else text[-half:]
-    short = (
-        f"{text[:half]} [...] {end} (cut short: the full error is in {RunDir.ERRORS} "
-        f"in the run folder)"
-    )
-    return short, "".join(traceback.format_exception(exc))
-
-
-def one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text[:500] + ("..." if len(text) > 500 else "")
 
 
 def release(case: Case) -> None:

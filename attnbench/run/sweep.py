@@ -11,6 +11,7 @@ row's full error to the errors log when its reason had to be cut short (store/ru
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import textwrap
@@ -21,14 +22,22 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from attnbench import registry
 from attnbench.case import Case
 from attnbench.registry import Impl
 from attnbench.run import heap
-from attnbench.run.executors import Executor
+from attnbench.run.failed import Measured, base_row, failed
 from attnbench.run.inputs import draws
-from attnbench.run.row import Measured, base_row, failed, release
+from attnbench.run.row import release
+from attnbench.run.worker import Worker
 from attnbench.store.env import device_name
-from attnbench.store.results import kernels_writer, row_key, row_writer, samples_writer
+from attnbench.store.results import (
+    AnchorLog,
+    kernels_writer,
+    row_key,
+    row_writer,
+    samples_writer,
+)
 from attnbench.store.rundir import RunDir, append_line
 
 REASON_CHARS = 160  # --row-lines: a failed row's reason, shortened between words
@@ -40,7 +49,7 @@ def run_sweep(
     cases: list[Case],
     impls: list[Impl],
     run_dir: Path,
-    executors: list[Executor],
+    executors: list[Worker],
     *,
     run_id: str,
     seed: int,
@@ -65,19 +74,20 @@ def run_sweep(
     pins = [started.get(family_key(f[0][0])) for f in families]
     work = _Work(families, [p if p in names else None for p in pins])
     total = sum(len(ims) for f in families for _, ims in f)
+    baseline = next((i for i in impls if i.name == registry.baseline(impls)), None)
     with (
         heap.frozen(),
         _Writer(run_dir, run_id, seed, total, progress, row_lines, len(executors)) as writer,
     ):
         stop = threading.Event()
         lanes = [
-            threading.Thread(target=_lane, args=(ex, work, writer, stop), daemon=True)
+            threading.Thread(target=_lane, args=(ex, work, writer, stop, baseline), daemon=True)
             for ex in executors[1:]
         ]
         for lane in lanes:
             lane.start()
         try:
-            _lane(executors[0], work, writer, stop)
+            _lane(executors[0], work, writer, stop, baseline)
             for lane in lanes:
                 while lane.is_alive():
                     lane.join(0.2)  # a short wait keeps Ctrl-C deliverable
@@ -117,7 +127,9 @@ def _started_on(cases: list[Case], impls: list[Impl], done) -> dict[tuple, str]:
     return started
 
 
-def _lane(executor: Executor, work: _Work, writer: _Writer, stop: threading.Event) -> None:
+def _lane(
+    executor: Worker, work: _Work, writer: _Writer, stop: threading.Event, baseline: Impl | None
+) -> None:
     """One executor's loop: take a family, run its cases in order, hand each row over."""
     while not stop.is_set():
         family = work.take(executor.device_name)
@@ -128,20 +140,22 @@ def _lane(executor: Executor, work: _Work, writer: _Writer, stop: threading.Even
             if stop.is_set():
                 return
             writer.draws(case, case_impls)
-            executor.prepare(case, case_impls)
-            for impl in case_impls:
+            skipped = [m for i in case_impls if (m := _skip_after_oom(i, case, oom_at))]
+            names = {m.row["impl"] for m in skipped}
+            todo = [i for i in case_impls if i.name not in names]
+            ran = executor.run_case(case, todo, baseline)
+            for measured in itertools.chain(skipped, ran):
                 if stop.is_set():
                     return
-                measured = _skip_after_oom(impl, case, oom_at) or executor.measure(impl)
                 row = measured.row  # what ran it: the executor's device, else this machine's
                 row["host"] = row.get("host") or executor.host or socket.gethostname()
                 row["device_name"] = (
                     row.get("device_name") or executor.device_name or device_name(case.device)
                 )
-                if measured.row["status"] == "oom":
-                    oom_at.setdefault(impl.name, case)
+                if row["status"] == "oom":
+                    oom_at.setdefault(row["impl"], case)
                 try:
-                    writer.write(measured, f"{impl.name}: {case.label()}")
+                    writer.write(measured, f"{row['impl']}: {case.label()}")
                 except Exception as exc:  # noqa: BLE001 - a write failure stops every lane
                     writer.error = writer.error or exc
                     stop.set()
@@ -175,6 +189,7 @@ class _Writer:
         self._out = row_writer(self.run_dir)
         self._samples = samples_writer(self.run_dir)
         self._kernels = kernels_writer(self.run_dir)
+        self._anchor = AnchorLog(self.run_dir)
         self._drawn = set(RunDir(self.run_dir).read_draws())  # a resumed run's cases keep theirs
         return self
 
@@ -198,7 +213,14 @@ class _Writer:
                     RunDir(self.run_dir).errors,
                     f"== {label} ({row['status']}) ==\n{measured.error.rstrip()}\n\n",
                 )
-            self._samples.write([{**row, "sample": i, "time_ms": t} for i, t in enumerate(times)])
+            if row["status"] == "ok" and measured.anchor:
+                row.update(self._anchor.speeds(row, measured.anchor))
+            self._samples.write(
+                [
+                    {**row, "sample": i, "round": r, "time_ms": t}
+                    for i, (t, r) in enumerate(zip(times, measured.rounds))
+                ]
+            )
             self._kernels.write([{**row, **k} for k in kernels])
             self._out.write(row)
             self.rows.append(row)
@@ -223,7 +245,7 @@ class _Writer:
 
     def __exit__(self, *exc) -> None:
         self._bar.close()
-        for appender in (self._out, self._samples, self._kernels):
+        for appender in (self._out, self._samples, self._kernels, self._anchor):
             appender.close()
 
 

@@ -1,8 +1,10 @@
-"""env.json: where and with what a run ran (device, driver, library versions, git state)."""
+"""env.json: where and with what a run ran (device, driver, library versions, git state), and
+the speed anchor's reference times (``anchor``)."""
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import platform
 import shlex
@@ -15,6 +17,7 @@ from pathlib import Path
 from attnbench import checkout
 from attnbench.impls.xformers_kernels import xformers_kernels
 from attnbench.measure.clocks import GPU_STATE_FIELDS, driver_version, gpu_state
+from attnbench.store.atomic import write_json_atomic
 
 
 def _version(dist: str) -> str | None:
@@ -190,3 +193,22 @@ def device_env(device: str) -> dict:
         "device_name": device_name(device),
         **{k: env[k] for k in DEVICE_FIELDS},
     }
+
+
+def read_anchor(env_path: Path) -> dict:
+    """env.json's ``anchor`` (the speed anchor's reference: ``start_unix``, the run's start,
+    and its median times at the run's first timed case, ``compute_ms`` per dtype and
+    ``memory_ms``); {} when env.json or the entry is missing."""
+    try:
+        return dict(json.loads(Path(env_path).read_text(encoding="utf-8")).get("anchor") or {})
+    except (OSError, ValueError):
+        return {}
+
+
+def write_anchor(env_path: Path, entry: dict) -> None:
+    """Set env.json's ``anchor`` entry, the rest kept (nothing when there is no env.json)."""
+    try:
+        env = json.loads(Path(env_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    write_json_atomic(env_path, {**env, "anchor": entry})

@@ -1,8 +1,8 @@
 """The run folder: ``RunDir`` owns the name of every file a run writes (results.csv,
-samples.csv, kernels.csv, env.json, grid.json, draws.jsonl, errors.log, traces/) and of its
-report, so no other module spells one. It also picks a run's id and folder (checking a resume
-against grid.json, what the run sweeps), and appends to the line files (the draws file: what
-each case drew from the seed; the errors log: failed rows' full errors)."""
+samples.csv, kernels.csv, anchor.csv, env.json, grid.json, draws.jsonl, errors.log, traces/)
+and of its report, so no other module spells one. It also picks a run's id and folder
+(checking a resume against grid.json, what the run sweeps), and appends to the line files (the
+draws file: what each case drew from the seed; the errors log: failed rows' full errors)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ class RunDir:
     RESULTS = "results.csv"  # one row per (case, impl): store/schema.py COLUMNS
     SAMPLES = "samples.csv"  # every timing sample of every row
     KERNELS = "kernels.csv"  # --profile: the kernel (or op) table of each profiled row
+    ANCHOR = "anchor.csv"  # the speed anchor's samples, per case and round (measure/anchor.py)
     ENV = "env.json"  # where and with what the run ran (store/env.py)
     ENV_RESUME = "env-resume-{time:%H%M%S}.json"  # the same, for each --resume
     GRID = "grid.json"  # what the run sweeps; a resumed run must sweep the same
@@ -56,6 +57,10 @@ class RunDir:
     @property
     def kernels(self) -> Path:
         return self.path / self.KERNELS
+
+    @property
+    def anchor(self) -> Path:
+        return self.path / self.ANCHOR
 
     @property
     def env(self) -> Path:

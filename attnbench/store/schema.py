@@ -205,6 +205,9 @@ CASE_KEY = ("impl", *(d.name for d in DIMS))  # a row's identity: its impl and i
 # key columns added after the first runs, and what rows written before them hold (None: blank)
 LATER_KEYS = {d.name: d.old for d in DIMS if d.later}
 SAMPLE_COLUMNS = ("run_id", *CASE_KEY, "sample", "round", "time_ms")  # round: blank in old runs
+# the speed anchor: one line per sample, with its case's key (no impl) and the seconds since
+# the run's start (env.json anchor.start_unix)
+ANCHOR_COLUMNS = ("run_id", *CASE_KEY[1:], "round", "resource", "time_ms", "t_s")
 # --profile: one line per (row, kernel or op), the device's time summed over PROFILED_CALLS
 KERNEL_COLUMNS = ("run_id", *CASE_KEY, "kernel", "calls", "total_us", "share")
 

@@ -1,0 +1,101 @@
+"""The server side of a worker (run/worker.py): where rows are measured (this process, a worker
+process, a Ray actor's worker process), the steps it answers, one message each:
+
+    ("prepare", case, settings)      inputs and the float64 reference of ``case``
+    ("check", case, impl)            its checked call: None when it passed, else its row
+    ("time", case, impl, round)      its part of a timing round (``timing.Slice``), or its row
+    ("anchor", case, round)          the speed anchor's part of a round (measure/anchor.py)
+    ("finish", case, impl, slices)   its row (``row.Measured``) from its slices
+    ("device",)                      the device's env.json entry (store/env.device_env)
+    ("ceilings", dtypes, quick)      the device's measured ceilings (measure/ceilings.py)
+
+A step of a case it has not prepared (a fresh server after a crash) is answered UNPREPARED;
+an impl it has not checked yet (the same) is checked first, within the step. Impls travel by
+name (``wire``), except in this process, where they are the objects."""
+
+from __future__ import annotations
+
+import time
+
+from attnbench.case import Case
+from attnbench.measure.anchor import Anchor
+from attnbench.registry import Impl
+from attnbench.run import row
+from attnbench.run.failed import Measured
+from attnbench.run.row import Checked, Prepared, Settings
+from attnbench.run.worker import UNPREPARED
+
+
+class Steps:
+    def __init__(self, impls: dict[str, Impl], seed: int, device: str):
+        self.impls, self.seed, self.device = impls, seed, device
+        self.prepared: Prepared | None = None
+        self.checked: dict[str, Checked] = {}
+        self.anchor: Anchor | None = None
+
+    def handle(self, msg: tuple):
+        kind, *args = msg
+        if kind in ("check", "time", "anchor", "finish") and not self._ready(args[0]):
+            return UNPREPARED
+        return getattr(self, f"_{kind}")(*args)
+
+    def _ready(self, case: Case) -> bool:
+        return self.prepared is not None and self.prepared.case == case
+
+    def _prepare(self, case: Case, settings: Settings) -> None:
+        self.prepared, self.checked = None, {}  # the last case's tensors go first
+        prepared = Prepared(case, self.seed, settings)
+        prepared.build()
+        self.prepared = prepared
+
+    def _check(self, case: Case, impl: Impl | str) -> Measured | None:
+        impl = impl if isinstance(impl, Impl) else self.impls[impl]
+        p = self.prepared
+        answer = row.check(impl, case, p.inputs, p.truth, p.settings)
+        if isinstance(answer, Measured):
+            return answer
+        self.checked[impl.name] = answer
+        return None
+
+    def _checked(self, case: Case, impl: Impl | str) -> Checked | Measured:
+        name = impl if isinstance(impl, str) else impl.name
+        if name not in self.checked:  # a fresh server: checked again
+            failed = self._check(case, impl)
+            if failed is not None:
+                return failed
+        return self.checked[name]
+
+    def _time(self, case: Case, impl: Impl | str, index: int):
+        checked = self._checked(case, impl)
+        return checked if isinstance(checked, Measured) else row.time_round(checked, index)
+
+    def _finish(self, case: Case, impl: Impl | str, slices: list) -> Measured:
+        checked = self._checked(case, impl)
+        if isinstance(checked, Measured):
+            return checked
+        del self.checked[checked.impl.name]
+        try:
+            return row.finish(checked, slices, self.prepared.settings)
+        finally:
+            checked = None
+            row.release(case)
+
+    def _anchor(self, case: Case, index: int) -> dict:
+        if self.anchor is None or self.anchor.dtype != case.dtype:
+            self.anchor = Anchor(self.device, case.dtype)
+        return {"t_unix": time.time(), **self.anchor.round()}
+
+    def _device(self) -> dict:
+        from attnbench.store.env import device_env
+
+        return device_env(self.device)
+
+    def _ceilings(self, dtypes: list[str], quick: bool) -> dict:
+        from attnbench.measure import ceilings
+
+        return ceilings.measure(dtypes, self.device, quick=quick)
+
+
+def wire(msg: tuple) -> tuple:
+    """``msg`` for another process: each impl by its name (the server loads the registry)."""
+    return tuple(a.name if isinstance(a, Impl) else a for a in msg)

@@ -1,0 +1,209 @@
+"""The one worker: a case in, its rows out, whatever transport carries the work.
+
+``Worker`` is the state machine every executor runs in the sweep's process: prepare a case
+(inputs and the float64 reference, outside any row's timeout), check each impl once, time the
+impls that passed in interleaved rounds with the speed anchor (round-robin, the order rotated
+each round), then finish each (its row: time, memory, profile; its speedup over the baseline,
+paired by round). Each is a step of the server (``steps.Steps``); a crash or a hang of a step
+is that impl's row (status crash / timeout), and the next step reaches a fresh server, which
+says it is unprepared: the worker prepares the case again there and the rounds go on without
+the failed impl. A case whose preparation fails makes every runnable row of it a
+failure (PREPARING). Its configuration is one frozen ``WorkerSpec``.
+
+The transports carry a step to a ``Steps`` server and back (``call(msg, timeout_s)``, raising
+``WorkerFailed``): this process (``local.InProcess``), a worker process over a pipe
+(``local.Subprocess``), a Ray actor (``ray_executor.RayActor``). The sweep drives ``Worker``s
+and never asks which transport they have."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from attnbench.case import Case
+from attnbench.errors import AttnbenchError
+from attnbench.measure.paired import ratio, round_medians
+from attnbench.registry import Impl
+from attnbench.run.failed import Measured, failed
+from attnbench.run.row import Settings, support_reasons
+
+PREPARING = "while preparing the case"  # the reason's start of a case that could not be made
+UNPREPARED = "unprepared"  # a server's answer to a step of a case it has not prepared
+ANCHOR = "anchor"  # the speed anchor's place in the rounds
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """A worker's configuration, whole: what it loads, how it measures, how long a step may
+    take, torch's CPU threads in it (None: torch's choice), and its device."""
+
+    plugins: tuple[str, ...] = ()
+    seed: int = 0
+    settings: Settings = Settings()
+    timeout_s: float | None = None
+    threads: int | None = None
+    device: str = "cpu"
+
+    def with_ceilings(self, ceilings: dict) -> WorkerSpec:
+        return replace(self, settings=self.settings.with_ceilings(ceilings))
+
+
+class WorkerFailed(AttnbenchError):
+    """A step that ended its server: status crash or timeout, and why."""
+
+    def __init__(self, status: str, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+class Transport(Protocol):
+    host: str | None  # the machine that measures (None until a Ray actor has started)
+    device_name: str | None  # the device that measures: GPU name on CUDA, else CPU model
+
+    def call(self, msg: tuple, timeout_s: float | None):
+        """The server's answer to ``msg``, or WorkerFailed; after a WorkerFailed the next
+        call reaches a fresh server."""
+
+    def close(self) -> None: ...
+
+
+class Worker:
+    """One device's rows, case by case (the executor protocol of the sweep)."""
+
+    def __init__(self, spec: WorkerSpec, transport: Transport):
+        self.spec, self.transport = spec, transport
+        self.case: Case | None = None
+        self.broken: WorkerFailed | None = None
+
+    @property
+    def host(self) -> str | None:
+        return self.transport.host
+
+    @property
+    def device_name(self) -> str | None:
+        return self.transport.device_name
+
+    def use_ceilings(self, ceilings: dict) -> None:
+        """Rows from now on read pct_peak and bound against ``ceilings`` (the device's)."""
+        self.spec = self.spec.with_ceilings(ceilings)
+
+    def ask(self, *msg):
+        """A question about the device (its env.json entry, its ceilings), untimed."""
+        return self.transport.call(msg, None)
+
+    def run_case(
+        self, case: Case, impls: list[Impl], baseline: Impl | None = None
+    ) -> Iterator[Measured]:
+        """Every impl's row of ``case``, each as soon as it is final: the unsupported and those
+        that fail their check at once, the others after the timing rounds, the ``baseline``
+        first (the others' speedups pair with its rounds). A baseline not in ``impls`` (its row
+        was written before a resume) is timed in the rounds all the same, its row not given."""
+        settings = self.spec.settings
+        self.case, self.broken = case, None
+        runnable = []
+        for impl in impls:
+            reasons = support_reasons(impl, case, settings)
+            if reasons:
+                yield failed(impl, case, "unsupported", "; ".join(reasons))
+            else:
+                runnable.append(impl)
+        if not runnable:
+            return  # nothing is made
+        self._prepare()
+        silent = None
+        if baseline is not None and baseline not in impls:
+            silent = None if support_reasons(baseline, case, settings) else baseline
+        ready = []
+        for impl in [*runnable, *([silent] if silent else [])]:
+            answer = self._answer(impl, ("check", case, impl))
+            if answer is None:
+                ready.append(impl)
+            elif impl is not silent:
+                yield answer
+        if ready in ([], [silent]):
+            return
+        slices: dict[str, list] = {i.name: [] for i in ready}
+        anchor: list[dict] = []
+        yield from self._rounds(ready, slices, anchor)
+        yield from self._finish(ready, slices, tuple(anchor), baseline, silent)
+
+    def _rounds(self, ready: list[Impl], slices: dict, anchor: list[dict]) -> Iterator[Measured]:
+        """The timing rounds: the ready impls and the speed anchor round-robin, the order
+        rotated each round. An impl whose step fails leaves the rounds, its row given now."""
+        n = self.spec.settings.timer.rounds
+        order: list = [*ready, ANCHOR]
+        for r in range(n):
+            if not ready:
+                return
+            for who in order[r % len(order) :] + order[: r % len(order)]:
+                if who == ANCHOR:
+                    try:
+                        anchor.append({"round": r, **self._step(("anchor", self.case, r))})
+                    except WorkerFailed:  # no row is lost: the case goes on without it
+                        order.remove(ANCHOR)
+                    continue
+                answer = self._answer(who, ("time", self.case, who, r), f"timing round {r + 1}")
+                if isinstance(answer, Measured):
+                    order.remove(who)
+                    ready.remove(who)
+                    yield answer
+                else:
+                    slices[who.name].append(answer)
+
+    def _finish(
+        self, ready: list[Impl], slices: dict, anchor: tuple, baseline: Impl | None, silent
+    ) -> Iterator[Measured]:
+        """Each ready impl's row, the baseline's first; an ok row's speedup over an ok
+        baseline, paired by round (measure/paired.py)."""
+        base = _medians(slices[silent.name]) if silent in ready else None  # baseline per round
+        for impl in sorted(ready, key=lambda i: i is not baseline):
+            if impl is silent:
+                continue
+            answer = self._answer(impl, ("finish", self.case, impl, slices[impl.name]))
+            if answer.row["status"] == "ok":
+                medians = round_medians(answer.times, answer.rounds)
+                if impl is baseline:
+                    base = medians
+                elif base is not None and (speedup := ratio(base, medians)) is not None:
+                    answer.row.update(
+                        speedup=speedup.value, speedup_lo=speedup.lo, speedup_hi=speedup.hi
+                    )
+            yield answer._replace(anchor=anchor)
+
+    def _answer(self, impl: Impl, msg: tuple, during: str | None = None):
+        """The server's answer to ``impl``'s step, or the impl's failed row."""
+        if self.broken:
+            return failed(impl, self.case, self.broken.status, self.broken.reason)
+        try:
+            return self._step(msg)
+        except WorkerFailed as exc:
+            where = f" (during {during})" if during and exc is not self.broken else ""
+            return failed(impl, self.case, exc.status, exc.reason + where)
+
+    def _step(self, msg: tuple):
+        """One step under the timeout; a fresh server gets the case again first."""
+        answer = self.transport.call(msg, self.spec.timeout_s)
+        if isinstance(answer, str) and answer == UNPREPARED:
+            self._prepare()
+            if self.broken:
+                raise self.broken
+            answer = self.transport.call(msg, self.spec.timeout_s)
+        return answer
+
+    def _prepare(self) -> None:
+        self.broken = None
+        try:
+            self.transport.call(("prepare", self.case, self.spec.settings), None)
+        except WorkerFailed as exc:
+            self.broken = WorkerFailed(exc.status, f"{PREPARING}: {exc.reason}")
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+def _medians(slices: list) -> dict[int, float]:
+    """round -> the median of an impl's samples in it, from its slices."""
+    return round_medians(
+        [t for s in slices for t in s.samples_ms], [s.round for s in slices for _ in s.samples_ms]
+    )

@@ -1,0 +1,275 @@
+"""The worker's case protocol: a case's impls and the speed anchor timed in interleaved rounds,
+the order rotated each round, each sample's round kept; a crash or a hang inside the rounds
+costs that impl's row only; speedups paired by round against the run's baseline; the speed
+anchor relative to the run's start, kept across --resume."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from attnbench.case import Case
+from attnbench.measure.paired import ratio, round_medians
+from attnbench.measure.timing import ROUNDS, Slice, TimerConfig
+from attnbench.registry import Impl
+from attnbench.run.failed import Measured, base_row
+from attnbench.run.local import InProcess, Subprocess
+from attnbench.run.row import Settings
+from attnbench.run.sweep import run_sweep
+from attnbench.run.worker import ANCHOR, PREPARING, UNPREPARED, Worker, WorkerFailed, WorkerSpec
+from attnbench.store.results import done_keys, read_results
+from attnbench.store.rundir import RunDir
+
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
+CASE = Case(batch=1, heads=1, kv_heads=1, seq_q=32, seq_kv=32, head_dim=16)
+
+
+def _impl(name: str) -> Impl:
+    return Impl(name=name, fn=lambda q, k, v, *, causal, scale: q)
+
+
+class _Script:
+    """A transport that answers every step at once and records it; ``fail`` maps a step
+    (kind, impl name, round) to the WorkerFailed it raises, after which the server is fresh
+    (it answers UNPREPARED until it gets the case again)."""
+
+    host, device_name = "h", "d"
+
+    def __init__(self, fail: dict | None = None):
+        self.sent, self.fail, self.fresh = [], fail or {}, False
+
+    def call(self, msg, timeout_s):
+        kind, *args = msg
+        self.sent.append(msg)
+        who = getattr(args[1], "name", None) if len(args) > 1 else None
+        if (kind, who, args[2] if kind == "time" else None) in self.fail:
+            self.fresh = True
+            raise self.fail[(kind, who, args[2])]
+        if kind == "prepare":
+            self.fresh = False
+        elif self.fresh:
+            return UNPREPARED
+        if kind == "time":
+            return Slice(args[2], (1.0 + args[2],))
+        if kind == "anchor":
+            return {"t_unix": 0.0, "compute": [1.0], "memory": [2.0]}
+        if kind == "finish":
+            row = {**base_row(args[1], args[0]), "status": "ok"}
+            times = [t for s in args[2] for t in s.samples_ms]
+            return Measured(row, times, [], rounds=tuple(s.round for s in args[2]))
+        return None
+
+    def close(self):
+        pass
+
+
+def _order(sent) -> list[list[str]]:
+    """Per round, who was timed in it, in order."""
+    rounds: dict[int, list[str]] = {}
+    for kind, *args in sent:
+        if kind == "time":
+            rounds.setdefault(args[2], []).append(args[1].name)
+        elif kind == "anchor":
+            rounds.setdefault(args[1], []).append(ANCHOR)
+    return [rounds[r] for r in sorted(rounds)]
+
+
+def test_rounds_are_round_robin_the_order_rotated_each_round_the_anchor_among_them():
+    impls = [_impl(n) for n in "abc"]
+    script = _Script()
+    rows = list(Worker(WorkerSpec(settings=FAST), script).run_case(CASE, impls))
+    everyone = ["a", "b", "c", ANCHOR]
+    assert _order(script.sent) == [everyone[r:] + everyone[:r] for r in range(ROUNDS)]
+    assert [m.row["impl"] for m in rows] == ["a", "b", "c"]
+    for m in rows:  # every round's sample, its round kept
+        assert m.rounds == tuple(range(ROUNDS)) and len(m.anchor) == ROUNDS
+
+
+def test_a_step_that_fails_in_the_rounds_costs_its_row_and_the_case_is_prepared_again():
+    impls = [_impl(n) for n in "abc"]
+    script = _Script({("time", "b", 2): WorkerFailed("crash", "worker process died")})
+    rows = {
+        m.row["impl"]: m for m in Worker(WorkerSpec(settings=FAST), script).run_case(CASE, impls)
+    }
+    assert rows["b"].row["status"] == "crash"
+    assert rows["b"].row["reason"] == "worker process died (during timing round 3)"
+    assert rows["b"].row["time_ms"] is None and rows["b"].times == []
+    for name in "ac":
+        assert rows[name].row["status"] == "ok" and rows[name].rounds == tuple(range(ROUNDS))
+    assert [m[0] for m in script.sent].count("prepare") == 2
+    assert all("b" not in who for who in _order(script.sent)[3:])
+
+
+def test_a_case_that_cannot_be_prepared_again_fails_its_remaining_rows_once_named():
+    class Broken(_Script):
+        def call(self, msg, timeout_s):
+            if msg[0] == "prepare" and self.fresh:
+                raise WorkerFailed("crash", "no worker")
+            return super().call(msg, timeout_s)
+
+    impls = [_impl(n) for n in "abc"]
+    script = Broken({("time", "a", 1): WorkerFailed("timeout", "no result")})
+    rows = {
+        m.row["impl"]: m.row
+        for m in Worker(WorkerSpec(settings=FAST), script).run_case(CASE, impls)
+    }
+    assert rows["a"]["status"] == "timeout"
+    for name in "bc":
+        assert rows[name]["status"] == "crash" and rows[name]["reason"] == f"{PREPARING}: no worker"
+
+
+@pytest.fixture(scope="module")
+def faulty_case():
+    """A real worker process: g_abort aborts and g_hang hangs inside the first timing round;
+    naive and sdpa, timed in the same rounds, finish. The hang's timeout is generous: no
+    healthy step of this tiny case comes near it."""
+    spec = WorkerSpec(plugins=(str(PLUGINS / "round_faults.py"),), settings=FAST, timeout_s=20.0)
+    worker = Worker(spec, Subprocess(spec))
+    impls = [_impl(n) for n in ("naive", "g_abort", "sdpa", "g_hang")]
+    try:
+        return {m.row["impl"]: m for m in worker.run_case(CASE, impls, impls[2])}
+    finally:
+        worker.close()
+
+
+def test_an_abort_inside_the_rounds_is_one_crash_row(faulty_case):
+    row = faulty_case["g_abort"].row
+    assert row["status"] == "crash" and row["time_ms"] is None
+    assert "SIGABRT" in row["reason"] and "planted abort in the rounds" in row["reason"]
+    assert row["reason"].endswith("(during timing round 1)")
+
+
+def test_a_hang_inside_the_rounds_is_one_timeout_row(faulty_case):
+    row = faulty_case["g_hang"].row
+    assert row["status"] == "timeout" and row["time_ms"] is None
+    assert row["reason"].startswith("no result after 20 s; the worker process was killed")
+
+
+def test_the_other_impls_of_the_case_finish_every_round(faulty_case):
+    for name in ("naive", "sdpa"):
+        m = faulty_case[name]
+        assert m.row["status"] == "ok" and m.row["agrees"]
+        assert set(m.rounds) == set(range(ROUNDS)) and len(m.rounds) == len(m.times)
+        assert m.row["rounds"] == ROUNDS
+    assert faulty_case["naive"].row["speedup"] is not None
+
+
+def _sweep(impls, run_dir: Path, done=frozenset()):
+    spec = WorkerSpec(settings=FAST)
+    worker = Worker(spec, InProcess(spec))
+    cases = [CASE, Case(batch=1, heads=1, kv_heads=1, seq_q=48, seq_kv=48, head_dim=16)]
+    return run_sweep(cases, impls, run_dir, [worker], run_id="r", seed=0, progress=False, done=done)
+
+
+@pytest.fixture(scope="module")
+def resumed(impls, tmp_path_factory):
+    """A run stopped part way through its cases' rows (sdpa's and naive's written, tiled's
+    not), then resumed: tiled's rows run, timed in rounds with sdpa again. Returns the run
+    folder and, from before the resume, its anchor samples and env.json anchor entry."""
+    run = RunDir(tmp_path_factory.mktemp("rounds"))
+    run.env.write_text("{}")  # as the sweep command writes it before the first row
+    _sweep([impls["sdpa"], impls["naive"]], run.path)
+    before = pd.read_csv(run.anchor), json.loads(run.env.read_text())["anchor"]
+    _sweep([impls[n] for n in ("sdpa", "naive", "tiled")], run.path, done_keys(run.path))
+    return run, *before
+
+
+def test_resume_keeps_the_finished_rows_and_runs_the_rest(resumed):
+    run, anchor, _ = resumed
+    df = read_results(run.path)
+    assert len(df) == 6 and not df.duplicated(["impl", "seq_q"]).any()
+    assert list(df["impl"][4:]) == ["tiled", "tiled"]  # the finished rows kept as they were
+    assert (df["status"] == "ok").all() and (df["rounds"] == ROUNDS).all()
+
+
+def test_each_sample_has_its_round(resumed):
+    run, _, _ = resumed
+    samples = pd.read_csv(run.samples)
+    per_row = samples.groupby(["impl", "seq_q"])["round"]
+    assert (per_row.nunique() == ROUNDS).all() and samples["round"].between(0, ROUNDS - 1).all()
+    counts = per_row.size()
+    df = read_results(run.path).set_index(["impl", "seq_q"])
+    assert (counts == df["samples"].reindex(counts.index)).all() and len(counts) == len(df)
+
+
+def test_speedups_are_paired_by_round_against_the_baseline(resumed):
+    run, _, _ = resumed
+    df = read_results(run.path)
+    samples = pd.read_csv(run.samples)
+    base = df["impl"] == "sdpa"
+    assert df.loc[base, ["speedup", "speedup_lo", "speedup_hi"]].isna().all().all()
+    naive = df[df["impl"] == "naive"]
+    assert (naive["speedup_lo"] <= naive["speedup"]).all()
+    assert (naive["speedup"] <= naive["speedup_hi"]).all()
+
+    def medians(impl, seq):
+        s = samples[(samples["impl"] == impl) & (samples["seq_q"] == seq)]
+        return round_medians(s["time_ms"], s["round"])
+
+    for _, row in naive.iterrows():
+        expected = ratio(medians("sdpa", row["seq_q"]), medians("naive", row["seq_q"]))
+        assert row["speedup"] == pytest.approx(expected.value)
+    # the resumed rows pair with sdpa timed again in their rounds (its samples not kept)
+    assert df.loc[df["impl"] == "tiled", "speedup"].notna().all()
+
+
+def _speeds(anchor: pd.DataFrame, seq: int, env: dict) -> tuple[float, float]:
+    """What a row of the case of length ``seq`` should say, from its anchor samples."""
+    case = anchor[anchor["seq_q"] == seq]
+    now = case.groupby(["resource", "round"])["time_ms"].median().groupby("resource").median()
+    return env["compute_ms"]["float32"] / now["compute"], env["memory_ms"] / now["memory"]
+
+
+def test_the_anchor_is_relative_to_the_runs_start_across_a_resume(resumed):
+    run, first_anchor, first_env = resumed
+    env = json.loads(run.env.read_text())["anchor"]
+    assert env == first_env  # the resumed part kept the run's start and reference times
+    anchor = pd.read_csv(run.anchor)
+    assert set(anchor["resource"]) == {"compute", "memory"}
+    assert (anchor["t_s"] >= 0).all() and anchor["round"].between(0, ROUNDS - 1).all()
+    df = read_results(run.path).set_index(["impl", "seq_q"])
+    for impl in ("sdpa", "naive"):  # the run's first case is the reference
+        assert df.loc[(impl, 32), ["speed_compute", "speed_memory"]].tolist() == [1.0, 1.0]
+        got = df.loc[(impl, 48), ["speed_compute", "speed_memory"]].tolist()
+        assert got == pytest.approx(_speeds(first_anchor, 48, env))
+    resumed_anchor = anchor.iloc[len(first_anchor) :]  # each resumed case timed its anchor again
+    for seq in (32, 48):
+        got = df.loc[("tiled", seq), ["speed_compute", "speed_memory"]].tolist()
+        assert got == pytest.approx(_speeds(resumed_anchor, seq, env))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", [False, True])
+def test_cuda_rounds_time_every_round_with_events(graph):
+    import torch
+
+    from attnbench.measure.timing import time_fn
+
+    x = torch.randn(512, 512, device="cuda")
+    cfg = TimerConfig(rep_ms=5.0, min_samples=5, max_samples=50, cuda_graph=graph)
+    timing = time_fn(lambda: x @ x, "cuda", cfg)
+    assert set(timing.rounds) == set(range(ROUNDS)) and len(timing.rounds) == len(timing.samples_ms)
+    assert 5 <= len(timing.samples_ms) <= 50 and min(timing.samples_ms) > 0
+
+
+@pytest.mark.gpu
+def test_the_cuda_anchor_times_both_resources():
+    from attnbench.measure.anchor import RESOURCES, SAMPLES, Anchor
+
+    got = Anchor("cuda", "bfloat16").round()
+    assert sorted(got) == sorted(RESOURCES)
+    assert all(len(got[r]) == SAMPLES and min(got[r]) > 0 for r in RESOURCES)
+
+
+@pytest.mark.gpu
+def test_a_cuda_case_is_timed_in_rounds_with_paired_speedups(impls):
+    case = Case(1, 2, 2, 256, 256, 64, dtype="float16", device="cuda")
+    spec = WorkerSpec(settings=Settings(TimerConfig(rep_ms=5.0)), device="cuda")
+    worker = Worker(spec, InProcess(spec))
+    sdpa = impls["sdpa"]
+    rows = {m.row["impl"]: m for m in worker.run_case(case, [impls["naive"], sdpa], sdpa)}
+    for m in rows.values():
+        assert m.row["status"] == "ok" and m.row["rounds"] == ROUNDS and len(m.anchor) == ROUNDS
+    assert rows["naive"].row["speedup"] > 0 and rows["sdpa"].row["speedup"] is None
