@@ -76,8 +76,12 @@ def extension_failure() -> str | None:
         return None
     why = " ".join(str(failure).split()).split(" Please ")[0]  # before its reinstall advice
     why = why.removeprefix("xFormers can't load C++/CUDA extensions. ")
+    try:
+        version = f" {importlib.metadata.version('xformers')}"
+    except importlib.metadata.PackageNotFoundError:  # importable without its metadata
+        version = ""
     return (
-        f"xformers {importlib.metadata.version('xformers')} cannot load its C++/CUDA extension "
+        f"xformers{version} cannot load its C++/CUDA extension "
         f"({why}), so its calls would run PyTorch's own kernels, not its own (install an "
         f"xformers built for torch {torch.__version__}: {INSTALL})"
     )
