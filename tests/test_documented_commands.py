@@ -152,15 +152,22 @@ def _files(tmp: Path) -> None:
 
 
 def _substitute(argv: list[str], runs: list[Path], tmp: Path) -> list[str]:
-    """results/<run-id> names the last run made, <a> and <b> (<run-a>, <run-b>) the last two;
-    /tmp/ is the test's folder, tests/ the checkout's."""
+    """results/<run-id> names the last run made in results/ (that has the --baseline impl, if
+    one is given), <a> and <b> (<run-a>, <run-b>) the last two; /tmp/ is the test's folder,
+    tests/ the checkout's."""
     argv = [arg.replace("/tmp/", f"{tmp}/") for arg in argv]
     argv = [str(ROOT / a) if a.startswith("tests/") else a for a in argv]  # the checkout's
-    names = {"<run-id>": -1, "<a>": -2, "<run-a>": -2, "<b>": -1, "<run-b>": -1}
+    if not any("<" in arg for arg in argv):
+        return argv
+    mine = [r for r in runs if r.parent == Path("results")]
+    baseline = _value(argv, "--baseline")
+    fits = [r for r in mine if baseline in set(pd.read_csv(r / "results.csv")["impl"])]
+    names = {"<a>": mine[-2:][0], "<run-a>": mine[-2:][0], "<b>": mine[-1], "<run-b>": mine[-1]}
+    names["<run-id>"] = (fits if baseline else mine)[-1]
     out = []
     for arg in argv:
-        for key, index in names.items():
-            arg = arg.replace(key, runs[index].name) if key in arg else arg
+        for key, run in names.items():
+            arg = arg.replace(key, run.name)
         out.append(arg)
     return out
 
@@ -215,24 +222,41 @@ def test_every_documented_line_is_run_or_says_why_not():
     assert not unknown, "neither run nor in NOT_RUN: " + "; ".join(unknown)
 
 
-def _documented_runs(compiled: bool) -> list[Documented]:
+# the default run's sweeps: those whose reports and rows no other default test renders (a
+# plugin's impl, a score modifier under masks); then the commands that read "your" runs
+# (placeholders, or none). The rest run with -m "" (about 700 rows and 14 reports)
+DEFAULT_SWEEPS = ("--plugin my_attn.py", "--score-mod")
+
+
+def _documented_runs(which: str) -> list[Documented]:
     lines = [d for d in documented() if not d.why_not_run()]
-    if compiled:  # the slow run: only the commands whose impls the fast run left out
-        return [
-            d for d in lines if any(_compiles(n) for n in _value(d.argv, "--impls", "").split(","))
-        ]
+    if which == "compiled":  # only the commands whose impls the other runs leave out
+        impls = lambda d: _value(d.argv, "--impls", "").split(",")  # noqa: E731
+        return [d for d in lines if any(_compiles(n) for n in impls(d))]
+    if which == "default":
+        reads = [d for d in lines if d.argv[0] not in ("sweep", "race")]
+        reads = [d for d in reads if "<" in d.line or len(d.argv) == 1]
+        return [d for d in lines if any(f in d.line for f in DEFAULT_SWEEPS)] + reads
     return lines
 
 
-@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_every_documented_command_runs(compiled, tmp_path, monkeypatch, capfd):
+@pytest.mark.parametrize(
+    "which",
+    [
+        "default",
+        pytest.param("all", marks=pytest.mark.slow),  # every sweep: many minutes on 2 cores
+        pytest.param("compiled", marks=pytest.mark.slow),  # with their torch.compile impls
+    ],
+)
+def test_every_documented_command_runs(which, tmp_path, monkeypatch, capfd):
     """In one folder, as a user would type them (results/ and reports/ under it): the sweeps
     in document order, then the commands that read runs (report, compare, repro, list)."""
     monkeypatch.chdir(tmp_path)
     _files(tmp_path)
     runs: list[Path] = []
     done, failed = [], []
-    commands = _documented_runs(compiled)
+    commands = _documented_runs(which)
+    compiled = which == "compiled"
     for cmd in sorted(commands, key=lambda d: d.argv[0] not in ("sweep", "race")):
         try:
             done.append(f"{cmd.page}: {cmd.line} -> {_run(cmd, tmp_path, runs, capfd, compiled)}")
