@@ -424,6 +424,7 @@ def test_unusable_output_folders_and_profile_filters_are_refused_up_front(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]  # nothing written
 
 
+@pytest.mark.slow  # two sweeps, one resumed
 def test_a_resumed_run_summarises_every_row(tmp_path):
     base = [
         "--preset",
@@ -636,7 +637,7 @@ def test_a_causal_only_mask_beside_another_takes_the_causal_cases_only():
 def test_a_run_folds_the_impls_it_left_out_into_counts_and_a_dry_run_names_each(capsys):
     from types import SimpleNamespace
 
-    from attnbench.run.plan import COMPILED_LEFT_OUT, left_out_summary
+    from attnbench.run.selection import COMPILED_LEFT_OUT, left_out_summary
 
     installed, missing = (
         SimpleNamespace(unavailable=None),

@@ -201,7 +201,12 @@ def test_a_leak_into_the_previous_document_disagrees(tmp_path):
 def test_xformers_takes_documents_on_cuda_only(impls):
     row = run(impls["xformers"], doc_case("fixed:24"))
     assert row["status"] == "unsupported"
-    assert "device=cpu (supported: cuda)" in row["reason"] or "needs xformers" in row["reason"]
+    # its reason: the device; or, where xformers is not installed or its extension does not
+    # load here, that
+    assert any(
+        why in row["reason"]
+        for why in ("device=cpu (supported: cuda)", "needs xformers", "cannot load its")
+    )
 
 
 @pytest.mark.gpu  # xformers builds its bias in pinned memory, which needs CUDA

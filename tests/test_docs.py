@@ -17,6 +17,7 @@ def python_blocks(path: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
 
 
+@pytest.mark.slow  # a sweep of every guide example (test_plugin_contract.py runs two by default)
 def test_the_plugin_guide_examples_register_and_agree(tmp_path):
     blocks = [b for b in python_blocks(ROOT / "docs" / "plugins.md") if "@register(" in b]
     plugin = tmp_path / "guide_examples.py"

@@ -3,6 +3,7 @@ the run's draws file, from which the case's masks can be rebuilt without the see
 
 import json
 
+import pytest
 import torch
 
 from attnbench.case import Case
@@ -29,6 +30,7 @@ def test_the_page_order_of_a_paged_cache_is_stored_and_is_the_block_table():
     assert draws(case, 5) is None  # nothing drawn beyond q, k, v without a paged impl
 
 
+@pytest.mark.slow  # a sweep of every drawn mask kind
 def test_a_runs_draws_rebuild_its_masks_and_its_rows_flops(tmp_path):
     common = ["--device", "cpu", "--batch", "2", "--heads", "2", "--head-dim", "8"]
     common += ["--causal", "false", "--mode", "fwd", "--rep-ms", "1", "--no-progress"]

@@ -342,6 +342,7 @@ def test_resume_with_a_different_grid_is_refused(tmp_path):
     assert (tmp_path / "r" / "results.csv").read_bytes() == before
 
 
+@pytest.mark.slow  # a sweep with an aborting plugin (test_rounds.py plants one by default)
 def test_an_aborting_plugin_costs_one_row_with_default_flags(tmp_path):
     """No --isolate, no --timeout: the default still turns an abort into a crash row."""
     proc = sweep(

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
@@ -102,6 +103,7 @@ def test_prepare_makes_inputs_and_reference_before_any_row():
     assert prepared.case == case and prepared.inputs is not None and prepared.truth is not None
 
 
+@pytest.mark.slow  # a sweep with a deliberately slow reference: minutes on 2 cores
 def test_a_slow_reference_does_not_count_against_the_row_timeout(tmp_path):
     """The timeout is 40 times what one such row takes here and now (at least 5 s), so a busy
     machine cannot make the row itself time out; the reference sleeps 2 s longer than it."""

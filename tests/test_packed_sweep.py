@@ -1,11 +1,14 @@
 """A CPU sweep of packed documents and a sparse pattern, end to end: ok, agreeing rows for
 naive, tiled and flex, and the report's wasted-work and sparsity sections."""
 
+import pytest
+
 from attnbench.cli import main
 from attnbench.report import report as report_module
 from attnbench.store.results import read_results
 
 
+@pytest.mark.slow  # a sweep of documents and sparse patterns with its report
 def test_cpu_sweep_of_documents_and_sparse_patterns_agrees_and_reports(tmp_path, monkeypatch):
     monkeypatch.setattr(report_module, "FIGURES", ())  # the figures are not under test here
     code = main(

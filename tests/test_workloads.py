@@ -238,6 +238,7 @@ def test_a_model_typo_is_one_line_naming_the_closest(tmp_path):
     assert listed.returncode == 0 and all(name in listed.stdout for name in MODELS)
 
 
+@pytest.mark.slow  # a decode sweep end to end
 def test_decode_sweep_on_the_cpu_agrees_and_recommends(tmp_path):
     proc = sweep(
         "--model",

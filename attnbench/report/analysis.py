@@ -70,6 +70,8 @@ def noisy(df: pd.DataFrame) -> pd.Series:
     """Ok rows whose timing samples spread too far to trust the median (measure.timing)."""
     from attnbench.measure.timing import NOISY_SPREAD
 
+    if not {"time_ms_p20", "time_ms_p80"} <= set(df.columns):  # a table without the spread
+        return pd.Series(False, index=df.index)
     spread = (df["time_ms_p80"] - df["time_ms_p20"]) / df["time_ms"]
     return (is_ok(df) & (spread > NOISY_SPREAD).fillna(False)).astype(bool)
 

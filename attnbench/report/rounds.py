@@ -1,5 +1,5 @@
 """A run's per-round timing, read once: each row's round medians (samples.csv) and the speed
-anchor's (anchor.csv: a fixed matmul and a copy timed in the same rounds as the case's impls).
+anchor's (RunDir.ANCHOR: a fixed matmul and a copy timed in the same rounds as the case's impls).
 Runs made before rounds existed have neither; every reader then answers None and its callers
 keep the rule they had before (docs/reports.md, "Noise")."""
 
@@ -16,7 +16,6 @@ from attnbench.store.rundir import RunDir
 from attnbench.store.schema import CASE_KEY, LATER_KEYS
 
 CASE_COLUMNS = tuple(c for c in CASE_KEY if c != "impl")
-ANCHOR_FILE = "anchor.csv"  # used until RunDir names the anchor's file (anchor_path)
 RESOURCES = ("compute", "memory")  # the anchor's workloads: a matmul and a copy
 
 RowKey = tuple  # a row's CASE_KEY values as text (``key``); a case's: CASE_COLUMNS
@@ -24,9 +23,8 @@ PerRound = dict  # round -> median time of that round, ms
 
 
 def anchor_path(run_dir) -> Path:
-    """The run's anchor.csv: RunDir's name for it where RunDir declares one."""
-    run = RunDir(run_dir)
-    return getattr(run, "anchor", None) or run.path / getattr(RunDir, "ANCHOR", ANCHOR_FILE)
+    """The run's anchor file (store/rundir.RunDir names it)."""
+    return RunDir(run_dir).path / RunDir.ANCHOR
 
 
 def _text(value, column: str) -> str:
