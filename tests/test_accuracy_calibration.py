@@ -30,6 +30,7 @@ def small_population():
         torch.set_num_threads(threads)
 
 
+@pytest.mark.slow  # the whole correct population
 def test_correct_population_has_no_false_alarm():
     df = small_population()
     correct = df[~df.bug]

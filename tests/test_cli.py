@@ -354,6 +354,7 @@ def test_reports_dir_that_is_a_file_is_refused(tmp_path, capsys):
     assert not (tmp_path / "res").exists()
 
 
+@pytest.mark.slow  # a sweep of every mask and level
 def test_sweep_file_sets_masks_windows_and_levels(tmp_path):
     config = tmp_path / "sweep.toml"
     config.write_text(
@@ -459,6 +460,7 @@ def test_a_gpu_preset_on_a_cpu_is_refused_without_device_cpu(tmp_path, capsys, a
     assert not (tmp_path / "res").exists()
 
 
+@pytest.mark.slow  # a GPU preset swept on the CPU
 def test_a_gpu_preset_runs_on_a_cpu_when_asked(tmp_path, capsys):
     tiny = ["--batch", "1", "--heads", "2", "--seq-len", "32", "--mode", "fwd", "--rep-ms", "2"]
     args = ["race", "--device", "cpu", *tiny, "--causal", "false", "--no-progress", "--no-report"]
@@ -488,6 +490,7 @@ def holds_a_lock(q, k, v, *, causal, scale):
 """
 
 
+@pytest.mark.slow  # a sweep in a subprocess
 def test_the_worker_exits_cleanly_and_leaks_no_semaphore(tmp_path):
     plugin = tmp_path / "holds.py"
     plugin.write_text(SEMAPHORE_PLUGIN)

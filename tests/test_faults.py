@@ -305,6 +305,7 @@ def test_sigkill_then_resume_gives_exactly_the_rows_of_an_uninterrupted_run(tmp_
         assert per_row[(row["impl"], row["mode"], row["seq_q"], row["causal"])] == row["samples"]
 
 
+@pytest.mark.slow  # two sweeps
 def test_resume_with_a_different_grid_is_refused(tmp_path):
     first = sweep(
         "--preset",

@@ -83,6 +83,7 @@ def _outcomes(df):
     return sorted(df[[*KEY, "status", "agrees"]].astype(str).apply(tuple, axis=1))
 
 
+@pytest.mark.slow  # two Ray actors and a local sweep of the same grid
 def test_two_actors_give_the_rows_of_the_local_executor(runs):
     ray_rows, local_rows, res, _ = runs
     assert _outcomes(ray_rows) == _outcomes(local_rows)
