@@ -33,7 +33,6 @@ from attnbench.store.rundir import RunDir
 
 DRY_RUN_CASES = 10  # --dry-run names this many cases, then counts the rest
 RAY_ONLY = ("ray_address", "ray_actors")  # options that need --executor ray
-# why a sweep without --impls leaves an impl out, besides the cases it cannot run
 
 
 @dataclass(frozen=True)
