@@ -1,5 +1,6 @@
 """Ceilings, profile mode, the profiler cross-check and the clock sampler, on the CPU."""
 
+import importlib.metadata
 import json
 import types
 
@@ -8,6 +9,7 @@ import pytest
 
 from attnbench.cli import main
 from attnbench.measure import clocks, profiling
+from attnbench.run.local import Subprocess
 from attnbench.store.env import FIELDS
 from attnbench.store.results import read_results
 
@@ -16,44 +18,64 @@ ENV_FIELDS = (*FIELDS, "ceilings")  # the machine's, and the ceilings the sweep 
 
 @pytest.fixture(scope="module")
 def profiled_run(tmp_path_factory):
+    """The smoke grid profiled, each start of a worker process counted."""
     tmp = tmp_path_factory.mktemp("prof")
-    code = main(
-        [
-            "sweep",
-            "--device",
-            "cpu",
-            "--preset",
-            "smoke",
-            "--impls",
-            "naive,tiled,xformers",
-            "--seq-len",
-            "64",
-            "--profile",
-            "tiled,fwd_bwd",
-            "--results-dir",
-            str(tmp / "res"),
-            "--reports-dir",
-            str(tmp / "rep"),
-            "--run-id",
-            "p",
-            "--no-progress",
-        ]
-    )
+    starts, start = [], Subprocess._start
+
+    def counted(self):
+        starts.append(self)
+        start(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Subprocess, "_start", counted)
+        code = main(
+            [
+                "sweep",
+                "--device",
+                "cpu",
+                "--preset",
+                "smoke",
+                "--impls",
+                "naive,tiled,xformers",
+                "--seq-len",
+                "64",
+                "--profile",
+                "tiled,fwd_bwd",
+                "--results-dir",
+                str(tmp / "res"),
+                "--reports-dir",
+                str(tmp / "rep"),
+                "--run-id",
+                "p",
+                "--no-progress",
+            ]
+        )
     assert code == 0
-    return tmp / "res" / "p", tmp / "rep" / "p"
+    return tmp / "res" / "p", tmp / "rep" / "p", len(starts)
 
 
 def test_env_json_has_every_field_blank_where_it_does_not_apply(profiled_run):
-    run_dir, _ = profiled_run
+    run_dir, *_ = profiled_run
     env = json.loads((run_dir / "env.json").read_text())
     assert set(ENV_FIELDS) <= set(env)
     for gpu_only in ("gpu_name", "gpu_sm_count", "gpu_l2_mib", "driver", "cudnn"):
         assert env[gpu_only] is None
     assert env["cpu_name"] and env["torch"] and env["seed"] == 0
+    # the versions of what the run's impls require: xformers (installed by the test extra)
+    assert env["packages"] == {"xformers": importlib.metadata.version("xformers")}
+    assert env["xformers_kernels"]["version"] == env["packages"]["xformers"]
+
+
+def test_the_device_questions_and_the_rows_share_one_worker_process(profiled_run):
+    """A worker started from a thread that then ends is killed with it (PDEATHSIG): the
+    device's questions are asked from the thread that runs the rows, so a sweep starts one
+    worker process, not two."""
+    *_, starts = profiled_run
+    assert starts == 1
 
 
 def test_ceilings_are_measured_and_every_ok_row_gets_pct_peak(profiled_run):
-    run_dir, _ = profiled_run
+    run_dir, *_ = profiled_run
     ceilings = json.loads((run_dir / "env.json").read_text())["ceilings"]
     assert ceilings["matmul_tflops"]["float32"] > 0 and ceilings["copy_gb_s"] > 0
     df = read_results(run_dir)
@@ -69,7 +91,7 @@ def test_ceilings_are_measured_and_every_ok_row_gets_pct_peak(profiled_run):
 
 
 def test_profile_writes_a_trace_per_selected_pair_and_the_op_table(profiled_run):
-    run_dir, report_dir = profiled_run
+    run_dir, report_dir, _ = profiled_run
     traces = sorted((run_dir / "traces").glob("*.json"))
     assert [t.name.split("__")[0] for t in traces] == ["tiled", "tiled"]  # fwd_bwd, causal both
     trace = json.loads(traces[0].read_text())
@@ -84,7 +106,7 @@ def test_profile_writes_a_trace_per_selected_pair_and_the_op_table(profiled_run)
 
 
 def test_cpu_rows_have_no_gpu_only_numbers(profiled_run):
-    run_dir, _ = profiled_run
+    run_dir, *_ = profiled_run
     df = read_results(run_dir)
     for col in ("profiler_ms", "sm_clock_mhz", "power_w", "temp_c", "throttle"):
         assert df[col].isna().all(), col

@@ -25,7 +25,6 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from attnbench.masks import ALIGNS, ANY, MODS, Mask
 from attnbench.measure.backends import backends_in
@@ -54,6 +53,8 @@ def attention(q, k, v, *, causal: bool, scale: float, mask: Mask | None = None, 
         attn_mask = mask.keep(Sq, Skv, causal, q.device)  # (Bm, 1, Sq, Skv)
         causal = False
     elif shifted:
+        from torch.nn.attention.bias import causal_lower_right  # imports torch.compile's (s)
+
         attn_mask, causal = causal_lower_right(Sq, Skv), False
     return F.scaled_dot_product_attention(
         q,

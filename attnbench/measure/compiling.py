@@ -18,6 +18,8 @@ registered ``compiled=True``, which the diagnosis of a disagreeing row runs (mea
 
 from __future__ import annotations
 
+import functools
+import sys
 import warnings
 from collections.abc import Callable
 
@@ -30,6 +32,8 @@ RECOMPILE_LIMIT = 256
 
 
 def compile_events() -> int:
+    if "torch._dynamo" not in sys.modules:  # nothing has compiled in this process
+        return 0
     try:
         from torch._dynamo.utils import counters
     except ImportError:
@@ -40,15 +44,25 @@ def compile_events() -> int:
 
 def compile_static(fn: Callable) -> Callable:
     """``torch.compile(fn, dynamic=False)``: one specialised graph per shape, as a benchmark
-    of the best case wants, with the recompile limit raised (see RECOMPILE_LIMIT)."""
-    import torch._dynamo.config as dynamo_config
+    of the best case wants, with the recompile limit raised (see RECOMPILE_LIMIT). Made at
+    the first call: importing torch.compile's machinery takes seconds, which a process that
+    never runs a compiled impl (the CLI, a worker of a sweep without one) does not pay."""
+    compiled: list[Callable] = []
 
-    for name in ("recompile_limit", "accumulated_recompile_limit"):
-        if getattr(dynamo_config, name, RECOMPILE_LIMIT) < RECOMPILE_LIMIT:
-            setattr(dynamo_config, name, RECOMPILE_LIMIT)
-    if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):
-        dynamo_config.fail_on_recompile_limit_hit = True
-    return torch.compile(fn, dynamic=False)
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if not compiled:
+            import torch._dynamo.config as dynamo_config
+
+            for name in ("recompile_limit", "accumulated_recompile_limit"):
+                if getattr(dynamo_config, name, RECOMPILE_LIMIT) < RECOMPILE_LIMIT:
+                    setattr(dynamo_config, name, RECOMPILE_LIMIT)
+            if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):
+                dynamo_config.fail_on_recompile_limit_hit = True
+            compiled.append(torch.compile(fn, dynamic=False))
+        return compiled[0](*args, **kwargs)
+
+    return run
 
 
 def eagerly(fn: Callable) -> Callable:

@@ -42,10 +42,12 @@ class Pool:
         the best of its executors is kept (a ceiling is what the device can do), and each
         executor then reads pct_peak and bound against its device's."""
         plan = self.plan
-        ask = lambda w: (w.ask("device"), w.ask("ceilings", plan.dtypes, plan.quick))  # noqa: E731
-        at_once = plan.device.startswith("cuda") and len(self.executors) > 1
-        with ThreadPoolExecutor(len(self.executors) if at_once else 1) as threads:
-            measured = list(threads.map(ask, self.executors))
+        ask = lambda w: (w.ask("device", plan.packages), w.ask("ceilings", plan.dtypes, plan.quick))  # noqa: E731
+        if plan.device.startswith("cuda") and len(self.executors) > 1:
+            with ThreadPoolExecutor(len(self.executors)) as threads:
+                measured = list(threads.map(ask, self.executors))
+        else:  # in this thread: a worker process started by a thread dies with it (PDEATHSIG)
+            measured = [ask(w) for w in self.executors]
         devices: dict[str, dict] = {}
         for entry, ceilings in measured:
             name, host = entry.pop("device_name"), entry.pop("host")

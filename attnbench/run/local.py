@@ -50,7 +50,8 @@ class InProcess:
 
 def _die_with_parent() -> None:
     """Linux: this process gets SIGKILL when its parent dies (a sweep or Ray actor killed
-    with -9 leaves no worker running on); elsewhere nothing."""
+    with -9 leaves no worker running on); elsewhere nothing. The "parent" is the thread that
+    started it: a worker started from a short-lived thread dies with that thread."""
     try:
         import ctypes
 

@@ -175,6 +175,11 @@ class Plan:
         return self.spec.rep_ms[0] < 50
 
     @property
+    def packages(self) -> tuple[str, ...]:
+        """The modules the plan's impls require (their versions go into env.json)."""
+        return tuple(sorted({m for i in self.impls for m in i.requires}))
+
+    @property
     def dtypes(self) -> list[str]:
         return sorted({c.dtype for c in self.cases})
 
@@ -206,7 +211,8 @@ class Plan:
         from attnbench.store.env import collect_env
 
         opts = self.opts
-        env = collect_env(["attnbench", self.command, *argv], self.seed, self.device)
+        argv = ["attnbench", self.command, *argv]
+        env = collect_env(argv, self.seed, self.device, self.packages)
         env["impls"] = {
             i.name: {"source": i.source, "baseline": i.baseline, "color": i.color}
             for i in self.impls

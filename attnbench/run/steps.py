@@ -6,7 +6,7 @@ process, a Ray actor's worker process), the steps it answers, one message each:
     ("time", case, impl, round)      its part of a timing round (``timing.Slice``), or its row
     ("anchor", case, round)          the speed anchor's part of a round (measure/anchor.py)
     ("finish", case, impl, slices)   its row (``row.Measured``) from its slices
-    ("device",)                      the device's env.json entry (store/env.device_env)
+    ("device", packages)             the device's env.json entry (store/env.device_env)
     ("ceilings", dtypes, quick)      the device's measured ceilings (measure/ceilings.py)
 
 A step of a case it has not prepared (a fresh server after a crash) is answered UNPREPARED;
@@ -85,10 +85,10 @@ class Steps:
             self.anchor = Anchor(self.device, case.dtype)
         return {"t_unix": time.time(), **self.anchor.round()}
 
-    def _device(self) -> dict:
+    def _device(self, packages: tuple[str, ...]) -> dict:
         from attnbench.store.env import device_env
 
-        return device_env(self.device)
+        return device_env(self.device, packages)
 
     def _ceilings(self, dtypes: list[str], quick: bool) -> dict:
         from attnbench.measure import ceilings

@@ -109,6 +109,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "triton": ("device", "compare"),
     "xformers": ("device", "compare"),
     "xformers_kernels": ("device",),
+    "packages": ("device", "compare"),
     "git_sha": ("device", "compare"),
     "git_dirty": ("compare",),
     "git_dirty_files": (),
@@ -119,8 +120,10 @@ DEVICE_FIELDS = tuple(k for k, uses in FIELDS.items() if "device" in uses)
 COMPARE_FIELDS = tuple(k for k, uses in FIELDS.items() if "compare" in uses)
 
 
-def collect_env(argv: list[str], seed: int, device: str) -> dict:
-    """env.json's FIELDS for this machine and ``device``."""
+def collect_env(argv: list[str], seed: int, device: str, packages=()) -> dict:
+    """env.json's FIELDS for this machine and ``device``. ``packages``: the modules the run's
+    impls require (``Impl.requires``), whose versions it records; xformers' operator record
+    only where xformers is one of them (importing it takes seconds)."""
     import torch
 
     cuda = torch.cuda.is_available() and device.startswith("cuda")
@@ -148,7 +151,10 @@ def collect_env(argv: list[str], seed: int, device: str) -> dict:
         **(gpu_state(device) if cuda else dict.fromkeys(GPU_STATE_FIELDS)),
         "triton": _version("triton"),
         "xformers": _version("xformers"),
-        "xformers_kernels": xformers_kernels() if _version("xformers") else None,
+        "xformers_kernels": (
+            xformers_kernels() if "xformers" in packages and _version("xformers") else None
+        ),
+        "packages": {module: _version(module) for module in sorted(packages)},
         **git_state(),
         "attnbench": checkout.version(),
         "checkout": checkout.root() is not None,
@@ -184,10 +190,10 @@ def device_name(device: str) -> str:
     return cpu_name()
 
 
-def device_env(device: str) -> dict:
+def device_env(device: str, packages=()) -> dict:
     """This machine's entry for env.json ``devices``: host, device name, GPU, driver and
-    versions."""
-    env = collect_env([], 0, device)
+    versions (of ``packages`` too)."""
+    env = collect_env([], 0, device, packages)
     return {
         "host": socket.gethostname(),
         "device_name": device_name(device),
