@@ -47,7 +47,7 @@ def _peak_cpu(fn: Callable[[], object]) -> int:
         result = fn()
     del result
     events = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    stack = list(prof.kineto_results.experimental_event_tree())
     while stack:
         node = stack.pop()
         if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":

@@ -48,18 +48,28 @@ def quiet_stderr():
 
 @contextlib.contextmanager
 def profiled(activities, **kwargs):
-    """A started torch.profiler.profile, stopped on exit; its C++ start/stop lines on stderr
-    (which would garble the progress bar) are silenced."""
-    from torch.profiler import profile
+    """A started profiler, stopped on exit; its C++ start/stop lines on stderr (which would
+    garble the progress bar) are silenced. CPU only: ``torch.autograd.profiler.profile``,
+    which records the same events without torch.profiler's import of torch.compile's
+    machinery at its start (seconds, once in every worker process); its results are
+    ``prof.kineto_results``. Else ``torch.profiler.profile`` (``prof.profiler.kineto_results``)."""
+    from torch.profiler import ProfilerActivity, profile
 
-    prof = profile(activities=activities, **kwargs)
+    if set(activities) == {ProfilerActivity.CPU}:
+        from torch.autograd.profiler import profile as cpu_profile
+
+        prof = cpu_profile(use_cpu=True, **kwargs)
+        start, stop = prof.__enter__, lambda: prof.__exit__(None, None, None)
+    else:
+        prof = profile(activities=activities, **kwargs)
+        start, stop = prof.start, prof.stop
     with quiet_stderr():
-        prof.start()
+        start()
     try:
         yield prof
     finally:
         with quiet_stderr():
-            prof.stop()
+            stop()
 
 
 @dataclass(frozen=True)
