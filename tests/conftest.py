@@ -17,6 +17,15 @@ if "PYTEST_XDIST_WORKER" in os.environ or "TORCHINDUCTOR_CACHE_DIR" not in os.en
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnbench-inductor-")
 
 from attnbench import registry  # noqa: E402
+from attnbench.run import heap  # noqa: E402
+
+
+def pytest_configure(config):
+    """The built-ins loaded and the heap frozen once per test process, as a worker process
+    does (run/heap.py): each row's garbage collection then skips torch and the impls'
+    libraries."""
+    registry.discover()
+    heap.freeze_startup()
 
 
 @pytest.fixture(scope="session")

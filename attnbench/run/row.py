@@ -7,7 +7,6 @@ reason and every metric blank (run/failed.py)."""
 
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,6 +23,7 @@ from attnbench.measure.reference import magnitude, reference
 from attnbench.measure.roofline import rates, roofline
 from attnbench.measure.timing import RoundTimer, Slice, TimerConfig, Timing
 from attnbench.registry import Impl
+from attnbench.run import heap
 from attnbench.run.call import Call
 from attnbench.run.failed import Measured, base_row, caught, failed, one_line
 from attnbench.run.inputs import Inputs, make_inputs
@@ -262,6 +262,6 @@ def _backend(impl: Impl, call: Call, case: Case) -> str | None:
 
 
 def release(case: Case) -> None:
-    gc.collect()
+    heap.collect()
     if case.device_type == "cuda":
         torch.cuda.empty_cache()

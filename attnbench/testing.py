@@ -1,0 +1,70 @@
+"""Testing attention impls with attnbench, for plugin authors and for attnbench's own tests.
+
+    from attnbench import registry
+    from attnbench.testing import conformance_cases, run_row
+
+    impl = registry.discover(["my_attn.py"])["my_attn"]
+    for case in conformance_cases():
+        row = run_row(impl, case)
+        assert row["status"] == "unsupported" or row["agrees"], row["reason"]
+
+- ``FAST``: settings that check a row and time it for about a millisecond: for correctness
+  tests, not for measuring.
+- ``run_row(impl, case)``: one row measured in this process, as a sweep measures it (the
+  float64 reference, the agreement rule, the timing rounds, the memory pass): the CSV row.
+- ``conformance_cases()``: a small grid every impl is held to (GQA, causal in both
+  alignments, a cross-length case, padding, a window, bfloat16, forward and backward); an
+  impl skips a case by its own reasons (``impl.reasons(case)``).
+- ``registered()``: whatever is registered inside the block (impls, plugin files, mask
+  kinds, score modifiers) is gone after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from attnbench import registry
+from attnbench.case import Case
+from attnbench.masks import KINDS, MODS
+from attnbench.measure.timing import TimerConfig
+from attnbench.run.row import Prepared, Settings
+
+FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
+
+
+def run_row(impl: registry.Impl, case: Case, seed: int = 0, settings: Settings = FAST) -> dict:
+    """``impl``'s row of ``case``: status, reason, agreement and metrics, as results.csv has
+    them (a failure is a row with its status and reason, never an exception)."""
+    return Prepared(case, seed, settings).measure(impl).row
+
+
+def conformance_cases(device: str = "cpu") -> list[Case]:
+    """The grid every impl is held to. Lengths of 64 and up: compiled CPU FlexAttention in
+    torch 2.13 is wrong at some shorter lengths on AVX2 machines (docs/method.md)."""
+    base = dict(batch=2, heads=4, kv_heads=2, seq_q=64, seq_kv=64, head_dim=16, device=device)
+    variants = [
+        dict(mode="fwd_bwd"),
+        dict(mode="fwd_bwd", causal=True),
+        dict(seq_q=48, seq_kv=80, causal=True, causal_align="bottom_right"),
+        dict(seq_q=80, seq_kv=48, mode="fwd_bwd"),
+        dict(mask="padding", mode="fwd_bwd"),
+        dict(mask="window", window=16, causal=True),
+        dict(dtype="bfloat16", causal=True),
+    ]
+    return [Case(**{**base, **v}) for v in variants]
+
+
+@contextlib.contextmanager
+def registered() -> Iterator[None]:
+    """Registrations inside the block (impls, loaded plugin files, mask kinds, score
+    modifiers) are undone after it; the built-ins are loaded first, as a module imported
+    once never registers again."""
+    registry.discover()
+    saved = dict(registry._IMPLS), set(registry._LOADED), dict(KINDS), dict(MODS)
+    try:
+        yield
+    finally:
+        for live, before in zip((registry._IMPLS, registry._LOADED, KINDS, MODS), saved):
+            live.clear()
+            live.update(before)
