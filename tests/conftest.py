@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # synth.py: synthetic sweep output for 
 if "PYTEST_XDIST_WORKER" in os.environ or "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnbench-inductor-")
 
-from attnbench import registry  # noqa: E402
+from attnbench import registry, testing  # noqa: E402
 from attnbench.run import heap  # noqa: E402
 
 
@@ -31,6 +31,14 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def impls():
     return registry.discover()
+
+
+@pytest.fixture
+def registered():
+    """Whatever the test registers (impls, plugin files, mask kinds, score modifiers) is gone
+    after it (attnbench.testing.registered)."""
+    with testing.registered():
+        yield
 
 
 def pytest_collection_modifyitems(config, items):

@@ -417,11 +417,13 @@ def test_sweep_writes_its_report(smoke_run):
         (["--profile", "nomatchxyz"], "no (impl, case) pair contains all of ['nomatchxyz']"),
     ],
 )
-def test_unusable_output_folders_and_profile_filters_are_refused_up_front(tmp_path, args, needle):
+def test_unusable_output_folders_and_profile_filters_are_refused_up_front(
+    tmp_path, capsys, args, needle
+):
     (tmp_path / "plain").write_text("a file")
-    proc = sweep("--preset", "smoke", "--impls", "naive", "--seq-len", "32", *args, cwd=tmp_path)
-    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
-    assert len(own_lines(proc.stderr)) == 1
+    code = main(["sweep", "--preset", "smoke", "--impls", "naive", "--seq-len", "32", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and len(own_lines(err)) == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]  # nothing written
 
 

@@ -16,8 +16,8 @@ from attnbench.measure.timing import TimerConfig
 from attnbench.run.call import Call
 from attnbench.run.inputs import make_inputs
 from attnbench.run.row import Settings, ground_truth, measure
+from attnbench.testing import run_row
 
-FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 SHAPE = dict(batch=2, heads=4, kv_heads=2, seq_q=80, seq_kv=72, head_dim=16)
 MASKS = [
     dict(causal=False),
@@ -28,11 +28,6 @@ MASKS = [
 ]
 
 
-def run(impl, case, seed=0):
-    inputs = make_inputs(case, seed)
-    return measure(impl, case, inputs, ground_truth(case, inputs), FAST).row
-
-
 def label(kw):
     return "-".join(f"{k}={v}" for k, v in kw.items())
 
@@ -40,7 +35,7 @@ def label(kw):
 @pytest.mark.slow
 @pytest.mark.parametrize("kw", MASKS, ids=label)
 def test_flex_forward_agrees_under_every_mask(impls, kw):
-    row = run(impls["flex"], Case(**SHAPE, **kw))
+    row = run_row(impls["flex"], Case(**SHAPE, **kw))
     assert row["status"] == "ok", row["reason"]
     assert row["agrees"] is True, row["reason"]
     assert row["recompiled"] is False
@@ -48,7 +43,7 @@ def test_flex_forward_agrees_under_every_mask(impls, kw):
 
 
 def test_flex_has_no_cpu_backward(impls):
-    row = run(impls["flex"], Case(**SHAPE, mode="fwd_bwd"))
+    row = run_row(impls["flex"], Case(**SHAPE, mode="fwd_bwd"))
     assert row["status"] == "unsupported"
     assert row["reason"] == "mode=fwd_bwd on cpu (supported: fwd; backward on cuda only)"
 
@@ -58,7 +53,7 @@ def test_flex_has_no_cpu_backward(impls):
     "kw", [dict(mask="padding", causal=True), dict(mask="window", window=12)], ids=label
 )
 def test_naive_compiled_agrees_with_grads(impls, kw):
-    row = run(impls["naive_compiled"], Case(**SHAPE, mode="fwd_bwd", **kw))
+    row = run_row(impls["naive_compiled"], Case(**SHAPE, mode="fwd_bwd", **kw))
     assert row["status"] == "ok", row["reason"]
     assert row["agrees"] is True, row["reason"]
     assert row["recompiled"] is False
@@ -68,11 +63,11 @@ def test_naive_compiled_agrees_with_grads(impls, kw):
 def test_compile_ms_is_the_first_calls_extra_time_and_not_in_time_ms(impls):
     case = Case(batch=1, heads=2, kv_heads=2, seq_q=24, seq_kv=24, head_dim=8)  # a new graph
     events = compile_events()
-    first = run(impls["naive_compiled"], case)
+    first = run_row(impls["naive_compiled"], case)
     assert compile_events() > events  # it compiled: compile_ms is that call's extra time
     assert first["status"] == "ok" and first["recompiled"] is False
     assert first["compile_ms"] > 0
-    again = run(impls["naive_compiled"], case)  # the compiled graph is reused
+    again = run_row(impls["naive_compiled"], case)  # the compiled graph is reused
     assert again["compile_ms"] == 0.0
     assert "the first call compiled nothing" in again["reason"]
     assert again["recompiled"] is False
@@ -141,7 +136,7 @@ def test_flex_forward_and_backward_agree_on_cuda(impls, kw):
         mode="fwd_bwd",
         **kw,
     )
-    row = run(impls["flex"], case)
+    row = run_row(impls["flex"], case)
     assert row["status"] == "ok", row["reason"]
     assert row["agrees"] is True, row["reason"]
     assert row["recompiled"] is False

@@ -9,11 +9,7 @@ import pytest
 
 from attnbench import registry
 from attnbench.case import Case
-from attnbench.measure.timing import TimerConfig
-from attnbench.run.inputs import make_inputs
-from attnbench.run.row import Settings, ground_truth, measure
-
-FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
+from attnbench.testing import run_row
 
 LIBRARY = '''
 import torch
@@ -73,9 +69,8 @@ def returns_bshd(q, k, v, *, causal, scale):
 
 
 @pytest.fixture
-def plugin(tmp_path, monkeypatch):
+def plugin(tmp_path, registered):
     """``plugin[name]``: the impl registered by its own plugin file, loaded by discovery."""
-    monkeypatch.setattr(registry, "_IMPLS", dict(registry._IMPLS))  # leave no impl behind
 
     class Loaded(dict):
         def __missing__(self, name):
@@ -91,18 +86,13 @@ def case(**kw) -> Case:
     return Case(**{**base, **kw})
 
 
-def row(impl, c: Case) -> dict:
-    inputs = make_inputs(c, 0)
-    return measure(impl, c, inputs, ground_truth(c, inputs), FAST).row
-
-
 @pytest.mark.parametrize("name", ["bottom_right_only", "flash_attn_func_style"])
 def test_a_bottom_right_only_impl_runs_where_the_alignments_coincide(plugin, name):
     impl = plugin[name]
     # mask= only where its signature takes it: a flash_attn_func-style function needs causal
     assert impl.causal_align == ("bottom_right",)
     assert impl.takes_mask is (name == "bottom_right_only")
-    top_left = row(impl, case(seq_q=4, seq_kv=12, causal=True))
+    top_left = run_row(impl, case(seq_q=4, seq_kv=12, causal=True))
     assert top_left["status"] == "unsupported"
     assert top_left["reason"] == "causal_align=top_left (supported: bottom_right)"
     assert top_left["time_ms"] is None  # no number for a case that did not run
@@ -112,7 +102,7 @@ def test_a_bottom_right_only_impl_runs_where_the_alignments_coincide(plugin, nam
         case(seq_q=4, seq_kv=12),  # not causal: no diagonal at all
         case(seq_q=4, seq_kv=12, mode="fwd_bwd", causal=True, causal_align="bottom_right"),
     ):
-        r = row(impl, c)
+        r = run_row(impl, c)
         assert r["status"] == "ok" and r["agrees"] is True, (c.label(), r["reason"])
 
 
@@ -127,11 +117,11 @@ def test_a_backward_on_cuda_only_is_unsupported_on_the_cpu_with_its_reason(plugi
     impl = plugin["cuda_backward"]
     assert impl.backward == ("cuda",)
     assert impl.backward_on("cuda") and not impl.backward_on("cpu")
-    r = row(impl, case(mode="fwd_bwd"))
+    r = run_row(impl, case(mode="fwd_bwd"))
     assert r["status"] == "unsupported", r["reason"]
     assert r["reason"] == "mode=fwd_bwd on cpu (supported: fwd; backward on cuda only)"
     assert impl.reasons(case(device="cuda", mode="bwd")) == []
-    fwd = row(impl, case(seq_q=4, seq_kv=12))
+    fwd = run_row(impl, case(seq_q=4, seq_kv=12))
     assert fwd["status"] == "ok" and fwd["agrees"] is True, fwd["reason"]
 
 
@@ -161,11 +151,11 @@ def test_backward_takes_true_false_or_devices(monkeypatch):
 def test_an_output_layout_of_its_own_is_converted_by_the_harness(plugin, c):
     impl = plugin["returns_bshd"]
     assert (impl.layout, impl.output_layout) == ("bhsd", "bshd")
-    r = row(impl, c)
+    r = run_row(impl, c)
     assert r["status"] == "ok" and r["agrees"] is True, r["reason"]
     # the same function declared with one layout returns the wrong shape: caught
     wrong = registry.Impl(name="same_layout", fn=impl.fn)
-    bad = row(wrong, case(heads=4, kv_heads=2, seq_q=5, seq_kv=12))
+    bad = run_row(wrong, case(heads=4, kv_heads=2, seq_q=5, seq_kv=12))
     assert bad["status"] == "error" and "shape" in bad["reason"]
 
 

@@ -12,12 +12,10 @@ from attnbench import registry
 from attnbench.case import Case
 from attnbench.masks import ANY, offset
 from attnbench.measure import diagnose
-from attnbench.measure.timing import TimerConfig
 from attnbench.run.call import Call
 from attnbench.run.inputs import make_inputs
-from attnbench.run.row import Settings, ground_truth, measure
-
-FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
+from attnbench.run.row import ground_truth
+from attnbench.testing import run_row
 
 
 def planted(q, k, v, *, causal, scale, mask=None, bug=None):
@@ -55,9 +53,8 @@ def planted(q, k, v, *, causal, scale, mask=None, bug=None):
 
 
 @pytest.fixture
-def register(monkeypatch):
+def register(registered):
     """Registers ``planted`` with ``bug`` under a test name; no impl is left behind."""
-    monkeypatch.setattr(registry, "_IMPLS", dict(registry._IMPLS))
 
     def make(bug, compiled=None):
         """``compiled``: a torch.compile'd function the output passes through (COMPILED)."""
@@ -115,12 +112,6 @@ MESSAGES = {  # what the note must say, per convention
 }
 
 
-def row(impl, case):
-    """The row run.row.measure makes: checked call, verdict, timing and memory passes."""
-    inputs = make_inputs(case, 0)
-    return measure(impl, case, inputs, ground_truth(case, inputs), FAST).row
-
-
 def verdict(impl, case, dtype="float32"):
     """The verdict alone, as the row's judge step makes it (faster than a whole row)."""
     case = dataclasses.replace(case, dtype=dtype)
@@ -137,7 +128,7 @@ def test_every_convention_has_a_planted_bug():
 @pytest.mark.parametrize("bug", sorted(CASES))
 def test_a_planted_convention_bug_is_named(register, bug):
     case = CASES[bug]
-    r = row(register(bug), case)
+    r = run_row(register(bug), case)
     assert r["status"] == "ok" and r["agrees"] is False, r["reason"]
     assert "disagrees with the float64 reference" in r["reason"]
     assert MESSAGES[bug] in r["reason"], r["reason"]
@@ -190,7 +181,7 @@ def test_out_of_memory_stops_the_diagnosis_not_the_row(register, monkeypatch):
         raise torch.OutOfMemoryError("planted")
 
     monkeypatch.setattr(diagnose, "reference", no_memory)
-    r = row(register("causal_align"), CASES["causal_align"])
+    r = run_row(register("causal_align"), CASES["causal_align"])
     assert r["status"] == "ok" and r["agrees"] is False
     assert "no diagnosis past causal_align: out of memory" in r["reason"], r["reason"]
 
@@ -233,7 +224,7 @@ COMPILED = {  # what: (planted bug, compiled function, what the row's reason mus
 @pytest.mark.parametrize("what", sorted(COMPILED))
 def test_a_compiled_impls_disagreement_says_whether_eager_agrees(register, what):
     bug, compiled, message = COMPILED[what]
-    r = row(register(bug, compiled), CASES["scale_1"])
+    r = run_row(register(bug, compiled), CASES["scale_1"])
     assert r["status"] == "ok" and r["agrees"] is False, r["reason"]
     assert message in r["reason"], r["reason"]
     if "torch.compile, " in message:
@@ -246,5 +237,5 @@ def test_an_agreeing_compiled_impl_is_not_run_eagerly(register, monkeypatch):
         raise AssertionError("the eager form ran on an agreeing row")
 
     monkeypatch.setattr(diagnose, "eager_note", never)
-    r = row(register(None, right_compiled), CASES["scale_1"])
+    r = run_row(register(None, right_compiled), CASES["scale_1"])
     assert r["status"] == "ok" and r["agrees"] is True, r["reason"]

@@ -12,11 +12,8 @@ from attnbench import registry
 from attnbench.case import Case, CaseError
 from attnbench.cli import main
 from attnbench.measure import reference
-from attnbench.measure.timing import TimerConfig
 from attnbench.run.inputs import make_inputs
-from attnbench.run.row import Settings, ground_truth, measure
-
-FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
+from attnbench.testing import run_row
 
 
 def doc_case(spec, seq=96, causal=False, mode="fwd", batch=2, heads=2, kv_heads=2):
@@ -55,11 +52,6 @@ def loop_keep(doc_lens, seq, causal):
             for j in range(seq):
                 keep[b, 0, i, j] = same_document(lens, i, j) and (j <= i or not causal)
     return keep
-
-
-def run(impl, case):
-    inputs = make_inputs(case, 0)
-    return measure(impl, case, inputs, ground_truth(case, inputs), FAST).row
 
 
 @pytest.mark.parametrize(
@@ -133,17 +125,17 @@ def test_impls_agree_inside_documents(impls, monkeypatch, name, causal):
     monkeypatch.setitem(globals_, "BLOCK_Q", 16)  # tiles smaller than the documents: some
     monkeypatch.setitem(globals_, "BLOCK_K", 8)  # skipped, some whole, some cut
     case = doc_case("uniform:10-40", seq=80, causal=causal, mode="fwd_bwd", heads=4, kv_heads=2)
-    row = run(impls[name], case)
+    row = run_row(impls[name], case)
     assert row["status"] == "ok", row["reason"]
     assert row["agrees"] is True, row["reason"]
     assert row["work_flops"] >= row["flops"] > 0
 
 
 def test_nested_runs_documents_and_says_why_not_causal(impls):
-    row = run(impls["sdpa_nested"], doc_case("uniform:10-40", mode="fwd_bwd"))
+    row = run_row(impls["sdpa_nested"], doc_case("uniform:10-40", mode="fwd_bwd"))
     assert row["status"] == "ok" and row["agrees"] is True, row["reason"]
     assert row["work_flops"] == row["flops"]  # one matrix per document: nothing wasted
-    row = run(impls["sdpa_nested"], doc_case("uniform:10-40", causal=True))
+    row = run_row(impls["sdpa_nested"], doc_case("uniform:10-40", causal=True))
     if torch.version.cuda and not torch.cuda.is_available() and "driver" in row["reason"]:
         # a CUDA build on a machine without a driver (scripts/check_image.sh): PyTorch's
         # nested SDPA asks the driver before it refuses causal, and that call fails
@@ -159,7 +151,7 @@ def test_every_impl_declaring_gqa_runs_gqa_documents_or_says_why(impls):
     for name, impl in impls.items():
         if impl.compiled or impl.reasons(case):
             continue  # torch.compile impls: tests/test_compiled.py
-        row = run(impl, case)
+        row = run_row(impl, case)
         assert row["status"] in ("ok", "unsupported"), (name, row["reason"])
         assert row["status"] == "unsupported" or row["agrees"] is True, (name, row["reason"])
     assert impls["sdpa_nested"].reasons(case) == [
@@ -193,13 +185,13 @@ def test_a_leak_into_the_previous_document_disagrees(tmp_path):
     """)
     )
     impl = registry.discover([str(path)], builtin=False, entry_points=False)["leaky"]
-    row = run(impl, doc_case("fixed:24"))
+    row = run_row(impl, doc_case("fixed:24"))
     assert row["status"] == "ok" and row["agrees"] is False
     assert "disagrees with the float64 reference" in row["reason"]
 
 
 def test_xformers_takes_documents_on_cuda_only(impls):
-    row = run(impls["xformers"], doc_case("fixed:24"))
+    row = run_row(impls["xformers"], doc_case("fixed:24"))
     assert row["status"] == "unsupported"
     # its reason: the device; or, where xformers is not installed or its extension does not
     # load here, that

@@ -269,11 +269,15 @@ def test_every_documented_command_runs(which, tmp_path, monkeypatch, capfd):
 
 def test_help_of_the_scripts_runs():
     """The one-line wrappers in scripts/ answer --help (their import path works)."""
-    for script in ("sweep", "race", "report", "compare"):
-        proc = subprocess.run(
+    started = [  # all at once: each starts a Python with torch (seconds)
+        subprocess.Popen(
             [sys.executable, str(ROOT / "scripts" / f"{script}.py"), "--help"],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=300,
         )
-        assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr[-2000:]
+        for script in ("sweep", "race", "report", "compare")
+    ]
+    for proc in started:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0 and "usage:" in out, err[-2000:]

@@ -16,11 +16,8 @@ from fake_attention_libs import fake_flash_attn, fake_flashinfer
 from attnbench import registry
 from attnbench.case import Case
 from attnbench.cli import list_impls
-from attnbench.measure.timing import TimerConfig
-from attnbench.run.inputs import make_inputs
-from attnbench.run.row import Settings, ground_truth, measure
+from attnbench.testing import run_row
 
-FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 GPU_ONLY = (
     "flash_attn2",
     "flash_attn2_paged",
@@ -57,11 +54,6 @@ def decode(seq_q=1, **kw) -> Case:
 
 def label(x) -> str:
     return x.label() if isinstance(x, Case) else x if isinstance(x, str) else ""
-
-
-def run(impl, c: Case) -> dict:
-    inputs = make_inputs(c, 0)
-    return measure(impl, c, inputs, ground_truth(c, inputs), FAST).row
 
 
 @pytest.fixture
@@ -178,7 +170,7 @@ FA_CASES = [  # (case, the function it must call)
 )
 def test_flash_attn_mapping_agrees_through_the_stand_in(fake, name, c, function):
     impl, lib = fake(name)
-    row = run(impl, c)
+    row = run_row(impl, c)
     assert row["status"] == "ok" and row["agrees"] is True, row["reason"]
     assert set(lib.calls) == {function}
 
@@ -189,7 +181,7 @@ def test_flash_attn_mapping_agrees_through_the_stand_in(fake, name, c, function)
 )
 def test_paged_flash_attn_reads_the_block_table(fake, name, c):
     impl, lib = fake(name)  # FA2's stand-in refuses pages that are not a multiple of 256
-    row = run(impl, c)
+    row = run_row(impl, c)
     assert row["status"] == "ok" and row["agrees"] is True, row["reason"]
     assert set(lib.calls) == {"flash_attn_with_kvcache"}
 
@@ -211,7 +203,7 @@ FI_CASES = [  # (case, the functions it must call); FlashInfer's head dims: 64, 
 @pytest.mark.parametrize("c,functions", FI_CASES, ids=label)
 def test_flashinfer_mapping_agrees_through_the_stand_in(fake, c, functions):
     impl, lib = fake("flashinfer")
-    row = run(impl, c)
+    row = run_row(impl, c)
     assert row["status"] == "ok" and row["agrees"] is True, row["reason"]
     assert set(lib.calls) == functions
     assert sum(f.endswith(".plan") for f in lib.calls) <= 1  # planned once per row
@@ -228,7 +220,7 @@ def test_flashinfer_mapping_agrees_through_the_stand_in(fake, c, functions):
 )
 def test_flashinfer_paged_uses_its_own_page_table(fake, c):
     impl, lib = fake("flashinfer_paged")
-    row = run(impl, c)
+    row = run_row(impl, c)
     assert row["status"] == "ok" and row["agrees"] is True, row["reason"]
     kind = "Decode" if c.seq_q == 1 else "Prefill"
     assert set(lib.calls) == {f"Batch{kind}WithPagedKVCacheWrapper.{s}" for s in ("plan", "run")}
@@ -245,7 +237,7 @@ def test_a_window_off_by_one_disagrees(fake, monkeypatch, name):
         monkeypatch.setattr(flash_attn, "window_size", lambda causal, w: (w, 0))
     else:
         monkeypatch.setattr(flashinfer, "window_left", lambda w: w)
-    row = run(impl, decode(seq_q=4, mask="window", window=50, head_dim=64))
+    row = run_row(impl, decode(seq_q=4, mask="window", window=50, head_dim=64))
     assert row["status"] == "ok" and row["agrees"] is False
     assert "disagrees with the float64 reference" in row["reason"]
     assert "out matches window 51; declared window 50" in row["reason"], row["reason"]
@@ -278,7 +270,7 @@ def test_the_real_library_agrees_on_a_gpu(impls, name):
     if not impl.available:
         pytest.skip(impl.unavailable)
     for c in cuda_cases(impl):
-        row = run(impl, c)
+        row = run_row(impl, c)
         assert row["status"] in ("ok", "unsupported"), (c.label(), row["reason"])
         if row["status"] == "ok":
             assert row["agrees"] is True, (c.label(), row["reason"])

@@ -11,13 +11,9 @@ import pytest
 
 from attnbench.case import Case
 from attnbench.cli import main
-from attnbench.measure.timing import TimerConfig
-from attnbench.run.inputs import make_inputs
-from attnbench.run.row import Settings, ground_truth, measure
+from attnbench.testing import run_row
 
 pytest.importorskip("transformers", reason="transformers is not installed (pip install '.[hf]')")
-
-FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 
 
 def case(**kw) -> Case:
@@ -39,11 +35,6 @@ CASES = [
 ]
 
 
-def run(impl, c: Case) -> dict:
-    inputs = make_inputs(c, 0)
-    return measure(impl, c, inputs, ground_truth(c, inputs), FAST).row
-
-
 @pytest.mark.parametrize(
     "name,c",
     [("hf_sdpa", c) for c in CASES]  # eager: the cases where its float mask differs most
@@ -51,7 +42,7 @@ def run(impl, c: Case) -> dict:
     ids=lambda x: x.label() if isinstance(x, Case) else x,
 )
 def test_transformers_attention_agrees_with_the_reference(impls, name, c):
-    row = run(impls[name], c)
+    row = run_row(impls[name], c)
     assert row["status"] == "ok" and row["agrees"] is True, row["reason"]
 
 
@@ -91,13 +82,13 @@ def test_a_window_convention_off_by_one_disagrees(impls, monkeypatch):
     from attnbench.impls import hf
 
     monkeypatch.setattr(hf, "_window", lambda impl, causal, window: window)
-    row = run(impls["hf_sdpa"], case(mask="window", window=9))
+    row = run_row(impls["hf_sdpa"], case(mask="window", window=9))
     assert row["status"] == "ok" and row["agrees"] is False
 
 
 @pytest.mark.slow
 def test_flex_through_transformers_agrees_on_the_cpu(impls):
-    row = run(impls["hf_flex"], case(causal=True, mask="window", window=9))
+    row = run_row(impls["hf_flex"], case(causal=True, mask="window", window=9))
     assert row["status"] == "ok" and row["agrees"] is True, row["reason"]
     assert row["compile_ms"] is not None
 

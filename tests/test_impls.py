@@ -17,20 +17,14 @@ from attnbench.run.call import Call
 from attnbench.run.inputs import make_inputs
 from attnbench.run.layer import layer_reference
 from attnbench.run.row import Settings, ground_truth, measure
+from attnbench.testing import FAST, run_row
 
-FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 SHAPES = [  # (heads, kv_heads, seq_q, seq_kv, head_dim)
     (2, 2, 64, 64, 32),
     (4, 2, 80, 48, 16),  # GQA, seq_q > seq_kv
     (4, 1, 40, 100, 64),  # MQA, seq_q < seq_kv
     (2, 2, 300, 300, 16),  # several tiles, ragged last one
 ]
-
-
-def run(impl, case, seed=0):
-    inputs = make_inputs(case, seed)
-    row = measure(impl, case, inputs, ground_truth(case, inputs), FAST).row
-    return row
 
 
 def cases(dtypes=("float32",)):
@@ -57,7 +51,7 @@ def test_impl_agrees_with_reference(impls, name, case):
 
 
 def check_agrees(impl, case):
-    row = run(impl, case)
+    row = run_row(impl, case)
     assert row["status"] == "ok", row["reason"]
     assert row["agrees"] is True, row["reason"]
     assert row["rel_err"] <= row["err_bound"]
@@ -120,7 +114,7 @@ def test_tiled_with_small_blocks_skips_and_masks_blocks_correctly(impls, monkeyp
 @pytest.mark.parametrize("name", ["sdpa", "tiled"])
 @pytest.mark.parametrize("case", [c for c in cases(("bfloat16",)) if c.seq_q <= 80], ids=Case.label)
 def test_impl_agrees_in_bfloat16(impls, name, case):
-    row = run(impls[name], case)
+    row = run_row(impls[name], case)
     assert row["status"] == "ok", row["reason"]
     assert row["agrees"] is True, row["reason"]
 
@@ -190,7 +184,7 @@ def test_agreement_rule_catches_a_wrong_impl(tmp_path, bug):
     """)
     )
     impl = registry.discover([str(path)], builtin=False, entry_points=False)[bug]
-    row = run(impl, case)
+    row = run_row(impl, case)
     assert row["status"] == "ok", row["reason"]
     assert row["agrees"] is False
     assert "disagrees with the float64 reference: out " in row["reason"]
@@ -215,7 +209,7 @@ def test_a_row_failing_only_max_abs_carries_its_bound_and_names_it(tmp_path):
     )
     impl = registry.discover([str(path)], builtin=False, entry_points=False)["one_element"]
     case = Case(batch=1, heads=2, kv_heads=2, seq_q=64, seq_kv=64, head_dim=32)
-    row = run(impl, case)
+    row = run_row(impl, case)
     assert row["status"] == "ok" and row["agrees"] is False
     assert "out max-abs" in row["reason"] and "at (0, 1, 5, 3)" in row["reason"]
     assert "out rel" not in row["reason"]
@@ -237,7 +231,7 @@ def test_degenerate_cases_agree_with_finite_errors(impls, name, sq, skv, causal)
     case = Case(
         batch=1, heads=2, kv_heads=2, seq_q=sq, seq_kv=skv, head_dim=16, causal=causal, mode="bwd"
     )
-    row = run(impls[name], case)
+    row = run_row(impls[name], case)
     assert row["status"] == "ok", row["reason"]
     assert row["agrees"] is True, row["reason"]
     assert (
@@ -374,7 +368,7 @@ def test_layer_level_on_cuda(impls, name):
     )
     if not impls[name].available:
         pytest.skip(impls[name].unavailable)
-    row = run(impls[name], case)
+    row = run_row(impls[name], case)
     if name == "xformers":  # GQA + backward: said up front, never an error row
         assert row["status"] == "unsupported" and "no backward" in row["reason"]
         return

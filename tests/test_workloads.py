@@ -10,6 +10,7 @@ from test_cli import sweep  # scripts/sweep.py --device cpu in a subprocess
 from torchlog import own_lines
 
 from attnbench.case import Case, CaseError
+from attnbench.cli import main
 from attnbench.measure.reference import reference
 from attnbench.measure.roofline import roofline
 from attnbench.measure.timing import TimerConfig
@@ -228,14 +229,14 @@ def test_gemma_alternates_window_and_global_layers():
     assert {(c.mask, c.window) for c in cases} == {("window", 4096), ("none", None)}
 
 
-def test_a_model_typo_is_one_line_naming_the_closest(tmp_path):
-    proc = sweep("--model", "lama3-8b", cwd=tmp_path)
-    assert proc.returncode == 2
-    assert len(own_lines(proc.stderr)) == 1
-    assert "did you mean 'llama3-8b'" in proc.stderr
+def test_a_model_typo_is_one_line_naming_the_closest(tmp_path, capsys):
+    assert main(["sweep", "--model", "lama3-8b"]) == 2
+    err = capsys.readouterr().err
+    assert len(own_lines(err)) == 1 and "did you mean 'llama3-8b'" in err
     assert not (tmp_path / "results").exists()
-    listed = sweep("--list-models", cwd=tmp_path)
-    assert listed.returncode == 0 and all(name in listed.stdout for name in MODELS)
+    assert main(["sweep", "--list-models"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in MODELS)
 
 
 @pytest.mark.slow  # a decode sweep end to end
