@@ -4,7 +4,7 @@
     from attnbench.testing import conformance_cases, run_row
 
     impl = registry.discover(["my_attn.py"])["my_attn"]
-    for case in conformance_cases():
+    for case in conformance_cases(impl):
         row = run_row(impl, case)
         assert row["status"] == "unsupported" or row["agrees"], row["reason"]
 
@@ -12,9 +12,10 @@
   tests, not for measuring.
 - ``run_row(impl, case)``: one row measured in this process, as a sweep measures it (the
   float64 reference, the agreement rule, the timing rounds, the memory pass): the CSV row.
-- ``conformance_cases()``: a small grid every impl is held to (GQA, causal in both
-  alignments, a cross-length case, padding, a window, bfloat16, forward and backward); an
-  impl skips a case by its own reasons (``impl.reasons(case)``).
+- ``conformance_cases(impl)``: a small grid every impl is held to (GQA, causal in both
+  alignments, a cross-length case, padding, a window, bfloat16, forward and backward), within
+  the head dims, dtypes and GQA ``impl`` declares; an impl skips a case by its own reasons
+  (``impl.reasons(case)``).
 - ``registered()``: whatever is registered inside the block (impls, plugin files, mask
   kinds, score modifiers) is gone after it.
 """
@@ -39,10 +40,20 @@ def run_row(impl: registry.Impl, case: Case, seed: int = 0, settings: Settings =
     return Prepared(case, seed, settings).measure(impl).row
 
 
-def conformance_cases(device: str = "cpu") -> list[Case]:
-    """The grid every impl is held to. Lengths of 64 and up: compiled CPU FlexAttention in
-    torch 2.13 is wrong at some shorter lengths on AVX2 machines (docs/method.md)."""
+def conformance_cases(impl: registry.Impl | None = None, device: str = "cpu") -> list[Case]:
+    """The grid every impl is held to, within what ``impl`` declares when given (its
+    smallest head dim where it lists some, its first dtype where float32 is not among them,
+    kv_heads = heads where it has no GQA). Lengths of 64 and up: compiled CPU FlexAttention
+    in torch 2.13 is wrong at some shorter lengths on AVX2 machines (docs/method.md)."""
     base = dict(batch=2, heads=4, kv_heads=2, seq_q=64, seq_kv=64, head_dim=16, device=device)
+    base["dtype"] = "float32"
+    if impl is not None:
+        if impl.head_dims and base["head_dim"] not in impl.head_dims:
+            base["head_dim"] = min(impl.head_dims)
+        if base["dtype"] not in impl.dtypes:
+            base["dtype"] = impl.dtypes[0]
+        if not impl.gqa:
+            base["kv_heads"] = base["heads"]
     variants = [
         dict(mode="fwd_bwd"),
         dict(mode="fwd_bwd", causal=True),
@@ -52,7 +63,7 @@ def conformance_cases(device: str = "cpu") -> list[Case]:
         dict(mask="window", window=16, causal=True),
         dict(dtype="bfloat16", causal=True),
     ]
-    return [Case(**{**base, **v}) for v in variants]
+    return list(dict.fromkeys(Case(**{**base, **v}) for v in variants))
 
 
 @contextlib.contextmanager

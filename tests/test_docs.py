@@ -78,6 +78,23 @@ def test_the_plugin_guide_examples_register_and_agree(tmp_path):
     assert (fwd_only["status"] == "unsupported").all()  # CUDA only: said, not run
 
 
+@pytest.mark.slow  # seven rows of README's my_attn in float16 on the CPU
+def test_the_plugin_guides_test_file_passes_on_the_readme_impl(tmp_path, monkeypatch):
+    """docs/plugins.md "Testing your impl": its test file, run by pytest as a plugin author
+    would, against README's my_attn.py."""
+    (block,) = [b for b in python_blocks(ROOT / "docs" / "plugins.md") if "# test_my_attn" in b]
+    (tmp_path / "test_my_attn.py").write_text(block)
+    (tmp_path / "my_attn.py").write_text(python_blocks(ROOT / "README.md")[0])
+    monkeypatch.chdir(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-3000:]
+
+
 def bash_commands(path: Path) -> list[str]:
     """The command lines of a page's bash blocks: comments dropped, continued lines joined."""
     lines = []
