@@ -32,7 +32,7 @@ WEIGHTS = ("wq", "wk", "wv", "wo")
 # the learned parts beyond the four weights, in the order their gradients are checked
 EXTRAS = ("bq", "bk", "bv", "bo", "q_norm_w", "q_norm_b", "k_norm_w", "k_norm_b")
 # Not checked: a bias on every key adds q·bk to all of a query's scores alike, which softmax
-# ignores (without a score modifier), so its gradient is zero up to rounding, a rel_err of noise
+# ignores (a soft-cap aside), so its gradient is zero up to rounding, a rel_err of noise
 UNCHECKED = ("bk",)
 NORM_KINDS = ("rms", "layer")
 NORM_SCOPES = ("head", "projection")
