@@ -38,30 +38,25 @@ class Family(NamedTuple):
     config: str  # its config class
     attention: str  # its attention module class
     layout: ModuleLayout
-    config_kw: tuple = ()  # what else its config needs for the case's layer
+    head_dim_fields: tuple[str, ...] = ()  # config fields set to head_dim
 
 
-HEAD_NORMS = ModuleLayout(q_norm=QKNorm("q_norm"), k_norm=QKNorm("k_norm"))
+def qk_norms(**declared) -> ModuleLayout:
+    """transformers' layout with its norms on q and k, ``q_norm`` and ``k_norm``."""
+    return ModuleLayout(q_norm=QKNorm("q_norm", **declared), k_norm=QKNorm("k_norm", **declared))
+
+
 FAMILIES = {
     "llama": Family("llama", "LlamaConfig", "LlamaAttention", ModuleLayout()),
     "qwen2": Family("qwen2", "Qwen2Config", "Qwen2Attention", ModuleLayout()),
-    "qwen3": Family("qwen3", "Qwen3Config", "Qwen3Attention", HEAD_NORMS),
-    "olmo2": Family(
-        "olmo2",
-        "Olmo2Config",
-        "Olmo2Attention",
-        ModuleLayout(
-            q_norm=QKNorm("q_norm", scope="projection"), k_norm=QKNorm("k_norm", scope="projection")
-        ),
-    ),
+    "qwen3": Family("qwen3", "Qwen3Config", "Qwen3Attention", qk_norms()),
+    "olmo2": Family("olmo2", "Olmo2Config", "Olmo2Attention", qk_norms(scope="projection")),
     "gemma3": Family(
         "gemma3",
         "Gemma3TextConfig",
         "Gemma3Attention",
-        ModuleLayout(
-            q_norm=QKNorm("q_norm", unit_offset=True), k_norm=QKNorm("k_norm", unit_offset=True)
-        ),
-        (("query_pre_attn_scalar", "head_dim"),),  # its scale: query_pre_attn_scalar**-0.5
+        qk_norms(unit_offset=True),
+        ("query_pre_attn_scalar",),  # its scale is query_pre_attn_scalar**-0.5
     ),
 }
 
@@ -78,7 +73,7 @@ def hf_attention(family: str, impl: str, case: Case, mask) -> LayerModule:
         num_key_value_heads=case.kv_heads,
         head_dim=D,
     )
-    extra = {k: sizes[v] for k, v in fam.config_kw}
+    extra = dict.fromkeys(fam.head_dim_fields, D)
     config = getattr(modeling, fam.config)(**sizes, **extra, attention_dropout=0.0)
     config._attn_implementation = impl
     module = getattr(modeling, fam.attention)(config, layer_idx=0).to(device=device, dtype=dtype)
