@@ -3,13 +3,15 @@
 The plugin API, from one import::
 
     from attnbench import register, Unsupported, Case, Mask, LayerModule, read_results
+    from attnbench import ModuleLayout, QKNorm  # a hosted module's layout (level layer)
 """
 
 from attnbench.case import Case
 from attnbench.errors import AttnbenchError, UsageError
 from attnbench.masks import Mask
 from attnbench.registry import Unsupported, register
-from attnbench.run.layer_module import LayerModule
+from attnbench.run.layer import QKNorm
+from attnbench.run.layer_module import LayerModule, ModuleLayout
 from attnbench.store.results import read_results
 
 __all__ = [
@@ -17,6 +19,8 @@ __all__ = [
     "Case",
     "LayerModule",
     "Mask",
+    "ModuleLayout",
+    "QKNorm",
     "Unsupported",
     "UsageError",
     "read_results",

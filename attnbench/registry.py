@@ -17,8 +17,11 @@ declares ``page_tokens``).
 
 A **module impl** (``register(..., module=True)``) is instead a factory ``(case, mask) ->
 run.layer_module.LayerModule``: a model's own attention module (its projections included) with
-its four projection weights and a call x (B, S, d_model) -> (B, S, d_model). It runs at level
-layer only; the harness loads the seeded weights into it (docs/plugins.md).
+the layout of its learned parts and a call x (B, S, d_model) -> (B, S, d_model). It runs at
+level layer only; the harness loads the seeded weights into it (docs/plugins.md).
+
+``head_order`` says which kv head query head h reads under GQA (attnbench/heads.py); the
+harness maps an impl of the other order outside the timing (run/call.py, run/layer.py).
 
 Impls come from four places: the built-ins (the package ``attnbench.impls``, shipped in the
 wheel), every module in the checkout's drop-in ``impls/`` folder (only when attnbench runs from
@@ -47,6 +50,7 @@ import torch
 from attnbench import checkout
 from attnbench.case import DEVICES, DTYPES, Case, CaseError
 from attnbench.errors import AttnbenchError, UsageError
+from attnbench.heads import HEAD_ORDERS
 from attnbench.masks import ALIGNS, ANY, KINDS, MODS
 from attnbench.masks.contract import ContractError
 from attnbench.masks.kind import try_kind
@@ -75,6 +79,7 @@ class Impl:
     causal: bool = True
     cross: bool = True  # seq_q != seq_kv
     gqa: bool = True  # kv_heads < heads
+    head_order: str = "grouped"  # heads.HEAD_ORDERS: which kv head query head h reads
     backward: bool | tuple[str, ...] = True  # or the devices it has a backward on
     layout: str = "bhsd"  # of q, k, v (and of out unless out_layout says otherwise)
     out_layout: str | None = None  # of out (and of its gradient); None: layout
@@ -252,6 +257,7 @@ def register(
     causal: bool = True,
     cross: bool = True,
     gqa: bool = True,
+    head_order: str = "grouped",
     backward: bool | Iterable[str] = True,
     layout: str = "bhsd",
     out_layout: str | None = None,
@@ -293,6 +299,7 @@ def register(
             dtypes=_valid(name, "dtypes", dtypes, DTYPES),
             head_dims=None if head_dims is None else tuple(head_dims),
             backward=_backward(name, backward),
+            head_order=_valid(name, "head_order", [head_order], HEAD_ORDERS)[0],
             layout=_valid(name, "layout", [layout], LAYOUTS)[0],
             out_layout=None if out_layout in (None, layout) else _out_layout(name, out_layout),
             masks=_masks(name, masks, unmasked),

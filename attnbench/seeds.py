@@ -15,6 +15,7 @@ STREAMS: dict[str, int] = {
     "documents": 104729,  # mask document: the lengths of the packed documents
     "sparse": 15485863,  # mask block_sparse: the random key blocks of each query block
     "pages": 32452843,  # paged KV caches: the order of the pages in the pool
+    "layer_parts": 49979687,  # level layer: a module's biases and q/k norm weights
 }
 
 

@@ -1,7 +1,8 @@
 """Level layer around a model's own attention module (register(..., module=True)): the harness
 loads the seeded weights into the module, so a correct module agrees with the float64 layer
-reference, a planted bug disagrees, learned parts the reference cannot model are unsupported
-with a reason, and transformers' LlamaAttention (impls/hf_llama.py) agrees."""
+reference, a planted bug disagrees, learned parts its layout does not declare are unsupported
+with a reason, and transformers' LlamaAttention (impls/hf_llama.py) agrees. Biases, fused
+weights, q/k norms and head orders: tests/test_layer_parts.py."""
 
 from __future__ import annotations
 
@@ -102,11 +103,23 @@ def test_a_planted_bug_in_the_module_disagrees(register, bug, mode):
     assert "disagrees with the float64 reference" in r["reason"]
 
 
-def test_a_module_with_a_bias_is_unsupported_with_its_reason(register):
+def test_a_module_with_biases_runs_as_it_is_and_agrees(register):
     r = row(register("tiny_bias", bias=True), case())
+    assert r["status"] == "ok" and r["agrees"] is True, r["reason"]
+
+
+def test_a_learned_part_its_layout_does_not_declare_is_unsupported(register):
+    impl = register("tiny_gate")
+    gated = registry.Impl(name="gated", fn=lambda c, m: gate(impl.fn(c, m)), module=True)
+    r = row(gated, case())
     assert r["status"] == "unsupported" and r["time_ms"] is None
-    assert r["reason"].startswith("module parameters q_proj.bias, k_proj.bias, v_proj.bias")
-    assert "(supported: the q, k, v, o projection weights only" in r["reason"]
+    assert r["reason"].startswith("module parameters gate (supported: the learned parts its")
+
+
+def gate(made: LayerModule) -> LayerModule:
+    """``made`` with a learned parameter no layout declares."""
+    made.module.gate = torch.nn.Parameter(torch.ones(1))
+    return made
 
 
 def test_a_module_in_another_dtype_is_an_error_never_a_number(register):

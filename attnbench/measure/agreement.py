@@ -11,6 +11,7 @@ magnitude is defined for the attention op only.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -269,6 +270,9 @@ class Truth:
     mag: list[Magnitude] | None = None  # level op: reference.magnitude, as ref
     baseline: list[LegacyError] | None = None  # level layer only
     failure: str | None = None
+    names: list[str] | None = None  # of ref's tensors; None: checked_names(case)
+    # level layer: out (disagreeing) -> notes naming a convention it matches (run/layer.py)
+    explain: Callable[[torch.Tensor], list[str]] | None = None
 
 
 def checked_names(case: Case) -> list[str]:
@@ -283,7 +287,7 @@ def judge(case: Case, got: list[torch.Tensor], truth: Truth) -> Verdict:
     none (a note, blank columns) when the case has no reference."""
     if truth.failure:
         return Verdict([], [], {}, [truth.failure])
-    names, dtype = checked_names(case), case.torch_dtype
+    names, dtype = truth.names or checked_names(case), case.torch_dtype
     if truth.baseline is not None:
         return legacy_rule(names, got, truth.ref, truth.baseline, dtype)
     return rule(names, got, truth.ref, truth.mag, dtype)

@@ -57,6 +57,8 @@ def judge(case: Case, inputs, got: list[torch.Tensor], truth: Truth, eager=None)
         found.append(eager_note(case, eager, truth))
     if verdict.failures and verdict.failures[0] and truth.mag is not None:
         found += explain(case, inputs, got[0], truth)
+    elif verdict.failures and verdict.failures[0] and truth.explain is not None:
+        found += truth.explain(got[0])  # level layer: the conventions its reference knows
     return dataclasses.replace(verdict, notes=[*verdict.notes, *found]) if found else verdict
 
 
@@ -140,7 +142,8 @@ def _kv_head_mod(case, inputs, out, truth):
     found = _recomputed(case, inputs, truth, k=k, v=v)
     message = (
         f"kv head h % Hkv for query head h; the convention is h // {group} "
-        f"(Hq/Hkv = {group} consecutive query heads per kv head)"
+        f"(Hq/Hkv = {group} consecutive query heads per kv head); an impl of that order "
+        f'declares head_order="interleaved"'
     )
     return None if found is None else (out, *found, message)
 

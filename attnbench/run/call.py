@@ -9,11 +9,12 @@ import torch
 
 from attnbench.case import Case
 from attnbench.errors import AttnbenchError
+from attnbench.heads import computed_by, same
 from attnbench.masks import Mask
 from attnbench.registry import Impl
 from attnbench.run.inputs import Inputs, from_layout, paged, to_layout
-from attnbench.run.layer import layer_forward
-from attnbench.run.layer_module import host
+from attnbench.run.layer import Parts, layer_forward
+from attnbench.run.layer_module import Hosted, host
 
 
 class BadOutput(AttnbenchError, RuntimeError):
@@ -23,7 +24,8 @@ class BadOutput(AttnbenchError, RuntimeError):
 @dataclass
 class Call:
     """Everything needed to run ``impl`` on ``case``; tensors already in the impl's layout.
-    Level op: the leaves are q, k, v; level layer: x and the projection weights."""
+    Level op: the leaves are q, k, v; level layer: x and the projection weights (a module
+    impl's: x and its parameters)."""
 
     impl: Impl
     case: Case
@@ -32,31 +34,55 @@ class Call:
     scale: float
     mask: Mask
     block_table: torch.Tensor | None = None  # (B, pages per sequence), paged impls only
-    hosted: Callable | None = None  # a module impl's x (B, S, d_model) -> (B, S, d_model)
+    hosted: Hosted | None = None  # a module impl's module, hosted
+    # level op, an impl of the other head order (heads.py): per canonical query head the
+    # impl's head computing it (its q and dout handed in that order); None: the same order
+    heads: torch.Tensor | None = None
 
     @classmethod
     def prepare(cls, impl: Impl, case: Case, inputs: Inputs) -> Call:
         grad = case.backward
         if case.level == "layer" and impl.module:  # its own module, the seeded weights loaded
             mask = inputs.mask.fresh()
-            made = host(impl.fn(case, mask), inputs.weights, grad)
+            made = host(impl.fn(case, mask), case, inputs, impl.head_order, grad)
             x = inputs.x.detach().requires_grad_(grad)
-            return cls(
-                impl, case, (x, *made.weights), inputs.dout, inputs.scale, mask, None, made.forward
-            )
+            leaves = (x, *made.params)
+            return cls(impl, case, leaves, inputs.dout, inputs.scale, mask, None, made)
         if case.level == "layer":  # the layer converts layouts itself, inside the timing
             leaves = tuple(t.detach().requires_grad_(grad) for t in (inputs.x, *inputs.weights))
             return cls(impl, case, leaves, inputs.dout, inputs.scale, inputs.mask.fresh())
+        heads = computed_by(case.heads, case.kv_heads, impl.head_order)
+        q, dout = inputs.q, inputs.dout
+        if heads is not None:  # outside the timing: q (and dout) in the impl's head order
+            order = heads.argsort().to(q.device)
+            q, dout = q[:, order], None if dout is None else dout[:, order]
         if impl.paged:  # fwd only (registry): k, v become page pools, outside the timing
             pages = {"page_tokens": impl.page_tokens} if impl.page_tokens else {}
             k_pool, v_pool, table = paged(inputs.k, inputs.v, inputs.seed, **pages)
-            leaves = (to_layout(inputs.q, impl.layout), k_pool, v_pool)
-            return cls(impl, case, leaves, None, inputs.scale, inputs.mask.fresh(), table)
+            leaves = (to_layout(q, impl.layout), k_pool, v_pool)
+            mask = inputs.mask.fresh()
+            return cls(impl, case, leaves, None, inputs.scale, mask, table, heads=heads)
         leaves = tuple(
-            to_layout(t, impl.layout).requires_grad_(grad) for t in (inputs.q, inputs.k, inputs.v)
+            to_layout(t, impl.layout).requires_grad_(grad) for t in (q, inputs.k, inputs.v)
         )
-        dout = to_layout(inputs.dout, impl.output_layout) if grad else None
-        return cls(impl, case, leaves, dout, inputs.scale, inputs.mask.fresh())
+        dout = to_layout(dout, impl.output_layout) if grad else None
+        return cls(impl, case, leaves, dout, inputs.scale, inputs.mask.fresh(), heads=heads)
+
+    @property
+    def parts(self) -> Parts | None:
+        """Level layer: what the layer has beyond the plain block (run/layer.py), which its
+        reference must model; None: the plain block (or level op)."""
+        if self.hosted is not None:
+            return self.hosted.parts
+        c, order = self.case, self.impl.head_order
+        plain = c.level == "op" or same(c.heads, c.kv_heads, order)
+        return None if plain else Parts(head_order=order)
+
+    def path_note(self) -> str | None:
+        """A hosted module's note on the path its timed work ran (layer_module.Hosted)."""
+        if self.hosted is None:
+            return None
+        return self.hosted.path_note(self.memory_fn(), self.case.device_type)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The impl's core attention, in its layout; ``mask=`` only for impls that take it,
@@ -68,7 +94,7 @@ class Call:
 
     def forward(self) -> torch.Tensor:
         if self.hosted is not None:
-            return self.hosted(self.leaves[0])
+            return self.hosted.forward(self.leaves[0])
         if self.case.level == "layer":
             return layer_forward(
                 self.leaves[0],
@@ -98,7 +124,7 @@ class Call:
         )
         if not isinstance(out, torch.Tensor):
             raise BadOutput(f"returned {type(out).__name__}, expected a tensor")
-        canon = out if layer else from_layout(out, self.impl.output_layout)
+        canon = out if layer else self._canonical(from_layout(out, self.impl.output_layout))
         if tuple(canon.shape) != expected:
             raise BadOutput(
                 f"out has shape {tuple(canon.shape)} in layout "
@@ -114,8 +140,15 @@ class Call:
             raise BadOutput("out does not require grad: the impl broke the autograd graph")
         grads = self.grads(out)
         if not layer:
-            grads = tuple(from_layout(g, self.impl.layout) for g in grads)  # of q, k, v
+            dq, dk, dv = (from_layout(g, self.impl.layout) for g in grads)
+            grads = (self._canonical(dq), dk, dv)
+        elif self.hosted is not None:  # dwq, ... and the extras', sliced from its parameters'
+            grads = (grads[0], *self.hosted.checked(grads[1:]))
         return canon.detach(), grads
+
+    def _canonical(self, t: torch.Tensor) -> torch.Tensor:
+        """Level op: out or dq (B, Hq, S, D) back in the canonical head order."""
+        return t if self.heads is None else t[:, self.heads.to(t.device)]
 
     def timed_fn(self) -> Callable[[], object]:
         """The work the mode times: fwd -> forward; bwd -> backward of a forward done here,

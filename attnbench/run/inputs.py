@@ -136,6 +136,22 @@ def make_inputs(case: Case, seed: int) -> Inputs:
     return Inputs(q, k, v, dout, scale=D**-0.5, mask=mask, seed=seed)
 
 
+PART_STD = 0.5  # of a module's biases and norm biases, and of its norm weights about 1
+
+
+def layer_parts(case: Case, seed: int) -> dict[str, torch.Tensor]:
+    """A module's learned parts beyond the four weights (run/layer.py EXTRAS), drawn from
+    ``seed`` apart from x and the weights, float32 on the CPU, each at its largest size (a
+    projection's out_features; a norm over each head takes the first head_dim): biases and
+    norm biases normal with std PART_STD, norm weights 1 plus that, so that a dropped part
+    shows. Drawn whole in a fixed order: which parts a module has moves no other."""
+    gen = generator("layer_parts", seed)
+    dq, dkv = case.d_model, case.kv_heads * case.head_dim
+    sizes = dict(bq=dq, bk=dkv, bv=dkv, bo=dq, q_norm_w=dq, q_norm_b=dq, k_norm_w=dkv, k_norm_b=dkv)
+    out = {n: torch.randn(size, generator=gen) * PART_STD for n, size in sizes.items()}
+    return {n: t + 1 if n.endswith("_norm_w") else t for n, t in out.items()}
+
+
 def to_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
     """Canonical (B, H, S, D) to an impl's layout, contiguous."""
     return (t if layout == "bhsd" else t.transpose(1, 2)).contiguous()

@@ -1,27 +1,49 @@
 """Level ``layer`` around a model's own attention module (an impl registered ``module=True``).
 
 The impl is a factory ``(case, mask) -> LayerModule``: the module, built in the case's dtype and
-on its device, its four projection weights (q, k, v, o: (out_features, in_features), nn.Linear's
-convention) and a call x (B, S, d_model) -> (B, S, d_model) that hands the module whatever else
-it needs (position embeddings, attention mask). ``host`` checks that the module's learned
-parts are those four weights and nothing else (a bias, a norm, a fused qkv weight: the float64
-reference of run/layer.py cannot model them, so the row is ``unsupported`` with a reason),
-loads the case's seeded weights (run/inputs.py) into them, the same numbers every impl gets,
-and puts the module in eval mode (no dropout). The reference is then ``layer_reference`` on
-those weights, shared with every other impl of the case.
+on its device; a call x (B, S, d_model) -> (B, S, d_model) that hands the module whatever else
+it needs (position embeddings, attention mask); and its ``ModuleLayout``, a declaration of
+where its learned parts are: four projections, or a fused q/k/v one and an output one (each
+with or without a bias), and norms on q and k. ``LayerModule.of`` knows two layouts:
+nn.MultiheadAttention's (``MHA``) and transformers' (q_proj, k_proj, v_proj, o_proj).
+
+``host`` finds those parts, refuses a module with a learned part its layout does not declare
+(the row is ``unsupported``: the reference would not model it), loads the case's seeded values
+into them (the four weights of run/inputs.py, which every impl of the case gets; biases and
+norm weights from inputs.layer_parts), makes each parameter an autograd leaf when the mode has
+backward, and puts the module in eval mode (no dropout). The module keeps its own parameters
+(a fused weight stays one tensor); the reference (run/layer.py) is the layer with the values
+read back from them, and each checked gradient a slice of its parameter's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
+from attnbench.case import Case
 from attnbench.errors import AttnbenchError
+from attnbench.heads import same
+from attnbench.measure.profiling import profiled
 from attnbench.registry import Unsupported
+from attnbench.run.inputs import Inputs, layer_parts
+from attnbench.run.layer import (
+    EXTRAS,
+    NORM_KINDS,
+    NORM_SCOPES,
+    UNCHECKED,
+    WEIGHTS,
+    Parts,
+    QKNorm,
+)
 
-PROJECTIONS = ("q", "k", "v", "o")
+# a projection: a submodule's path (its ``weight`` and ``bias``, bias None for none), or
+# (weight parameter's path, bias parameter's path or None)
+Proj = str | tuple[str, str | None]
+MHA_FAST_OP = "aten::_native_multi_head_attention"
 
 
 class BadModule(AttnbenchError, RuntimeError):
@@ -29,52 +51,244 @@ class BadModule(AttnbenchError, RuntimeError):
 
 
 @dataclass(frozen=True)
+class ModuleLayout:
+    """Where a module keeps its learned parts (paths are attribute names, dotted for depth).
+    ``qkv``: a fused projection, q, k and v stacked along its out_features in ``qkv_order``
+    (q, k and v are then not read). ``transposed``: weights stored (in_features,
+    out_features), as GPT-2's Conv1D, not nn.Linear's (out_features, in_features)."""
+
+    q: Proj = "q_proj"
+    k: Proj = "k_proj"
+    v: Proj = "v_proj"
+    o: Proj = "o_proj"
+    qkv: Proj | None = None
+    qkv_order: str = "qkv"
+    q_norm: QKNorm | None = None
+    k_norm: QKNorm | None = None
+    transposed: bool = False
+
+
+MHA = ModuleLayout(qkv=("in_proj_weight", "in_proj_bias"), o="out_proj")  # nn.MultiheadAttention
+
+
+@dataclass(frozen=True)
 class LayerModule:
     module: torch.nn.Module
-    weights: tuple[torch.nn.Parameter, ...]  # q, k, v, o: (out_features, in_features)
     forward: Callable[[torch.Tensor], torch.Tensor]  # x (B, S, d_model) -> (B, S, d_model)
+    layout: ModuleLayout = ModuleLayout()
 
     @classmethod
     def of(
         cls,
         module: torch.nn.Module,
         forward: Callable[[torch.Tensor], torch.Tensor],
-        names: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+        layout: ModuleLayout | None = None,
     ) -> LayerModule:
-        """A module whose projections are nn.Linear submodules ``names`` (q, k, v, o)."""
-        return cls(module, tuple(getattr(module, n).weight for n in names), forward)
+        """``module`` with ``layout``; None: ``MHA`` for an nn.MultiheadAttention, else
+        transformers' q_proj, k_proj, v_proj, o_proj (nn.Linear, biases where they have one)."""
+        if layout is None:
+            mha = isinstance(module, torch.nn.MultiheadAttention)
+            layout = MHA if mha else ModuleLayout()
+        return cls(module, forward, layout)
 
 
-def host(made: object, weights: tuple[torch.Tensor, ...], grad: bool) -> LayerModule:
-    """Check a factory's ``made`` LayerModule against the case's seeded ``weights`` (q, k, v,
-    o), load them into it, each its own autograd leaf when ``grad``. Raises Unsupported for learned
-    parts the reference cannot model, BadModule for a factory that broke the contract."""
-    if not isinstance(made, LayerModule):
-        raise BadModule(f"the module factory returned {type(made).__name__}, not a LayerModule")
-    if len(made.weights) != len(PROJECTIONS):
-        raise BadModule(f"LayerModule.weights holds {len(made.weights)} tensors, expected 4")
-    mine = {id(w) for w in made.weights}
-    names = {id(p): n for n, p in made.module.named_parameters()}
-    extra = [n for i, n in names.items() if i not in mine]
+@dataclass(frozen=True)
+class Slot:
+    """One checked part (WEIGHTS or EXTRAS ``role``) in a module parameter: the whole of it,
+    or ``rows`` of a fused one; ``transposed`` for an (in, out) weight."""
+
+    role: str
+    param: torch.nn.Parameter
+    rows: slice | None = None
+    transposed: bool = False
+
+    def view(self, t: torch.Tensor) -> torch.Tensor:
+        """The role's part of ``t`` (the parameter or its gradient): (out, in) or (out,)."""
+        flip = self.transposed and t.dim() == 2
+        if self.rows is not None:
+            t = t[:, self.rows] if flip else t[self.rows]
+        return t.T if flip else t
+
+
+@dataclass(frozen=True)
+class Hosted:
+    """A hosted module: its call, its parameters (the autograd leaves after x, each once),
+    its slots, and the Parts of its reference (None: the plain block)."""
+
+    module: torch.nn.Module
+    forward: Callable[[torch.Tensor], torch.Tensor]
+    params: tuple[torch.nn.Parameter, ...]
+    slots: tuple[Slot, ...]
+    parts: Parts | None
+
+    def checked(self, grads: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """The params' gradients -> dwq, dwk, dwv, dwo and the extras' in EXTRAS order (but
+        the UNCHECKED)."""
+        by = {id(p): g for p, g in zip(self.params, grads)}
+        return tuple(s.view(by[id(s.param)]) for s in self.slots if s.role not in UNCHECKED)
+
+    def path_note(self, run: Callable[[], object], device_type: str) -> str | None:
+        """Which path an nn.MultiheadAttention ran in ``run`` (the timed work), from the op
+        names the profiler records; None for other modules."""
+        if not isinstance(self.module, torch.nn.MultiheadAttention):
+            return None
+        from torch.profiler import ProfilerActivity
+
+        with profiled([ProfilerActivity.CPU]) as prof:
+            run()
+        if any(e.key == MHA_FAST_OP for e in prof.key_averages()):
+            return f"nn.MultiheadAttention ran its fast path ({MHA_FAST_OP})"
+        return (
+            "nn.MultiheadAttention ran its Python path (F.multi_head_attention_forward), not "
+            "its fast path (which needs no grad, eval mode, need_weights=False, batch_first, "
+            "an even head count, no float mask)"
+        )
+
+
+def _get(module: torch.nn.Module, path: str):
+    try:
+        return functools.reduce(getattr, path.split("."), module)
+    except AttributeError:
+        raise BadModule(
+            f"the module's layout names {path!r}, which {type(module).__name__} does not have "
+            f"(declare where its parts are: LayerModule.of(module, forward, ModuleLayout(...)))"
+        ) from None
+
+
+def _proj(module: torch.nn.Module, proj: Proj) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A projection's (weight, bias or None)."""
+    if isinstance(proj, str):
+        found = _get(module, proj)
+        if isinstance(found, torch.Tensor):
+            return found, None
+        return _get(found, "weight"), getattr(found, "bias", None)
+    weight, bias = proj
+    return _get(module, weight), None if bias is None else _get(module, bias)
+
+
+def _projections(made: LayerModule, case: Case) -> list[Slot]:
+    """The slots of the four projections' weights and biases."""
+    lay, m = made.layout, made.module
+    size = {"q": case.d_model, "k": case.kv_heads * case.head_dim}
+    size["v"] = size["k"]
+    if lay.qkv is None:
+        found = {p: _proj(m, getattr(lay, p)) for p in "qkv"}
+        rows = dict.fromkeys("qkv")
+    else:
+        if sorted(lay.qkv_order) != ["k", "q", "v"]:
+            raise BadModule(f"qkv_order={lay.qkv_order!r} (supported: q, k, v in some order)")
+        weight, bias = _proj(m, lay.qkv)
+        total, out = sum(size.values()), weight.shape[-1 if lay.transposed else 0]
+        if out != total:
+            raise BadModule(
+                f"the fused qkv weight has {out} out_features, expected {total} = Hq·D + 2·Hkv·D"
+            )
+        found, rows, start = dict.fromkeys("qkv", (weight, bias)), {}, 0
+        for p in lay.qkv_order:
+            rows[p], start = slice(start, start + size[p]), start + size[p]
+    found["o"], rows["o"] = _proj(m, lay.o), None
+    slots = [Slot(f"w{p}", found[p][0], rows[p], lay.transposed) for p in "qkvo"]
+    slots += [Slot(f"b{p}", found[p][1], rows[p]) for p in "qkvo" if found[p][1] is not None]
+    return slots
+
+
+def _norm(module: torch.nn.Module, norm: QKNorm, dtype: torch.dtype) -> QKNorm:
+    """``norm`` with its kind and eps resolved from its submodule."""
+    sub = _get(module, norm.path)
+    kind = norm.kind or ("layer" if isinstance(sub, torch.nn.LayerNorm) else "rms")
+    if kind not in NORM_KINDS or norm.scope not in NORM_SCOPES:
+        raise BadModule(
+            f"QKNorm({norm.path!r}) kind={kind!r} scope={norm.scope!r} (supported: kind "
+            f"{', '.join(NORM_KINDS)}; scope {', '.join(NORM_SCOPES)})"
+        )
+    eps = norm.eps
+    for name in ("eps", "variance_epsilon") if eps is None else ():
+        if hasattr(sub, name):
+            eps = getattr(sub, name)
+            eps = torch.finfo(dtype).eps if eps is None else eps  # nn.RMSNorm's default
+            break
+    if eps is None:
+        raise BadModule(f"{norm.path} has no eps or variance_epsilon: declare QKNorm(eps=...)")
+    return replace(norm, kind=kind, eps=float(eps))
+
+
+def _slots(made: LayerModule, case: Case) -> tuple[list[Slot], dict[str, QKNorm]]:
+    """Every declared part's slot, in the checked order (WEIGHTS, then EXTRAS), and the
+    resolved norms by projection (q, k)."""
+    slots, norms = _projections(made, case), {}
+    for p in "qk":
+        declared = getattr(made.layout, f"{p}_norm")
+        if declared is None:
+            continue
+        norms[p] = _norm(made.module, declared, case.torch_dtype)
+        sub = _get(made.module, declared.path)
+        for part, attr in (("w", "weight"), ("b", "bias")):
+            if getattr(sub, attr, None) is not None:
+                slots.append(Slot(f"{p}_norm_{part}", getattr(sub, attr)))
+    order = (*WEIGHTS, *EXTRAS)
+    return sorted(slots, key=lambda s: order.index(s.role)), norms
+
+
+def _seeded(slot: Slot, case: Case, inputs: Inputs, norms: dict, drawn: dict) -> torch.Tensor:
+    """The value ``slot`` gets: a seeded weight, or a drawn extra cut to its norm's scope."""
+    if slot.role in WEIGHTS:
+        return inputs.weights[WEIGHTS.index(slot.role)]
+    value = drawn[slot.role]
+    norm = norms.get(slot.role[0]) if "_norm_" in slot.role else None
+    if norm is not None and norm.scope == "head":
+        value = value[: case.head_dim]
+    if norm is not None and norm.unit_offset and slot.role.endswith("_w"):
+        value = value - 1  # applied as 1 + w
+    return value.to(device=case.device, dtype=case.torch_dtype)
+
+
+def _check(slots: list[Slot], names: dict, want: dict) -> None:
+    """Refuse undeclared parameters (Unsupported) and misdeclared parts (BadModule)."""
+    covered = {id(s.param) for s in slots}
+    extra = [n for i, n in names.items() if i not in covered]
     if extra:
         raise Unsupported(
-            f"module parameters {', '.join(extra)} (supported: the q, k, v, o projection "
-            f"weights only; the float64 reference has no bias, norm or other learned part)"
+            f"module parameters {', '.join(extra)} (supported: the learned parts its layout "
+            f"declares: q, k, v, o projections or a fused qkv, their biases, q/k norms; the "
+            f"float64 reference models nothing else)"
         )
-    for p, w, seeded in zip(PROJECTIONS, made.weights, weights):
-        if id(w) not in names or len(mine) != len(PROJECTIONS):
-            raise Unsupported(
-                f"{p} weight is not a parameter of its own (supported: four separate "
-                f"projection weights of the module, e.g. no fused qkv weight)"
-            )
-        if w.shape != seeded.shape or w.dtype != seeded.dtype or w.device != seeded.device:
+    whole = [id(s.param) for s in slots if s.rows is None]
+    for s in slots:
+        if id(s.param) not in names:
+            raise BadModule(f"{s.role} is not a parameter of the module (declare its own)")
+        if whole.count(id(s.param)) > 1:
+            raise BadModule(f"{names[id(s.param)]} is declared for two parts (one each)")
+        got, seeded = s.view(s.param), want[s.role]
+        what = names[id(s.param)] + ("" if s.rows is None else f" ({s.role})")
+        if got.shape != seeded.shape or got.dtype != seeded.dtype or got.device != seeded.device:
             raise BadModule(
-                f"{names[id(w)]} is {tuple(w.shape)} {w.dtype} on {w.device}, expected "
-                f"{tuple(seeded.shape)} {seeded.dtype} on {seeded.device} (build the module "
-                f"in the case's dtype and device, weights (out_features, in_features))"
+                f"{what} is {tuple(got.shape)} {got.dtype} on {got.device}, expected "
+                f"{tuple(seeded.shape)} {seeded.dtype} on {seeded.device} (build the module in "
+                f"the case's dtype and device, weights (out_features, in_features) or a layout "
+                f"with transposed=True)"
             )
-        with torch.no_grad():
-            w.copy_(seeded)
-        w.requires_grad_(grad)
+
+
+def host(made: object, case: Case, inputs: Inputs, head_order: str, grad: bool) -> Hosted:
+    """Host a factory's ``made`` LayerModule for ``case``: its declared parts found, checked
+    and loaded with the case's seeded values, each parameter its own autograd leaf when
+    ``grad``. Raises Unsupported for learned parts its layout does not declare, BadModule
+    for a factory that broke the contract."""
+    if not isinstance(made, LayerModule):
+        raise BadModule(f"the module factory returned {type(made).__name__}, not a LayerModule")
+    slots, norms = _slots(made, case)
+    names = {id(p): n for n, p in made.module.named_parameters()}
+    drawn = layer_parts(case, inputs.seed)
+    want = {s.role: _seeded(s, case, inputs, norms, drawn) for s in slots}
+    _check(slots, names, want)
+    params = tuple({id(s.param): s.param for s in slots}.values())
+    with torch.no_grad():
+        for s in slots:
+            s.view(s.param).copy_(want[s.role])
+    for p in params:
+        p.requires_grad_(grad)
     made.module.eval()  # no dropout: the reference has none; gradients still flow
-    return made
+    extras = {s.role: s.view(s.param).detach() for s in slots if s.role in EXTRAS}
+    plain = not extras and not norms and same(case.heads, case.kv_heads, head_order)
+    parts = None if plain else Parts(extras, norms.get("q"), norms.get("k"), head_order)
+    return Hosted(made.module, made.forward, params, tuple(slots), parts)

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from attnbench.case import MODE_FLOP_FACTOR, Case
-from attnbench.measure import agreement, cuda_graph, diagnose
+from attnbench.measure import cuda_graph, diagnose
 from attnbench.measure.agreement import Truth
 from attnbench.measure.backends import borrowed_note
 from attnbench.measure.clocks import ClockSampler, summarize
@@ -27,7 +27,7 @@ from attnbench.run import heap
 from attnbench.run.call import Call
 from attnbench.run.failed import Measured, base_row, caught, failed, one_line
 from attnbench.run.inputs import Inputs, make_inputs
-from attnbench.run.layer import layer_reference
+from attnbench.run.layer import Parts, layer_truth
 from attnbench.run.passes import memory, nvtx, profile
 
 
@@ -78,7 +78,9 @@ class Prepared:
         return measure(impl, self.case, self.inputs, self.truth, self.settings)
 
 
-def ground_truth(case: Case, inputs: Inputs) -> Truth:
+def ground_truth(case: Case, inputs: Inputs, parts: Parts | None = None) -> Truth:
+    """The case's float64 reference and what its rule needs; at level layer of the layer with
+    ``parts`` (run/layer.py; None: the plain block)."""
     args = dict(
         causal=case.causal,
         scale=inputs.scale,
@@ -90,28 +92,14 @@ def ground_truth(case: Case, inputs: Inputs) -> Truth:
         args["pattern"] = inputs.mask.pattern
     if inputs.mask.score_mod is not None:
         args["score_mod"] = inputs.mask.score_mod
-
-    def truth(dtype):
-        if case.level == "layer":
-            return layer_reference(
-                inputs.x,
-                inputs.weights,
-                heads=case.heads,
-                kv_heads=case.kv_heads,
-                dtype=dtype,
-                **args,
-            )
-        return reference(inputs.q, inputs.k, inputs.v, dtype=dtype, shift=case.shift, **args)
-
     try:
-        out, grads = truth(torch.float64)
-        ref = [out, *(grads or ())]
         if case.level == "layer":  # the legacy rule: the magnitude is defined for the op only
-            b_out, b_grads = truth(case.torch_dtype)
-            got = [b_out, *(b_grads or ())]
-            return Truth(ref, baseline=[agreement.legacy_error(x, r) for x, r in zip(got, ref)])
+            return layer_truth(case, inputs, parts, **args)
+        out, grads = reference(
+            inputs.q, inputs.k, inputs.v, dtype=torch.float64, shift=case.shift, **args
+        )
         mag = magnitude(inputs.q, inputs.k, inputs.v, shift=case.shift, **args)
-        return Truth(ref, mag=mag)
+        return Truth([out, *(grads or ())], mag=mag)
     except (torch.OutOfMemoryError, MemoryError) as exc:
         release(case)
         return Truth(
@@ -167,6 +155,8 @@ def check(
         if impl.compiled:
             isolate(impl.name)
         call = Call.prepare(impl, case, inputs)
+        if call.parts is not None:  # a layer beyond the plain block: its own reference
+            truth = ground_truth(case, inputs, call.parts)
         with Watch() as first:
             (out, grads), first_ms = _once(call.check, case.device_type)
         eager = eagerly(call.check) if impl.compiled else None  # run only on a disagreement
@@ -178,7 +168,7 @@ def check(
             again_ms = lambda: _once(call.check, case.device_type)[1]  # noqa: E731
             row["compile_ms"] = compile_ms(first.compiled, first_ms, again_ms, notes)
         row["backend"] = _backend(impl, call, case)
-        notes.extend(filter(None, [borrowed_note(impl.name, row["backend"])]))
+        notes.extend(filter(None, [borrowed_note(impl.name, row["backend"]), call.path_note()]))
         timer = RoundTimer(call.timed_fn(), case.device_type, settings.timer)
         return Checked(impl, case, inputs, call, row, notes, timer)
     except Exception as exc:  # noqa: BLE001 - an impl's failure is a row, never a crash
