@@ -243,8 +243,8 @@ def _documented_runs(which: str) -> list[Documented]:
 @pytest.mark.parametrize(
     "which",
     [
-        # two sweeps, their reports and every command reading them: 2.5 min on 2 cores
-        pytest.param("default", marks=pytest.mark.slow),
+        # two sweeps, their reports and every command reading them: under 2 min on 2 cores
+        "default",
         pytest.param("all", marks=pytest.mark.slow),  # every sweep: many minutes on 2 cores
         pytest.param("compiled", marks=pytest.mark.slow),  # with their torch.compile impls
     ],
