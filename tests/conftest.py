@@ -1,14 +1,8 @@
 import os
-import sys
 import tempfile
-from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # synth.py: synthetic sweep output for report tests
 
 # torch.compile's caches private to this test run, so that other processes compiling on the
 # same machine can never hand it a kernel built for other settings
