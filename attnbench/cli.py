@@ -39,10 +39,6 @@ COMMANDS = {  # command -> what it does, for attnbench --help
     "fidelity": "can the numbers be trusted: timer vs profiler, repeatability, backend labels",
     "repro": "print the one-row command that measures a row of a run again",
 }
-TOGGLES = {  # boolean options with a --no- flag: the help of the --no- flag
-    "isolate": "run impls in this process",
-    "group_by_device_name": "let a device of any kind continue a family started on another",
-}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -51,6 +47,24 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # argparse's own errors: one line, exit 2
         raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _add_option(p: argparse.ArgumentParser, name: str, option) -> None:
+    """``name``'s flags as its ``style`` says (options.Option)."""
+    help_, style = _help(name), option.style
+    if style == "append":
+        p.add_argument(flag(name), dest=name, action="append", metavar=option.metavar, help=help_)
+    elif style == "optional":
+        p.add_argument(
+            flag(name), dest=name, nargs="?", const=option.const, metavar=option.metavar, help=help_
+        )
+    elif style in ("toggle", "const"):
+        p.add_argument(flag(name), dest=name, action="store_const", const="true", help=help_)
+        if style == "toggle":
+            no = flag(name).replace("--", "--no-", 1)
+            p.add_argument(no, dest=name, action="store_const", const="false", help=option.no_help)
+    else:
+        p.add_argument(flag(name), dest=name, metavar=name.upper(), help=help_)
 
 
 def _help(name: str) -> str:
@@ -119,34 +133,8 @@ def build_parser(command: str = "sweep") -> argparse.ArgumentParser:
         metavar="FILE.toml",
         help="sweep file: TOML whose keys are the options below (flags win)",
     )
-    for name in OPTIONS:
-        help_ = _help(name)
-        if name == "plugin":
-            p.add_argument("--plugin", action="append", metavar="PATH", help=help_)
-        elif name == "profile":
-            p.add_argument("--profile", nargs="?", const="all", metavar="MATCH", help=help_)
-        elif name in TOGGLES:
-            p.add_argument(flag(name), dest=name, action="store_const", const="true", help=help_)
-            p.add_argument(
-                flag(name).replace("--", "--no-", 1),
-                dest=name,
-                action="store_const",
-                const="false",
-                help=TOGGLES[name],
-            )
-        elif name == "cuda_graph":
-            p.add_argument("--cuda-graph", action="store_const", const="true", help=help_)
-        elif name == "malloc_tunables":
-            p.add_argument("--malloc-tunables", action="store_const", const="true", help=help_)
-            p.add_argument(
-                "--no-malloc-tunables",
-                dest="malloc_tunables",
-                action="store_const",
-                const="false",
-                help="leave glibc's allocator at its defaults (to measure their effect)",
-            )
-        else:
-            p.add_argument(flag(name), dest=name, metavar=name.upper(), help=help_)
+    for name, option in OPTIONS.items():
+        _add_option(p, name, option)
     p.add_argument("--run-id", help="name of the run folder (default: time-device-preset)")
     p.add_argument(
         "--resume",

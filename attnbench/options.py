@@ -143,8 +143,20 @@ def _dtype(text: str) -> str:
 
 @dataclass(frozen=True)
 class Option:
+    """A sweep option: how its text is parsed, its help, how its flag is written (``style``:
+    ``value`` --flag VALUE; ``toggle`` --flag and --no-flag, ``no_help`` the latter's help;
+    ``const`` --flag alone; ``optional`` --flag [VALUE], alone meaning ``const``; ``append``
+    --flag VALUE, repeatable) and what it sets (``scope``: ``grid`` the cases; ``measure`` how a
+    row is measured: kept in env.json and given back by the reproducer; ``run`` the sweep
+    itself; ``ray`` the Ray executor)."""
+
     parse: Callable[[str], Any]
     help: str
+    style: str = "value"
+    scope: str = "grid"
+    no_help: str = ""
+    const: str = "true"
+    metavar: str | None = None
 
 
 OPTIONS: dict[str, Option] = {
@@ -218,51 +230,72 @@ OPTIONS: dict[str, Option] = {
     "rep_ms": Option(
         _positive_float, "time spent measuring each row, ms (default 100; smoke preset 10)"
     ),
-    "seed": Option(lambda t: int(t), "seed of the inputs (default 0)"),
+    "seed": Option(lambda t: int(t), "seed of the inputs (default 0)", scope="run"),
     "plugin": Option(
         _list(str),
         "a .py file, a folder of them (every *.py but _*.py) or a module registering impls "
         "(repeatable)",
+        style="append",
+        scope="run",
+        metavar="PATH",
     ),
     "timeout": Option(
         _positive_float,
         "seconds one row may take before its worker is killed (status timeout; implies --isolate)",
+        scope="measure",
     ),
     "isolate": Option(
-        _bool, "run impls in a worker process, so crashes and hangs become rows (default: true)"
+        _bool,
+        "run impls in a worker process, so crashes and hangs become rows (default: true)",
+        style="toggle",
+        scope="measure",
+        no_help="run impls in this process",
     ),
     "malloc_tunables": Option(
         _bool,
         "CPU: keep glibc from handing the heap back to the OS between timed calls "
         "(GLIBC_TUNABLES in workers, mallopt in process; default: true)",
+        style="toggle",
+        scope="measure",
+        no_help="leave glibc's allocator at its defaults (to measure their effect)",
     ),
     "cuda_graph": Option(
         _bool,
         "CUDA: time each row by replaying a CUDA graph of its timed call, without the host's "
         "launch cost (short kernels: decode); mode fwd only (default: false)",
+        style="const",
+        scope="run",  # each row records it (its cuda_graph column), and its reproducer from it
     ),
     "threads": Option(
         _positive_int,
         "CPU threads torch may use (default: torch's choice; with --executor ray on the CPU, "
         "each actor's CPUs, default 1)",
+        scope="measure",
     ),
     "executor": Option(
         _choice("executor", ("local", "ray")),
         "local (this machine, default) or ray: one Ray actor per GPU (or per --threads CPUs) "
         "across a Ray cluster (docs/distributed.md)",
+        scope="run",
     ),
     "ray_address": Option(
         _ray_address,
         "with --executor ray: the cluster to join: auto (the one running here), HOST:PORT, "
         "or ray://HOST:PORT (default: start a local Ray instance)",
+        scope="ray",
     ),
     "ray_actors": Option(
-        _positive_int, "with --executor ray: at most this many actors (default: one per device)"
+        _positive_int,
+        "with --executor ray: at most this many actors (default: one per device)",
+        scope="ray",
     ),
     "group_by_device_name": Option(
         _bool,
         "keep each case family on one kind of device, also across --resume "
         "(default: true; --no-group-by-device-name lets any device continue it)",
+        style="toggle",
+        scope="run",
+        no_help="let a device of any kind continue a family started on another",
     ),
     "profile": Option(
         _profile,
@@ -270,6 +303,10 @@ OPTIONS: dict[str, Option] = {
         "texts that must all appear in '<impl> <case label>' (e.g. tiled,S2048); "
         "writes a Chrome trace per pair and a kernel table; on CUDA every row is then "
         "cross-checked against the profiler (without it: the first and every tenth per impl)",
+        style="optional",
+        scope="run",
+        const="all",
+        metavar="MATCH",
     ),
 }
 
@@ -319,3 +356,6 @@ def load_config(path: Path) -> dict[str, Any]:
             raise UsageError(f"--config {path}: {key}: {exc}") from None
         out[key] = parse_value(key, text, f"--config {path}: {key} =")
     return out
+
+
+MEASURE_OPTIONS = tuple(n for n, o in OPTIONS.items() if o.scope == "measure")  # env.json

@@ -579,10 +579,10 @@ def _help_flags(text: str) -> set[str]:
 
 
 def _sweep_flags() -> set[str]:
-    from attnbench.cli import TOGGLES
     from attnbench.options import OPTIONS, flag
 
-    return {flag(n) for n in OPTIONS} | {flag(n).replace("--", "--no-", 1) for n in TOGGLES}
+    toggles = [n for n, o in OPTIONS.items() if o.style == "toggle"]
+    return {flag(n) for n in OPTIONS} | {flag(n).replace("--", "--no-", 1) for n in toggles}
 
 
 @pytest.mark.parametrize(

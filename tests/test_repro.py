@@ -84,3 +84,16 @@ def test_a_row_outside_the_run_is_bad_input(runs, capsys):
     assert err == (
         f"attnbench repro: error: row {n}: {runs / 'a' / 'results.csv'} has rows 0 to {n - 1}"
     )
+
+
+def test_every_measuring_option_is_given_back_by_the_reproducer():
+    """options.py's measure scope is what env.json keeps and the reproducer writes back: each
+    such option's flag parses to the value it was run with (a toggle: switched off)."""
+    from attnbench.cli import build_parser
+    from attnbench.options import MEASURE_OPTIONS, OPTIONS
+    from attnbench.store.repro import measure_flags
+
+    assert {"threads", "timeout", "isolate", "malloc_tunables"} <= set(MEASURE_OPTIONS)
+    ran = {n: "false" if OPTIONS[n].style == "toggle" else "3" for n in MEASURE_OPTIONS}
+    parsed = build_parser().parse_args(measure_flags(ran))
+    assert {n: getattr(parsed, n) for n in MEASURE_OPTIONS} == ran

@@ -17,7 +17,7 @@ from attnbench.case import Case
 from attnbench.errors import UsageError
 from attnbench.measure import allocator
 from attnbench.measure.timing import TimerConfig
-from attnbench.options import as_text, flag
+from attnbench.options import MEASURE_OPTIONS, as_text, flag
 from attnbench.run.row import Settings
 from attnbench.run.selection import (
     check_profile_filter,
@@ -28,7 +28,6 @@ from attnbench.run.selection import (
 from attnbench.run.sweep import run_sweep
 from attnbench.run.worker import WorkerSpec
 from attnbench.spec import GPU_PRESETS, SPEC_OPTIONS, Spec
-from attnbench.store.repro import MEASURE_OPTIONS
 from attnbench.store.rundir import RunDir
 
 DRY_RUN_CASES = 10  # --dry-run names this many cases, then counts the rest

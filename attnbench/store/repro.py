@@ -14,9 +14,9 @@ from pathlib import Path
 
 from attnbench.case import Case
 from attnbench.dims import DIMS
+from attnbench.options import MEASURE_OPTIONS, OPTIONS, flag
 
 BUILTIN_PREFIX = "attnbench.impls."
-MEASURE_OPTIONS = ("threads", "timeout", "isolate", "malloc_tunables")  # kept in env.json
 
 
 def case_flags(case: Case) -> list[str]:
@@ -35,15 +35,17 @@ def plugin_flags(source: str | None) -> list[str]:
 
 
 def measure_flags(options: dict) -> list[str]:
-    """The run's options that change how a row is measured, as flags."""
+    """The run's options that change how a row is measured (options.py scope ``measure``, as
+    env.json keeps them), as flags: a toggle only when it was switched off."""
     flags = []
-    for name in ("threads", "timeout"):
-        if options.get(name) is not None:
-            flags += [f"--{name}", str(options[name])]
-    if str(options.get("isolate", "true")).lower() == "false":
-        flags.append("--no-isolate")
-    if str(options.get("malloc_tunables", "true")).lower() == "false":
-        flags.append("--no-malloc-tunables")
+    for name in MEASURE_OPTIONS:
+        value = options.get(name)
+        if value is None:
+            continue
+        if OPTIONS[name].style != "toggle":
+            flags += [flag(name), str(value)]
+        elif str(value).lower() == "false":
+            flags.append(flag(name).replace("--", "--no-", 1))
     return flags
 
 
