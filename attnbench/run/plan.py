@@ -84,13 +84,40 @@ def check_device(text: str | None, local: bool = True) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """The options that set how the sweep runs rather than what it measures, typed once."""
+
+    seed: int = 0
+    isolate: bool = True  # rows measured in a worker process (--timeout needs one)
+    timeout_s: float | None = None
+    threads: int | None = None
+    group_by_device_name: bool = True
+    ray_address: str | None = None  # None: a local Ray instance
+    ray_actors: int | None = None  # None: one per device
+    measured: dict = field(default_factory=dict)  # the measure-scope options given, as text
+
+    @classmethod
+    def from_options(cls, opts: dict) -> RunOptions:
+        return cls(
+            seed=opts.get("seed", 0),
+            isolate=opts.get("isolate", True) or "timeout" in opts,
+            timeout_s=opts.get("timeout"),
+            threads=opts.get("threads"),
+            group_by_device_name=opts.get("group_by_device_name", True),
+            ray_address=opts.get("ray_address"),
+            ray_actors=opts.get("ray_actors"),
+            measured={k: as_text(opts[k]) for k in MEASURE_OPTIONS if k in opts},
+        )
+
+
 @dataclass
 class Plan:
-    """A checked sweep: its target, options, spec, cases, the impls to run and those left
-    out (name -> why), and the measuring settings."""
+    """A checked sweep: its target, how it runs, spec, cases, the impls to run and those left
+    out (name -> why), and the measuring settings. Nothing below it reads the options."""
 
     target: Target
-    opts: dict
+    run: RunOptions
     command: str
     preset: str
     spec: Spec
@@ -136,7 +163,8 @@ class Plan:
             profile=opts.get("profile"),
             malloc_tunables=opts.get("malloc_tunables", True),
         )
-        return cls(target, opts, command, preset, spec, cases, selected, left_out, settings)
+        run = RunOptions.from_options(opts)
+        return cls(target, run, command, preset, spec, cases, selected, left_out, settings)
 
     @property
     def device(self) -> str:
@@ -144,12 +172,11 @@ class Plan:
 
     @property
     def seed(self) -> int:
-        return self.opts.get("seed", 0)
+        return self.run.seed
 
     @property
     def isolate(self) -> bool:
-        """Rows measured in a worker process (the default; --timeout needs one)."""
-        return self.opts.get("isolate", True) or "timeout" in self.opts
+        return self.run.isolate
 
     @property
     def worker(self) -> WorkerSpec:
@@ -158,15 +185,15 @@ class Plan:
             plugins=tuple(str(registry.plugin_source(p)) for p in self.target.plugins),
             seed=self.seed,
             settings=self.settings,
-            timeout_s=self.opts.get("timeout"),
-            threads=self.opts.get("threads"),
+            timeout_s=self.run.timeout_s,
+            threads=self.run.threads,
             device=self.device,
         )
 
     @property
     def ray(self) -> tuple[str | None, int | None]:
         """--ray-address and --ray-actors (None: a local Ray instance; one actor per device)."""
-        return self.opts.get("ray_address"), self.opts.get("ray_actors")
+        return self.run.ray_address, self.run.ray_actors
 
     @property
     def quick(self) -> bool:
@@ -209,7 +236,6 @@ class Plan:
         """env.json's fields that the plan knows (store/env.py collects the machine's)."""
         from attnbench.store.env import collect_env
 
-        opts = self.opts
         argv = ["attnbench", self.command, *argv]
         env = collect_env(argv, self.seed, self.device, self.packages)
         env["impls"] = {
@@ -217,9 +243,10 @@ class Plan:
             for i in self.impls
         }
         env["baseline"] = registry.baseline(self.impls)
-        env["options"] = {k: as_text(opts[k]) for k in MEASURE_OPTIONS if k in opts}  # repro
+        env["options"] = dict(self.run.measured)  # the reproducer's measuring flags
         env["not_run"] = self.left_out
-        env["profile"] = None if opts.get("profile") is None else list(opts["profile"])
+        profile = self.settings.profile
+        env["profile"] = None if profile is None else list(profile)
         env["malloc"] = allocator.describe(self.settings.malloc_tunables, self.isolate)
         return env
 
@@ -259,7 +286,7 @@ class Plan:
             done=done,
             progress=not (no_progress or row_lines),
             row_lines=row_lines,
-            group_by_device_name=self.opts.get("group_by_device_name", True),
+            group_by_device_name=self.run.group_by_device_name,
         )
 
     def interrupted_text(self, argv: list[str], run: RunDir, run_id: str, named: bool) -> str:
