@@ -8,7 +8,6 @@ docs/cli.md). ``python scripts/sweep.py ...`` is ``attnbench sweep ...``.
 from __future__ import annotations
 
 import argparse
-import difflib
 import math
 import os
 import sys
@@ -18,11 +17,12 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench import registry
-from attnbench.errors import UsageError
+from attnbench.errors import UsageError, did_you_mean
 from attnbench.options import OPTIONS, flag, load_config, parse_value
 from attnbench.report.terminal import list_impls, models_table, summary_table
 from attnbench.run import executors
-from attnbench.run.plan import Plan, Target, check_device, warn_if_busy
+from attnbench.run.plan import Plan, warn_if_busy
+from attnbench.run.target import Target, check_device
 from attnbench.store.atomic import write_json_atomic
 from attnbench.store.env import version_line
 from attnbench.store.repro import repro_command
@@ -98,11 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     try:
         if command not in COMMANDS:
-            close = difflib.get_close_matches(command, COMMANDS, n=1)
             raise UsageError(
-                f"unknown command {command!r}"
-                + (f"; did you mean {close[0]!r}?" if close else "")
-                + f" (commands: {', '.join(COMMANDS)})"
+                f"unknown command {command!r}{did_you_mean(command, COMMANDS)} "
+                f"(commands: {', '.join(COMMANDS)})"
             )
         return {
             "sweep": sweep,

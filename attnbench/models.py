@@ -9,12 +9,12 @@ heads x head_dim, which equals it for every model here but Gemma-2.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 
 import pandas as pd
 
 from attnbench.case import CaseError
+from attnbench.errors import did_you_mean
 
 # transformers' attn_implementation values (what a model user sets), by the attnbench impl that
 # runs that attention function the way a model calls it (impls/hf.py)
@@ -191,8 +191,7 @@ def model(name: str) -> Model:
     """The model preset ``name``; CaseError naming the closest one for a typo."""
     if name in MODELS:
         return MODELS[name]
-    hint = difflib.get_close_matches(name, list(MODELS), n=1, cutoff=0.4)
-    did = f"; did you mean {hint[0]!r}?" if hint else ""
+    did = did_you_mean(name, MODELS, cutoff=0.4)
     raise CaseError(
         f"unknown model {name!r}{did} (allowed: {', '.join(MODELS)}; --list-models shows them)"
     )

@@ -6,7 +6,6 @@ same parser, so a bad value gets the same one-line message wherever it came from
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from attnbench.case import DEVICES, LEVELS, MODES, PHASES, CaseError, canonical_dtype
-from attnbench.errors import UsageError
+from attnbench.errors import UsageError, did_you_mean
 from attnbench.masks import ALIGNS, KINDS, MODS, canonical_mod
 from attnbench.masks.blocks import parse_sparsity
 from attnbench.masks.document import parse_docs
@@ -55,8 +54,7 @@ _positive_float = _positive(float, "a number")
 def _choice(what: str, allowed) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in allowed:
-            hint = difflib.get_close_matches(text, list(allowed), n=1)
-            did = f"; did you mean {hint[0]!r}?" if hint else ""
+            did = did_you_mean(text, allowed)
             raise ValueError(f"unknown {what} {text!r}{did} (allowed: {', '.join(allowed)})")
         return text
 
@@ -345,10 +343,9 @@ def load_config(path: Path) -> dict[str, Any]:
     out = {}
     for key, value in data.items():
         if key not in OPTIONS:
-            hint = difflib.get_close_matches(key, list(OPTIONS), n=1)
-            did = f"; did you mean {hint[0]!r}?" if hint else ""
             raise UsageError(
-                f"--config {path}: unknown field {key!r}{did} (allowed: {', '.join(OPTIONS)})"
+                f"--config {path}: unknown field {key!r}{did_you_mean(key, OPTIONS)} "
+                f"(allowed: {', '.join(OPTIONS)})"
             )
         try:
             text = as_text(value)

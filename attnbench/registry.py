@@ -33,7 +33,6 @@ as unavailable with a reason. ``origin(impl)`` says which of the four it came fr
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib
 import importlib.metadata
@@ -49,7 +48,7 @@ import torch
 
 from attnbench import checkout
 from attnbench.case import DEVICES, DTYPES, Case, CaseError
-from attnbench.errors import AttnbenchError, UsageError
+from attnbench.errors import AttnbenchError, UsageError, did_you_mean, one_line
 from attnbench.heads import HEAD_ORDERS
 from attnbench.masks import ALIGNS, ANY, KINDS, MODS
 from attnbench.masks.contract import ContractError
@@ -398,7 +397,7 @@ def _load(
     except NameClash:
         raise  # bad input: the user must rename one of the two
     except Exception as exc:  # noqa: BLE001 - any other plugin failure is reported, not raised
-        error = " ".join(f"{type(exc).__name__}: {exc}".split())
+        error = one_line(f"{type(exc).__name__}: {exc}")
         if named is not None:
             _LOADED.discard(source)
             if isinstance(exc, (ContractError, RegistryError)):  # it names what and the fix
@@ -515,9 +514,9 @@ def unknown_hint(name: str, known: Iterable[str]) -> str:
     """What to add to "unknown impl (or mask, score_mod) NAME": a close known name; else the
     file of the working folder's impls/ that names it, where that folder is not loaded (an
     installed attnbench, or another folder than the checkout's); else the --plugin hint."""
-    close = difflib.get_close_matches(name, list(known), n=1)
+    close = did_you_mean(name, known)
     if close:
-        return f"; did you mean {close[0]!r}?"
+        return close
     here, root = Path(DROP_IN), checkout.root()
     loaded = root is not None and here.resolve() == (root / DROP_IN).resolve()
     for path in [] if loaded else _folder_modules(here):

@@ -15,6 +15,7 @@ a KV cache is read, not trained.
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
+from attnbench.errors import one_line
 from attnbench.impls.flex import _flex
 from attnbench.masks import ALIGNS, interval, key_bounds, reach
 from attnbench.registry import Unsupported, register
@@ -125,4 +126,4 @@ def flex_paged(q, k, v, *, causal, scale, mask, block_table, seq_kv):
             enable_gqa=q.shape[1] != Hkv,
         )
     except NotImplementedError as exc:  # FlexAttention refuses the case
-        raise Unsupported(" ".join(str(exc).split())) from exc
+        raise Unsupported(one_line(exc)) from exc

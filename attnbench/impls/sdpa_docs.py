@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from attnbench.errors import one_line
 from attnbench.registry import Unsupported, register
 
 NESTED_LOGGER = "torch.nested._internal.sdpa"  # where PyTorch says why no backend took it
@@ -44,7 +45,7 @@ class _Reasons(logging.Handler):
         self.lines: list[str] = []
 
     def emit(self, record):
-        self.lines.append(" ".join(record.getMessage().split()))
+        self.lines.append(one_line(record.getMessage()))
 
 
 def _nested_reasons(run) -> str:
@@ -54,7 +55,7 @@ def _nested_reasons(run) -> str:
     try:
         run()
     except RuntimeError as exc:
-        handler.lines.append(" ".join(str(exc).split()))
+        handler.lines.append(one_line(exc))
     finally:
         logger.removeHandler(handler)
     said = [line for line in handler.lines if not line.endswith("because:")]

@@ -10,6 +10,7 @@ PyTorch's. Where its C++/CUDA extension does not load, xformers has none of its 
 impl is unavailable, with the extension's error and the fix as its reason."""
 
 from attnbench.case import Case
+from attnbench.errors import one_line
 from attnbench.impls.xformers_kernels import INSTALL, dispatched, extension_failure
 from attnbench.masks import ALIGNS
 from attnbench.registry import Unsupported, register
@@ -77,5 +78,5 @@ def xformers(q, k, v, *, causal, scale, mask):
     try:
         out = xops.memory_efficient_attention(q, k, v, attn_bias=bias, scale=scale)
     except NotImplementedError as exc:  # no xformers operator takes this case
-        raise Unsupported(" ".join(str(exc).split())) from exc
+        raise Unsupported(one_line(exc)) from exc
     return out.reshape(B, Sq, Hq, D)

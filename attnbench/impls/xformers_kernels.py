@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from attnbench.errors import one_line
 from attnbench.measure.backends import PYTORCH_PREFIX
 
 INSTALL = "pip install 'xformers>=0.0.28'"
@@ -74,7 +75,7 @@ def extension_failure() -> str | None:
     failure = getattr(module, "_cpp_library_load_exception", None)
     if failure is None:
         return None
-    why = " ".join(str(failure).split()).split(" Please ")[0]  # before its reinstall advice
+    why = one_line(failure).split(" Please ")[0]  # before its reinstall advice
     why = why.removeprefix("xFormers can't load C++/CUDA extensions. ")
     try:
         version = f" {importlib.metadata.version('xformers')}"
@@ -119,7 +120,7 @@ def xformers_kernels() -> dict:
     return {
         "version": getattr(xformers, "__version__", None),
         "extension_loaded": failure is None,
-        "extension_error": None if failure is None else " ".join(str(failure).split())[:300],
+        "extension_error": None if failure is None else one_line(failure)[:300],
         "own_ops": [n for n in names if not label(n).startswith(PYTORCH_PREFIX)],
         "pytorch_ops": [n for n in names if label(n).startswith(PYTORCH_PREFIX)],
     }

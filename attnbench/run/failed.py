@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import torch
 
+from attnbench import errors
 from attnbench.case import Case
 from attnbench.measure.cuda_graph import GraphCaptureError
 from attnbench.registry import Impl, Unsupported
@@ -87,5 +88,5 @@ def error_reason(exc: BaseException) -> tuple[str, str | None]:
 
 
 def one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text[:500] + ("..." if len(text) > 500 else "")
+    """A failed row's reason: the exception's text on one line, at most 500 characters."""
+    return errors.one_line(exc, 500)

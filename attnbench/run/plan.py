@@ -1,8 +1,8 @@
 """What a sweep will do, from its options (flags over a sweep file, already parsed by
-options.py): where it runs (``Target``: executor kind, device, plugins, the registered impls),
-then what it runs (``Plan``: spec, cases, impls, grid, seed, settings). Every check of the
-options' combinations happens here, before anything is started or written; a bad combination
-is one UsageError line."""
+options.py), given where it runs (run/target.py): what it runs (``Plan``: spec, cases, impls,
+grid, settings) and how (``RunOptions``). Every check of the options' combinations happens
+here or in the target, before anything is started or written; a bad combination is one
+UsageError line."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from attnbench.case import Case
 from attnbench.errors import UsageError
 from attnbench.measure import allocator
 from attnbench.measure.timing import TimerConfig
-from attnbench.options import MEASURE_OPTIONS, as_text, flag
+from attnbench.options import MEASURE_OPTIONS, as_text
 from attnbench.run.row import Settings
 from attnbench.run.selection import (
     check_profile_filter,
@@ -26,62 +26,12 @@ from attnbench.run.selection import (
     select_impls,
 )
 from attnbench.run.sweep import run_sweep
+from attnbench.run.target import Target
 from attnbench.run.worker import WorkerSpec
 from attnbench.spec import GPU_PRESETS, SPEC_OPTIONS, Spec
 from attnbench.store.rundir import RunDir
 
 DRY_RUN_CASES = 10  # --dry-run names this many cases, then counts the rest
-RAY_ONLY = ("ray_address", "ray_actors")  # options that need --executor ray
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where a sweep runs: the executor kind, the device, the plugins and every impl."""
-
-    executor: str
-    device: str
-    plugins: list[str]
-    impls: dict
-
-    @classmethod
-    def from_options(cls, opts: dict, *, dry_run: bool = False) -> Target:
-        executor = opts.get("executor", "local")
-        if executor != "ray":
-            for name in RAY_ONLY:
-                if name in opts:
-                    raise UsageError(f"{flag(name)} needs --executor ray")
-        elif opts.get("isolate") is False:
-            raise UsageError("--no-isolate needs --executor local (Ray actors are always isolated)")
-        device = check_device(opts.get("device"), local=executor == "local" and not dry_run)
-        if opts.get("cuda_graph") and not device.startswith("cuda"):
-            raise UsageError(
-                f"--cuda-graph replays CUDA graphs, but the device is {device}; use --device "
-                f"cuda or leave --cuda-graph out"
-            )
-        plugins = opts.get("plugin", [])
-        for text in plugins:
-            registry.plugin_source(text)  # a missing plugin is bad input, before any work
-        return cls(executor, device, plugins, registry.discover(plugins))
-
-    @property
-    def device_type(self) -> str:
-        return self.device.split(":")[0]
-
-
-def check_device(text: str | None, local: bool = True) -> str:
-    """The sweep's device; with ``local`` False (Ray, or a dry run) the GPUs may be elsewhere."""
-    if text is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if not local and text.startswith("cuda:"):
-        raise UsageError(
-            f"--device {text}: with --executor ray give --device cuda (each actor owns one GPU)"
-        )
-    if local and text.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(
-            f"--device {text}: no CUDA device is visible to torch "
-            f"{torch.__version__}; use --device cpu"
-        )
-    return text
 
 
 @dataclass(frozen=True)
