@@ -20,6 +20,7 @@ from attnbench.run.row import failed
 from attnbench.run.sweep import run_sweep
 from attnbench.spec import Spec
 from attnbench.store.results import read_results, row_key
+from attnbench.store.schema import LOST
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = Path(__file__).resolve().parent / "plugins"
@@ -279,3 +280,57 @@ def test_one_actor_is_one_actor(cluster, tmp_path, capsys):
     assert _sweep(*args, "--results-dir", str(tmp_path), "--no-report") == 0
     out = capsys.readouterr().out
     assert "ray: 1 actor up in " in out, out[:500]
+
+
+class _Losing(_Fake):
+    """A fake executor whose ``lose_at``-th case loses it (its first impl's row lost, the
+    case's other rows never given); it cannot be replaced."""
+
+    def __init__(self, device_name, host, lose_at=None):
+        super().__init__(device_name)
+        self.host, self.lose_at, self.replaced = host, lose_at, 0
+
+    def run_case(self, case, impls, baseline=None):
+        self.ran.append(case)
+        if len(self.ran) == self.lose_at:
+            yield failed(impls[0], case, LOST, "actor lost (its node died)")
+            return
+        yield from (failed(impl, case, "error", "fake") for impl in impls)
+
+    def replace(self):
+        self.replaced += 1
+        return False
+
+
+def _lost_grid(impls):
+    return Spec.from_preset("smoke", "cpu", seq_len=[32, 64, 128]).cases(), [
+        impls["naive"],
+        impls["sdpa"],
+    ]
+
+
+def test_a_lost_executor_s_family_is_finished_by_the_survivor(impls, tmp_path):
+    cases, two = _lost_grid(impls)
+    a, b = _Losing("cpu", "a", lose_at=2), _Losing("cpu", "b")
+    run_sweep(cases, two, tmp_path, [a, b], run_id="r", seed=0, progress=False)
+    rows = read_results(tmp_path)
+    assert len(rows) == len(cases) * 2 and not rows.duplicated(KEY).any()  # every row once
+    lost = rows[rows["status"] == LOST]
+    assert len(lost) == 1 and lost.iloc[0]["host"] == "a" and a.replaced == 1
+    assert len(a.ran) == 2  # not replaced: its lane ended
+    case = a.ran[1]  # the lost case's other impl, and the family's longer cases, ran on b
+    family = rows[(rows["mode"] == case.mode) & (rows["causal"] == case.causal)]
+    rest = family[(family["seq_q"] >= case.seq_q) & (family["status"] != LOST)]
+    assert len(rest) == len(family[family["seq_q"] >= case.seq_q]) - 1 > 0
+    assert set(rest["host"]) == {"b"}
+
+
+def test_rows_no_executor_is_left_for_are_lost(impls, tmp_path):
+    cases, two = _lost_grid(impls)
+    run_sweep(
+        cases, two, tmp_path, [_Losing("cpu", "a", lose_at=2)], run_id="r", seed=0, progress=False
+    )
+    rows = read_results(tmp_path)
+    assert len(rows) == len(cases) * 2 and not rows.duplicated(KEY).any()
+    assert (rows["status"] == LOST).sum() == len(cases) * 2 - 2  # all but its first case's
+    assert rows["reason"].str.startswith("not run: every executor").sum() == len(cases) * 2 - 3

@@ -50,7 +50,8 @@ class WorkerSpec:
 
 
 class WorkerFailed(AttnbenchError):
-    """A step that ended its server: status crash or timeout, and why."""
+    """A step that ended its server: status crash or timeout, and why; LOST when the
+    executor itself is gone (the sweep gives the rest of its family to another)."""
 
     def __init__(self, status: str, reason: str):
         super().__init__(reason)
@@ -197,6 +198,12 @@ class Worker:
             self.transport.call(("prepare", self.case, self.spec.settings), None)
         except WorkerFailed as exc:
             self.broken = WorkerFailed(exc.status, f"{PREPARING}: {exc.reason}")
+
+    def replace(self) -> bool:
+        """After a LOST step: the transport's replacement started, or False (a transport
+        that cannot be replaced)."""
+        replace = getattr(self.transport, "replace", None)
+        return bool(replace and replace())
 
     def close(self) -> None:
         self.transport.close()

@@ -12,7 +12,9 @@ def _case(*names: str) -> dict[str, tuple[str, str]]:
     return {n: (DIM[n].dtype, DIM[n].meaning) for n in names}
 
 
-STATUSES = ("ok", "unsupported", "oom", "error", "timeout", "crash")
+LOST = "lost"  # the row's executor was lost (its actor, node or head), not the impl's doing
+STATUSES = ("ok", "unsupported", "oom", "error", "timeout", "crash", LOST)
+RETRIED = (LOST,)  # the statuses whose rows --resume runs again (--retry adds others)
 
 # name -> (pandas dtype, meaning). The order here is the CSV's column order.
 COLUMNS: dict[str, tuple[str, str]] = {
