@@ -289,6 +289,7 @@ class _Losing(_Fake):
     def __init__(self, device_name, host, lose_at=None):
         super().__init__(device_name)
         self.host, self.lose_at, self.replaced = host, lose_at, 0
+        self.where = {"node": f"node-{host}", "actor": ord(host) - ord("a")}
 
     def run_case(self, case, impls, baseline=None):
         self.ran.append(case)
@@ -322,7 +323,8 @@ def test_a_lost_executor_s_family_is_finished_by_the_survivor(impls, tmp_path):
     family = rows[(rows["mode"] == case.mode) & (rows["causal"] == case.causal)]
     rest = family[(family["seq_q"] >= case.seq_q) & (family["status"] != LOST)]
     assert len(rest) == len(family[family["seq_q"] >= case.seq_q]) - 1 > 0
-    assert set(rest["host"]) == {"b"}
+    assert set(rest["host"]) == {"b"} and set(rest["node"]) == {"node-b"}
+    assert set(rows["actor"]) == {0, 1}  # each row says which actor ran it
 
 
 def test_rows_no_executor_is_left_for_are_lost(impls, tmp_path):

@@ -296,6 +296,7 @@ def test_resume_runs_lost_rows_again_and_crash_rows_when_asked(impls, tmp_path, 
     )
     df = read_results(tmp_path)
     assert len(df) == 4 and not df.duplicated(["impl", "seq_q"]).any()  # every row once
+    assert df[["node", "actor", "gpu_index", "gpu_uuid"]].isna().all().all()  # local, CPU
     assert sorted(df["status"]) == ([] if retry else ["crash"]) + ["ok"] * (4 if retry else 3)
     samples = pd.read_csv(RunDir(tmp_path).samples)  # the rows run again: their samples once
     assert not samples.duplicated(["impl", "seq_q", "sample"]).any()

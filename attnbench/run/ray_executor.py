@@ -77,8 +77,9 @@ class _Actor:
 class RayActor:
     """The transport to one device's actor; a dead actor is replaced at the next step."""
 
-    def __init__(self, ray, options: dict, spec: WorkerSpec):
+    def __init__(self, ray, options: dict, spec: WorkerSpec, number: int = 0):
         self.ray, self.options, self.spec = ray, options, spec
+        self.where: dict = {"actor": number}  # its replacements keep the number
         self.actor = None
         self.info: dict = {}
         self.host: str | None = None
@@ -93,6 +94,7 @@ class RayActor:
 
     def started(self, info: dict) -> None:
         self.info, self.host, self.device_name = info, info["host"], info["device_name"]
+        self.where["node"] = info["node_id"]
 
     def replace(self) -> bool:
         """A new actor in place of a lost one, started within REPLACE_TIMEOUT_S (Ray places
@@ -213,7 +215,7 @@ def start(address: str | None, spec: WorkerSpec, actors: int | None, command: st
     ray = connect(address, command)
     n, options = actor_options(ray, spec.device, spec.threads, actors)
     spec = dataclasses.replace(spec, plugins=tuple(str(p) for p in spec.plugins))
-    proxies = [RayActor(ray, options, spec) for _ in range(n)]
+    proxies = [RayActor(ray, options, spec, i) for i in range(n)]
     for proxy in proxies:
         proxy.launch()
     try:

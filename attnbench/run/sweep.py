@@ -152,6 +152,8 @@ def _run_family(
             row["device_name"] = (
                 row.get("device_name") or executor.device_name or device_name(case.device)
             )
+            for column, value in getattr(executor, "where", {}).items():
+                row[column] = value if row.get(column) is None else row[column]  # node, GPU
             if row["status"] == "oom":
                 ooms.ran_out(row["impl"], case)
             try:

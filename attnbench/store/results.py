@@ -99,10 +99,10 @@ def done_keys(run_dir: Path, retry=()) -> dict[tuple[str, ...], str | None]:
     again = {*RETRIED, *retry}
     with open(run.results, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
-        rows, columns = list(reader), reader.fieldnames or tuple(COLUMNS)
+        rows, columns = list(reader), tuple(reader.fieldnames or ())
     keys = {row_key(r): r.get("device_name") or None for r in rows if r["status"] not in again}
-    if len(keys) < len(rows):
-        _rewrite(run.results, columns, [r for r in rows if row_key(r) in keys])
+    if len(keys) < len(rows) or columns != tuple(COLUMNS):  # also an older run's columns
+        _rewrite(run.results, tuple(COLUMNS), [r for r in rows if row_key(r) in keys])
     repair_tail(run.anchor)  # per case, not per row: a resumed case's anchor is added again
     for path, columns in ((run.samples, SAMPLE_COLUMNS), (run.kernels, KERNEL_COLUMNS)):
         if not path.exists():
@@ -117,7 +117,7 @@ def _rewrite(path: Path, columns, rows: list[dict]) -> None:
     """``path`` holds ``rows`` alone, replaced at once (fsynced first)."""
     tmp = path.with_suffix(".csv.tmp")
     with open(tmp, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
         f.flush()
