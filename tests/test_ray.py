@@ -336,3 +336,47 @@ def test_rows_no_executor_is_left_for_are_lost(impls, tmp_path):
     assert len(rows) == len(cases) * 2 and not rows.duplicated(KEY).any()
     assert (rows["status"] == LOST).sum() == len(cases) * 2 - 2  # all but its first case's
     assert rows["reason"].str.startswith("not run: every executor").sum() == len(cases) * 2 - 3
+
+
+def test_a_lost_head_is_noticed_and_ends_with_the_resume_command(tmp_path, monkeypatch, capsys):
+    """The head's port refusing is noticed by the watch; the sweep then ends with its own
+    line, the summary of the rows written, and exit code 3 (EXIT_LOST)."""
+    import socket
+    import threading
+
+    from attnbench import cli
+    from attnbench.run import ray_cluster
+    from attnbench.run.plan import Plan
+    from attnbench.store.rundir import RunDir
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setattr(ray_cluster, "HEAD_POLL_S", 0.01)
+    monkeypatch.setattr(ray_cluster, "HEAD_LOST_S", 0.05)
+    noticed = threading.Event()
+    ray_cluster.watch_head(lambda a: noticed.set() if a == address else None, address)
+    assert noticed.wait(30)
+
+    exits = []
+    monkeypatch.setattr(cli.os, "_exit", exits.append)
+    plan = Plan.__new__(Plan)
+    plan.command, plan.impls = "sweep", []
+    argv = ["--executor", "ray", "--ray-address", address]
+    cli._head_lost(plan, argv, RunDir(tmp_path), "r1", named=False)(address)
+    err = capsys.readouterr().err
+    assert exits == [3] and err.count("\n") == 1
+    assert f"head ({address}) stopped answering" in err
+    assert err.strip().endswith(f"attnbench sweep {' '.join(argv)} --resume --run-id r1")
+
+
+@pytest.mark.parametrize(
+    "mode, needle",
+    [("token", "does not use token authentication"), ("", "a Ray actor failed to start: ")],
+)
+def test_actors_cancelled_by_a_cluster_without_tokens_name_the_cause(monkeypatch, mode, needle):
+    from attnbench.run.ray_cluster import actor_start_problem
+
+    monkeypatch.setenv("RAY_AUTH_MODE", mode)
+    exc = RuntimeError("The actor 8f2c was cancelled before it started running.")
+    assert needle in actor_start_problem(exc)

@@ -67,6 +67,14 @@ class Pool:
         here = devices.get(device_name(plan.device)) or next(iter(devices.values()))
         return {"ceilings": here["ceilings"], "devices": devices}
 
+    def on_head_lost(self, lost) -> None:
+        """With --executor ray: ``lost(address)`` is called (from another thread) when the
+        cluster's head stops answering."""
+        if self._leave is not None:
+            from attnbench.run import ray_cluster
+
+            ray_cluster.watch_head(lost)
+
     def close(self) -> None:
         for ex in self.executors:
             ex.close()

@@ -20,7 +20,7 @@ import tempfile
 
 from attnbench.errors import UsageError
 from attnbench.run.local import CLOSE_WAIT_S, Subprocess, stderr_tail
-from attnbench.run.ray_cluster import actor_options, connect
+from attnbench.run.ray_cluster import actor_options, actor_start_problem, connect
 from attnbench.run.row import one_line
 from attnbench.run.steps import wire
 from attnbench.run.worker import WorkerFailed, WorkerSpec
@@ -230,7 +230,7 @@ def start(address: str | None, spec: WorkerSpec, actors: int | None, command: st
     except ray.exceptions.RayActorError as exc:
         for proxy in proxies:
             proxy.close()
-        raise UsageError(f"a Ray actor failed to start: {one_line(exc)}") from None
+        raise UsageError(actor_start_problem(exc)) from None
     for proxy, info in zip(proxies, infos):
         proxy.started(info)
     return proxies
