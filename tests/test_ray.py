@@ -380,3 +380,25 @@ def test_actors_cancelled_by_a_cluster_without_tokens_name_the_cause(monkeypatch
     monkeypatch.setenv("RAY_AUTH_MODE", mode)
     exc = RuntimeError("The actor 8f2c was cancelled before it started running.")
     assert needle in actor_start_problem(exc)
+
+
+def test_an_executor_slower_than_its_peers_is_flagged():
+    import pandas as pd
+
+    from attnbench.report.checks import slow_peer_lines
+
+    speeds = {("a", 0): 1.0, ("a", 1): 0.98, ("b", 2): 0.7, ("c", 3): 0.5}  # c: alone
+    ok = pd.DataFrame(
+        [
+            {
+                "device_name": "H" if host != "c" else "L",
+                "host": host,
+                "actor": actor,
+                "speed_compute": s,
+            }
+            for (host, actor), s in speeds.items()
+            for _ in range(3)
+        ]
+    )
+    lines = slow_peer_lines(ok)
+    assert len(lines) == 2 and lines[0].startswith("H at b 2 is slower than its peers")
