@@ -75,7 +75,7 @@ class _Actor:
 
 
 class RayActor:
-    """The transport to one device's actor; a dead actor is replaced at the next step."""
+    """The transport to one device's actor; a lost actor is replaced by ``replace``."""
 
     def __init__(self, ray, options: dict, spec: WorkerSpec, number: int = 0):
         self.ray, self.options, self.spec = ray, options, spec

@@ -70,11 +70,12 @@ def run_sweep(
     ):
         stop = threading.Event()
         lanes = [
-            threading.Thread(target=_lane, args=(ex, work, writer, stop, baseline, ooms))
+            threading.Thread(
+                target=_lane, args=(ex, work, writer, stop, baseline, ooms), daemon=True
+            )
             for ex in executors[1:]
         ]
         for lane in lanes:
-            lane.daemon = True
             lane.start()
         try:
             _lane(executors[0], work, writer, stop, baseline, ooms)
