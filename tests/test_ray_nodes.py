@@ -58,3 +58,29 @@ def test_a_worker_node_killed_mid_sweep(tmp_path):
         assert resumed.iloc[:-1].equals(rows[rows["status"] != LOST].reset_index(drop=True))
     finally:
         cluster.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_a_head_killed_mid_sweep_ends_with_its_own_line_and_exit_3(tmp_path):
+    cluster_utils = pytest.importorskip("ray.cluster_utils")
+    cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    try:
+        args = [*GRID, "--ray-address", cluster.address, "--results-dir", str(tmp_path)]
+        cmd = [sys.executable, str(ROOT / "scripts" / "sweep.py"), *args, "--run-id", "r"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        results = tmp_path / "r" / "results.csv"
+        deadline = time.monotonic() + SWEEP_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            if results.exists() and len(results.read_text().splitlines()) > 4:
+                break
+            time.sleep(0.5)
+        cluster.remove_node(cluster.head_node, allow_graceful=False)
+        out, err = proc.communicate(timeout=SWEEP_S)
+    finally:
+        cluster.shutdown()
+    assert proc.returncode == 3, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert "the Ray cluster's head" in last and last.endswith("--run-id r --resume"), err[-3000:]
+    rows = read_results(tmp_path / "r")
+    assert 3 <= len(rows) < 24 and not rows.duplicated(KEY).any()
