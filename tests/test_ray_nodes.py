@@ -1,7 +1,8 @@
 """The Ray executor on two nodes of one machine (a head and a second raylet, on loopback,
 started by Ray's own test cluster): the worker node killed mid-sweep costs the row in flight
 (``lost``), its family is finished by the surviving actor, every row is written once, and
---resume runs the lost rows only. Slow: minutes on two cores."""
+--resume runs the lost rows only; the head killed mid-sweep ends the sweep with attnbench's
+own line and exit code 3. Slow: minutes on two cores."""
 
 import subprocess
 import sys
