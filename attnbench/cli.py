@@ -30,6 +30,7 @@ from attnbench.store.results import done_keys, load_run, read_results
 from attnbench.store.rundir import RunDir
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
+EXIT_LOST = 3  # --executor ray: the cluster's head (or the connection to it) was lost
 COMMANDS = {  # command -> what it does, for attnbench --help
     "sweep": "sweep impls over a grid of cases: results.csv, samples.csv, env.json, a report",
     "race": "the kernel race: the race preset (a GPU grid) as a sweep",
@@ -216,12 +217,15 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
     plan = Plan.from_options(opts, target, command=command, default_preset=default_preset)
     if args.dry_run:
         return _print(plan.dry_run_text())
+    if opts.get("retry") and not args.resume:
+        raise UsageError("--retry: only with --resume (it names rows of a run to run again)")
     _check_folders(("--results-dir", args.results_dir), ("--reports-dir", args.reports_dir))
     run_id, run = plan.run_dir(args.results_dir, args.run_id, resume=args.resume)
     with executors.start(target.executor, plan) as pool:
         if pool.started:
             print(pool.started)
-        done = done_keys(run.path) if args.resume else set()
+        pool.on_head_lost(_head_lost(plan, argv, run, run_id, bool(args.run_id)))
+        done = done_keys(run.path, opts.get("retry", ())) if args.resume else set()
         run.write_grid(plan.grid)
         print(plan.start_text(run, len(done)))
         if warning := warn_if_busy(plan.device):
@@ -239,6 +243,29 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
     from attnbench.report.report import write_report  # matplotlib: only once there are rows
 
     return _print(f"\nresults: {run.results}\nreport:  {write_report(run.path, args.reports_dir)}")
+
+
+def _head_lost(plan: Plan, argv: list[str], run: RunDir, run_id: str, named: bool):
+    """What happens when the Ray cluster's head is lost mid-sweep: the summary of the rows
+    written, one line with the cause and the command that continues, exit EXIT_LOST (the
+    rows are safe: each was fsynced when written; Ray's calls in flight cannot be ended)."""
+
+    def lost(address: str) -> None:
+        try:
+            print(summary_table(read_results(run.path), [i.name for i in plan.impls]))
+        except (OSError, ValueError):  # no row yet
+            pass
+        print(
+            f"attnbench {plan.command}: error: the Ray cluster's head ({address}) stopped "
+            f"answering; every finished row is in {run.results}. Continue, on a running "
+            f"cluster, with: {plan.resume_command(argv, run_id, named)}",
+            file=sys.stderr,
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_LOST)
+
+    return lost
 
 
 def _print(text: str) -> int:

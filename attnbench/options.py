@@ -23,6 +23,7 @@ from attnbench.masks.blocks import parse_sparsity
 from attnbench.masks.document import parse_docs
 from attnbench.models import model as find_model
 from attnbench.spec import PRESETS
+from attnbench.store.schema import STATUSES
 
 
 def _items(text: str) -> list[str]:
@@ -294,6 +295,11 @@ OPTIONS: dict[str, Option] = {
         style="toggle",
         scope="run",
         no_help="let a device of any kind continue a family started on another",
+    ),
+    "retry": Option(
+        _list(_choice("status", [s for s in STATUSES if s != "ok"])),
+        "with --resume: also run again the rows of these statuses, comma-separated (e.g. "
+        "crash,timeout); rows lost to the infrastructure (status lost) always are",
     ),
     "profile": Option(
         _profile,

@@ -20,6 +20,7 @@ from attnbench.run.row import failed
 from attnbench.run.sweep import run_sweep
 from attnbench.spec import Spec
 from attnbench.store.results import read_results, row_key
+from attnbench.store.schema import LOST
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = Path(__file__).resolve().parent / "plugins"
@@ -279,3 +280,125 @@ def test_one_actor_is_one_actor(cluster, tmp_path, capsys):
     assert _sweep(*args, "--results-dir", str(tmp_path), "--no-report") == 0
     out = capsys.readouterr().out
     assert "ray: 1 actor up in " in out, out[:500]
+
+
+class _Losing(_Fake):
+    """A fake executor whose ``lose_at``-th case loses it (its first impl's row lost, the
+    case's other rows never given); it cannot be replaced."""
+
+    def __init__(self, device_name, host, lose_at=None):
+        super().__init__(device_name)
+        self.host, self.lose_at, self.replaced = host, lose_at, 0
+        self.where = {"node": f"node-{host}", "actor": ord(host) - ord("a")}
+
+    def run_case(self, case, impls, baseline=None):
+        self.ran.append(case)
+        if len(self.ran) == self.lose_at:
+            yield failed(impls[0], case, LOST, "actor lost (its node died)")
+            return
+        yield from (failed(impl, case, "error", "fake") for impl in impls)
+
+    def replace(self):
+        self.replaced += 1
+        return False
+
+
+def _lost_grid(impls):
+    return Spec.from_preset("smoke", "cpu", seq_len=[32, 64, 128]).cases(), [
+        impls["naive"],
+        impls["sdpa"],
+    ]
+
+
+def test_a_lost_executor_s_family_is_finished_by_the_survivor(impls, tmp_path):
+    cases, two = _lost_grid(impls)
+    a, b = _Losing("cpu", "a", lose_at=2), _Losing("cpu", "b")
+    run_sweep(cases, two, tmp_path, [a, b], run_id="r", seed=0, progress=False)
+    rows = read_results(tmp_path)
+    assert len(rows) == len(cases) * 2 and not rows.duplicated(KEY).any()  # every row once
+    lost = rows[rows["status"] == LOST]
+    assert len(lost) == 1 and lost.iloc[0]["host"] == "a" and a.replaced == 1
+    assert len(a.ran) == 2  # not replaced: its lane ended
+    case = a.ran[1]  # the lost case's other impl, and the family's longer cases, ran on b
+    family = rows[(rows["mode"] == case.mode) & (rows["causal"] == case.causal)]
+    rest = family[(family["seq_q"] >= case.seq_q) & (family["status"] != LOST)]
+    assert len(rest) == len(family[family["seq_q"] >= case.seq_q]) - 1 > 0
+    assert set(rest["host"]) == {"b"} and set(rest["node"]) == {"node-b"}
+    assert set(rows["actor"]) == {0, 1}  # each row says which actor ran it
+
+
+def test_rows_no_executor_is_left_for_are_lost(impls, tmp_path):
+    cases, two = _lost_grid(impls)
+    run_sweep(
+        cases, two, tmp_path, [_Losing("cpu", "a", lose_at=2)], run_id="r", seed=0, progress=False
+    )
+    rows = read_results(tmp_path)
+    assert len(rows) == len(cases) * 2 and not rows.duplicated(KEY).any()
+    assert (rows["status"] == LOST).sum() == len(cases) * 2 - 2  # all but its first case's
+    assert rows["reason"].str.startswith("not run: every executor").sum() == len(cases) * 2 - 3
+
+
+def test_a_lost_head_is_noticed_and_ends_with_the_resume_command(tmp_path, monkeypatch, capsys):
+    """The head's port refusing is noticed by the watch; the sweep then ends with its own
+    line, the summary of the rows written, and exit code 3 (EXIT_LOST)."""
+    import socket
+    import threading
+
+    from attnbench import cli
+    from attnbench.run import ray_cluster
+    from attnbench.run.plan import Plan
+    from attnbench.store.rundir import RunDir
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setattr(ray_cluster, "HEAD_POLL_S", 0.01)
+    monkeypatch.setattr(ray_cluster, "HEAD_LOST_S", 0.05)
+    noticed = threading.Event()
+    ray_cluster.watch_head(lambda a: noticed.set() if a == address else None, address)
+    assert noticed.wait(30)
+
+    exits = []
+    monkeypatch.setattr(cli.os, "_exit", exits.append)
+    plan = Plan.__new__(Plan)
+    plan.command, plan.impls = "sweep", []
+    argv = ["--executor", "ray", "--ray-address", address]
+    cli._head_lost(plan, argv, RunDir(tmp_path), "r1", named=False)(address)
+    err = capsys.readouterr().err
+    assert exits == [3] and err.count("\n") == 1
+    assert f"head ({address}) stopped answering" in err
+    assert err.strip().endswith(f"attnbench sweep {' '.join(argv)} --resume --run-id r1")
+
+
+@pytest.mark.parametrize(
+    "mode, needle",
+    [("token", "does not use token authentication"), ("", "a Ray actor failed to start: ")],
+)
+def test_actors_cancelled_by_a_cluster_without_tokens_name_the_cause(monkeypatch, mode, needle):
+    from attnbench.run.ray_cluster import actor_start_problem
+
+    monkeypatch.setenv("RAY_AUTH_MODE", mode)
+    exc = RuntimeError("The actor 8f2c was cancelled before it started running.")
+    assert needle in actor_start_problem(exc)
+
+
+def test_an_executor_slower_than_its_peers_is_flagged():
+    import pandas as pd
+
+    from attnbench.report.checks import slow_peer_lines
+
+    speeds = {("a", 0): 1.0, ("a", 1): 0.98, ("b", 2): 0.7, ("c", 3): 0.5}  # c: alone
+    ok = pd.DataFrame(
+        [
+            {
+                "device_name": "H" if host != "c" else "L",
+                "host": host,
+                "actor": actor,
+                "speed_compute": s,
+            }
+            for (host, actor), s in speeds.items()
+            for _ in range(3)
+        ]
+    )
+    lines = slow_peer_lines(ok)
+    assert len(lines) == 2 and lines[0].startswith("H at b 2 is slower than its peers")

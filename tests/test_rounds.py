@@ -13,12 +13,12 @@ from attnbench.case import Case
 from attnbench.measure.paired import ratio, round_medians
 from attnbench.measure.timing import ROUNDS, Slice, TimerConfig
 from attnbench.registry import Impl
-from attnbench.run.failed import Measured, base_row
+from attnbench.run.failed import Measured, base_row, failed
 from attnbench.run.local import InProcess, Subprocess
 from attnbench.run.row import Settings
 from attnbench.run.sweep import run_sweep
 from attnbench.run.worker import ANCHOR, PREPARING, UNPREPARED, Worker, WorkerFailed, WorkerSpec
-from attnbench.store.results import done_keys, read_results
+from attnbench.store.results import done_keys, read_results, row_writer
 from attnbench.store.rundir import RunDir
 from attnbench.testing import FAST
 
@@ -273,3 +273,81 @@ def test_a_cuda_case_is_timed_in_rounds_with_paired_speedups(impls):
     for m in rows.values():
         assert m.row["status"] == "ok" and m.row["rounds"] == ROUNDS and len(m.anchor) == ROUNDS
     assert rows["naive"].row["speedup"] > 0 and rows["sdpa"].row["speedup"] is None
+
+
+def _statuses(run_dir: Path, statuses: dict) -> None:
+    """results.csv with each (impl, seq_q)'s status changed as ``statuses`` says."""
+    df = pd.read_csv(RunDir(run_dir).results, dtype=str, keep_default_na=False)
+    for (impl, seq_q), status in statuses.items():
+        df.loc[(df["impl"] == impl) & (df["seq_q"] == str(seq_q)), "status"] = status
+    df.to_csv(RunDir(run_dir).results, index=False)
+
+
+@pytest.mark.parametrize("retry", [(), ("crash",)])
+def test_resume_runs_lost_rows_again_and_crash_rows_when_asked(impls, tmp_path, retry):
+    two = [impls["sdpa"], impls["naive"]]
+    _sweep(two, tmp_path)
+    _statuses(tmp_path, {("naive", 32): "lost", ("naive", 48): "crash"})
+    done = done_keys(tmp_path, retry)
+    assert len(done) == (2 if retry else 3)
+    ran = _sweep(two, tmp_path, done)
+    assert sorted((r["impl"], r["seq_q"]) for r in ran) == [("naive", 32)] + (
+        [("naive", 48)] if retry else []
+    )
+    df = read_results(tmp_path)
+    assert len(df) == 4 and not df.duplicated(["impl", "seq_q"]).any()  # every row once
+    assert df[["node", "actor", "gpu_index", "gpu_uuid"]].isna().all().all()  # local, CPU
+    assert sorted(df["status"]) == ([] if retry else ["crash"]) + ["ok"] * (4 if retry else 3)
+    samples = pd.read_csv(RunDir(tmp_path).samples)  # the rows run again: their samples once
+    assert not samples.duplicated(["impl", "seq_q", "sample"]).any()
+
+
+class _Recorder:
+    """An executor that records the impls it is asked to run; each row an error."""
+
+    host, device_name = "h", "d"
+
+    def __init__(self):
+        self.asked: list[tuple[str, int]] = []
+
+    def run_case(self, case, impls, baseline=None):
+        self.asked += [(i.name, case.seq_q) for i in impls]
+        return [failed(i, case, "error", "fake") for i in impls]
+
+
+def test_resume_keeps_the_out_of_memory_pruning(impls, tmp_path):
+    cases = [CASE, Case(batch=1, heads=1, kv_heads=1, seq_q=48, seq_kv=48, head_dim=16)]
+    with row_writer(tmp_path) as out:  # naive ran out of memory at 32 before the stop
+        out.write(failed(impls["naive"], CASE, "oom", "out of memory").row | {"run_id": "r"})
+    two, executor = [impls["sdpa"], impls["naive"]], _Recorder()
+    run_sweep(
+        cases,
+        two,
+        tmp_path,
+        [executor],
+        run_id="r",
+        seed=0,
+        progress=False,
+        done=done_keys(tmp_path),
+    )
+    assert ("naive", 48) not in executor.asked and ("sdpa", 48) in executor.asked
+    df = read_results(tmp_path).set_index(["impl", "seq_q"])
+    assert df.loc[("naive", 48), "status"] == "oom"
+    assert "ran out of memory at the smaller seq_q=32" in df.loc[("naive", 48), "reason"]
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--retry", "crsh", "--resume"], "--retry 'crsh': unknown status 'crsh'; did you mean"),
+        (["--retry", "crash"], "--retry: only with --resume"),
+    ],
+)
+def test_a_bad_retry_is_one_line_and_exit_2(tmp_path, capsys, args, needle):
+    from attnbench.cli import main
+
+    argv = ["sweep", "--device", "cpu", "--preset", "smoke", "--results-dir", str(tmp_path / "r")]
+    assert main([*argv, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err, err
+    assert not (tmp_path / "r").exists()

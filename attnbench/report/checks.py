@@ -11,7 +11,10 @@ from attnbench.report import analysis
 from attnbench.report.header import case_label
 from attnbench.report.markdown import table
 
-FAILURE_ORDER = {s: i for i, s in enumerate(("crash", "error", "timeout", "oom", "unsupported"))}
+FAILURE_ORDER = {
+    s: i for i, s in enumerate(("crash", "lost", "error", "timeout", "oom", "unsupported"))
+}
+SLOW_PEER = 0.9  # an executor whose speed anchor runs below this share of its peers' is flagged
 
 
 def failures_section(df: pd.DataFrame, not_run: dict | None = None) -> list[str]:
@@ -102,6 +105,7 @@ def checks_section(df: pd.DataFrame) -> list[str]:
             "",
         ]
     lines += _cross_check_lines(ok)
+    lines += slow_peer_lines(ok)
     if ok["sm_clock_mhz"].notna().any():
         lines += [
             f"SM clock while timing: {ok['sm_clock_mhz'].min():.0f}–"
@@ -111,6 +115,28 @@ def checks_section(df: pd.DataFrame) -> list[str]:
         ]
     flagged = pd.concat([throttled, mismatch, noisy, over_peak, faulting, contended])
     return lines + _flagged_table(flagged.drop_duplicates(subset=list(analysis.CASE_KEY)))
+
+
+def slow_peer_lines(ok: pd.DataFrame) -> list[str]:
+    """Executors slower than their peers of the same device name: each one's median
+    speed_compute (the speed anchor, the same matmul in every case, relative to the run's
+    first case) below SLOW_PEER times the median of its device name's executors."""
+    where = [c for c in ("host", "node", "actor", "gpu_index", "gpu_uuid") if c in ok]
+    if not where or ok["speed_compute"].isna().all():
+        return []
+    who = ok[where].astype("string").fillna("").agg(" ".join, axis=1).str.strip()
+    per = ok.assign(who=who).groupby(["device_name", "who"])["speed_compute"].median()
+    lines = []
+    for name, speeds in per.dropna().groupby(level=0):
+        peers = speeds.median()
+        for (_, executor), speed in speeds.items():
+            if len(speeds) > 1 and speed < SLOW_PEER * peers:
+                lines.append(
+                    f"{name} at {executor} is slower than its peers: its speed anchor ran at "
+                    f"{speed:.2f} of the run's first case, its device's executors' median "
+                    f"{peers:.2f}; its rows' times are slower for it, not for the impls."
+                )
+    return [*lines, ""] if lines else []
 
 
 def _flagged_table(flagged: pd.DataFrame) -> list[str]:

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from attnbench.run.local import InProcess, Subprocess
 from attnbench.run.worker import Worker
+from attnbench.store.env import GPU_WHERE
 
 
 def triton_cache_dir() -> str:
@@ -37,7 +38,8 @@ class Pool:
 
     def measure_devices(self) -> dict:
         """env.json's ``ceilings`` (the driver's device) and ``devices`` ({device_name: {hosts,
-        actors, versions, ceilings}}): each executor measures its device (at once on GPUs,
+        actors, where (each executor's host, Ray node and actor, GPU index and UUID),
+        versions, ceilings}}): each executor measures its device (at once on GPUs,
         one after another on CPUs, which share a machine's memory bandwidth), per device name
         the best of its executors is kept (a ceiling is what the device can do), and each
         executor then reads pct_peak and bound against its device's."""
@@ -49,12 +51,14 @@ class Pool:
         else:  # in this thread: a worker process started by a thread dies with it (PDEATHSIG)
             measured = [ask(w) for w in self.executors]
         devices: dict[str, dict] = {}
-        for entry, ceilings in measured:
+        for worker, (entry, ceilings) in zip(self.executors, measured):
             name, host = entry.pop("device_name"), entry.pop("host")
-            device = devices.setdefault(name, {"hosts": [], "actors": 0, **entry})
+            worker.gpu = {k: entry.pop(k, None) for k in GPU_WHERE}  # each of its rows says it
+            device = devices.setdefault(name, {"hosts": [], "actors": 0, "where": [], **entry})
             if host not in device["hosts"]:
                 device["hosts"].append(host)
             device["actors"] += 1
+            device["where"].append({"host": host, **worker.where})
             device["ceilings"] = _best(device.get("ceilings"), ceilings)
         for worker in self.executors:
             worker.use_ceilings(devices[worker.device_name]["ceilings"])
@@ -62,6 +66,14 @@ class Pool:
 
         here = devices.get(device_name(plan.device)) or next(iter(devices.values()))
         return {"ceilings": here["ceilings"], "devices": devices}
+
+    def on_head_lost(self, lost) -> None:
+        """With --executor ray: ``lost(address)`` is called (from another thread) when the
+        cluster's head stops answering."""
+        if self._leave is not None:
+            from attnbench.run import ray_cluster
+
+            ray_cluster.watch_head(lost)
 
     def close(self) -> None:
         for ex in self.executors:

@@ -241,10 +241,15 @@ class Plan:
 
     def interrupted_text(self, argv: list[str], run: RunDir, run_id: str, named: bool) -> str:
         """What Ctrl-C prints: where the finished rows are, and the command that continues."""
-        again = f"attnbench {self.command} {' '.join(argv)} --resume" + (
+        again = self.resume_command(argv, run_id, named)
+        return f"\ninterrupted; every finished row is in {run.results}. Continue with: {again}"
+
+    def resume_command(self, argv: list[str], run_id: str, named: bool) -> str:
+        """The command that continues this run (``named``: argv has --run-id already)."""
+        resume = "" if "--resume" in argv else " --resume"
+        return f"attnbench {self.command} {' '.join(argv)}{resume}" + (
             "" if named else f" --run-id {run_id}"
         )
-        return f"\ninterrupted; every finished row is in {run.results}. Continue with: {again}"
 
 
 def warn_if_busy(device: str) -> str | None:

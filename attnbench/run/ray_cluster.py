@@ -12,6 +12,8 @@ import socket
 import sys
 import tempfile
 import threading
+import time
+from collections.abc import Callable
 
 from attnbench import checkout
 from attnbench.errors import UsageError
@@ -19,6 +21,8 @@ from attnbench.run.row import one_line
 
 INSTALL_HINT = "pip install 'ray>=2.40'"  # the ray extra's own requirement: works from a wheel
 CONNECT_TIMEOUT_S = 30.0  # joining a cluster that never answers
+HEAD_LOST_S = 10.0  # the head's port refusing for this long: the cluster is lost (Ray: 60 s)
+HEAD_POLL_S = 2.0  # how often the head's port is tried
 
 
 def _import_ray():
@@ -200,6 +204,48 @@ def actor_options(ray, device: str, threads: int | None, actors: int | None) -> 
 
 def _resource_text(resources: dict) -> str:
     return ", ".join(f"{k} {v:g}" for k, v in sorted(resources.items()) if "node:" not in k)
+
+
+def watch_head(lost: Callable[[str], None], address: str | None = None) -> None:
+    """Call ``lost(address)`` from a thread of its own once the cluster's head (its GCS
+    port; by default the one joined) has refused connections for HEAD_LOST_S: sooner than
+    Ray, which gives up after a minute by ending this process with a message of its own."""
+    if address is None:
+        import ray
+
+        address = ray.get_runtime_context().gcs_address
+    host, _, port = (address or "").rpartition(":")
+    if not host or not port.isdigit():
+        return  # Ray Client (ray://): its own connection, not watched here
+
+    def poll() -> None:
+        since = None
+        while True:
+            time.sleep(HEAD_POLL_S)
+            try:
+                socket.create_connection((host, int(port)), timeout=HEAD_POLL_S).close()
+                since = None
+            except OSError:
+                since = since or time.monotonic()
+                if time.monotonic() - since >= HEAD_LOST_S:
+                    lost(address)
+                    return
+
+    threading.Thread(target=poll, name="attnbench-head-watch", daemon=True).start()
+
+
+def actor_start_problem(exc: BaseException) -> str:
+    """Why the actors did not start, with the fix where it is known: a cluster without
+    token authentication, joined with RAY_AUTH_MODE=token, cancels every actor."""
+    text = one_line(exc)
+    if "cancelled before it started" in text and os.environ.get("RAY_AUTH_MODE") == "token":
+        return (
+            "the Ray actors were cancelled before they started: the cluster does not use "
+            "token authentication and this process has RAY_AUTH_MODE=token; unset "
+            "RAY_AUTH_MODE here, or restart the cluster with RAY_AUTH_MODE=token "
+            "(docs/distributed.md)"
+        )
+    return f"a Ray actor failed to start: {text}"
 
 
 def shutdown() -> None:

@@ -6,8 +6,10 @@ a time, which answers each step through a worker process of its own (the local
 ``Subprocess``), so an impl that crashes or hangs costs its row as on one machine (status
 crash with the signal, or timeout) and a fresh worker process. Impls travel by name: the
 worker process loads the registry. An actor that dies itself (its node lost, killed from
-outside) costs the step in flight and is replaced at the next step. Nothing is retried by
-Ray, so no row runs twice. ``start`` starts the actors of a cluster, all at once."""
+outside) costs the step in flight (status lost); the sweep gives the rest of its family to
+another actor and asks this one for a replacement (``replace``, bounded by
+REPLACE_TIMEOUT_S). Nothing is retried by Ray, so no row runs twice. ``start`` starts the
+actors of a cluster, all at once."""
 
 from __future__ import annotations
 
@@ -18,12 +20,14 @@ import tempfile
 
 from attnbench.errors import UsageError
 from attnbench.run.local import CLOSE_WAIT_S, Subprocess, stderr_tail
-from attnbench.run.ray_cluster import actor_options, connect
+from attnbench.run.ray_cluster import actor_options, actor_start_problem, connect
 from attnbench.run.row import one_line
 from attnbench.run.steps import wire
 from attnbench.run.worker import WorkerFailed, WorkerSpec
+from attnbench.store.schema import LOST
 
-START_TIMEOUT_S = 300.0  # an actor's start-up: import torch (and a CUDA context)
+START_TIMEOUT_S = 300.0  # the actors' first start-up: import torch (and a CUDA context)
+REPLACE_TIMEOUT_S = 60.0  # a lost actor's replacement; none placed by then: its lane ends
 READ_TIMEOUT_S = 10.0  # fetching a dead actor's stderr from its node
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # a dead actor's stderr without Ray's own log lines, address dumps and faulthandler's module list
@@ -71,10 +75,11 @@ class _Actor:
 
 
 class RayActor:
-    """The transport to one device's actor; a dead actor is replaced at the next step."""
+    """The transport to one device's actor; a lost actor is replaced by ``replace``."""
 
-    def __init__(self, ray, options: dict, spec: WorkerSpec):
+    def __init__(self, ray, options: dict, spec: WorkerSpec, number: int = 0):
         self.ray, self.options, self.spec = ray, options, spec
+        self.where: dict = {"actor": number}  # its replacements keep the number
         self.actor = None
         self.info: dict = {}
         self.host: str | None = None
@@ -83,27 +88,29 @@ class RayActor:
     def launch(self) -> None:
         cls = self.ray.remote(_Actor).options(
             max_restarts=0, max_task_retries=0, **self.options
-        )  # a dead actor is replaced here, after its crash row, never restarted by Ray
+        )  # a lost actor is replaced here (replace), after its lost row, never by Ray
         self.actor = cls.remote(self.spec)
         self._info_ref = self.actor.info.remote()
 
     def started(self, info: dict) -> None:
         self.info, self.host, self.device_name = info, info["host"], info["device_name"]
+        self.where["node"] = info["node_id"]
+
+    def replace(self) -> bool:
+        """A new actor in place of a lost one, started within REPLACE_TIMEOUT_S (Ray places
+        it where the resources are), else False: none could be placed or started."""
+        try:
+            self.launch()
+            self.started(self.ray.get(self._info_ref, timeout=REPLACE_TIMEOUT_S))
+        except self.ray.exceptions.RayError:
+            self._drop()
+            return False
+        return True
 
     def call(self, msg: tuple, timeout_s: float | None):
         exceptions = self.ray.exceptions
         if self.actor is None:
-            try:
-                self.launch()
-                self.started(self.ray.get(self._info_ref, timeout=START_TIMEOUT_S))
-            except exceptions.RayActorError as exc:
-                raise self._failed(
-                    "crash", f"the replacement actor died ({_exit_detail(exc)})"
-                ) from None
-            except exceptions.RayError as exc:
-                raise self._failed(
-                    "crash", f"no replacement actor could be started ({type(exc).__name__})"
-                ) from None
+            raise WorkerFailed(LOST, "the actor was lost and not replaced")
         # the actor's worker process enforces --timeout itself (a timeout row, the actor
         # lives on); this wait only ends an actor that stopped answering altogether
         backstop = None if timeout_s is None else timeout_s + START_TIMEOUT_S
@@ -111,14 +118,14 @@ class RayActor:
             answer = self.ray.get(self.actor.call.remote(wire(msg), timeout_s), timeout=backstop)
         except exceptions.GetTimeoutError:
             raise self._failed(
-                "timeout",
+                LOST,
                 f"no answer from the actor after {backstop:g} s (--timeout plus a worker "
                 f"start); the actor was killed",
             ) from None
-        except exceptions.RayActorError as exc:  # died: segfault, abort, killed, node lost
-            raise self._failed("crash", f"actor died ({_exit_detail(exc)})") from None
-        except exceptions.RayError as exc:  # the step raised in the actor
-            raise self._failed(
+        except exceptions.RayActorError as exc:  # died: killed, its node or the head lost
+            raise self._failed(LOST, f"actor lost ({_exit_detail(exc)})") from None
+        except exceptions.RayError as exc:  # the step raised in the actor, which lives on
+            raise WorkerFailed(
                 "crash", f"{type(exc).__name__}: {one_line(_ANSI.sub('', str(exc)))}"
             ) from None
         if answer[0] == "failed":
@@ -208,7 +215,7 @@ def start(address: str | None, spec: WorkerSpec, actors: int | None, command: st
     ray = connect(address, command)
     n, options = actor_options(ray, spec.device, spec.threads, actors)
     spec = dataclasses.replace(spec, plugins=tuple(str(p) for p in spec.plugins))
-    proxies = [RayActor(ray, options, spec) for _ in range(n)]
+    proxies = [RayActor(ray, options, spec, i) for i in range(n)]
     for proxy in proxies:
         proxy.launch()
     try:
@@ -223,7 +230,7 @@ def start(address: str | None, spec: WorkerSpec, actors: int | None, command: st
     except ray.exceptions.RayActorError as exc:
         for proxy in proxies:
             proxy.close()
-        raise UsageError(f"a Ray actor failed to start: {one_line(exc)}") from None
+        raise UsageError(actor_start_problem(exc)) from None
     for proxy, info in zip(proxies, infos):
         proxy.started(info)
     return proxies

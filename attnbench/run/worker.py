@@ -27,6 +27,7 @@ from attnbench.measure.paired import ratio, round_medians
 from attnbench.registry import Impl
 from attnbench.run.failed import Measured, failed
 from attnbench.run.row import Settings, support_reasons
+from attnbench.store.env import GPU_WHERE
 
 PREPARING = "while preparing the case"  # the reason's start of a case that could not be made
 UNPREPARED = "unprepared"  # a server's answer to a step of a case it has not prepared
@@ -50,7 +51,8 @@ class WorkerSpec:
 
 
 class WorkerFailed(AttnbenchError):
-    """A step that ended its server: status crash or timeout, and why."""
+    """A step that ended its server: status crash or timeout, and why; LOST when the
+    executor itself is gone (the sweep gives the rest of its family to another)."""
 
     def __init__(self, status: str, reason: str):
         super().__init__(reason)
@@ -73,6 +75,7 @@ class Worker:
 
     def __init__(self, spec: WorkerSpec, transport: Transport):
         self.spec, self.transport = spec, transport
+        self.gpu: dict = {}  # its GPU's index and UUID (Pool.measure_devices asks the device)
         self.case: Case | None = None
         self.broken: WorkerFailed | None = None
 
@@ -83,6 +86,12 @@ class Worker:
     @property
     def device_name(self) -> str | None:
         return self.transport.device_name
+
+    @property
+    def where(self) -> dict:
+        """What each row records of where it ran: the transport's node and actor, if it has
+        them (a Ray actor), and the GPU."""
+        return {**getattr(self.transport, "where", {}), **self.gpu}
 
     def use_ceilings(self, ceilings: dict) -> None:
         """Rows from now on read pct_peak and bound against ``ceilings`` (the device's)."""
@@ -197,6 +206,19 @@ class Worker:
             self.transport.call(("prepare", self.case, self.spec.settings), None)
         except WorkerFailed as exc:
             self.broken = WorkerFailed(exc.status, f"{PREPARING}: {exc.reason}")
+
+    def replace(self) -> bool:
+        """After a LOST step: the transport's replacement started (its GPU asked again), or
+        False (a transport that cannot be replaced)."""
+        replace = getattr(self.transport, "replace", None)
+        if not (replace and replace()):
+            return False
+        try:
+            entry = self.ask("device", ())
+        except WorkerFailed:
+            return False
+        self.gpu = {k: entry.get(k) for k in GPU_WHERE}
+        return True
 
     def close(self) -> None:
         self.transport.close()

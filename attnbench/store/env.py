@@ -191,13 +191,34 @@ def device_name(device: str) -> str:
 
 
 def device_env(device: str, packages=()) -> dict:
-    """This machine's entry for env.json ``devices``: host, device name, GPU, driver and
-    versions (of ``packages`` too)."""
+    """This machine's entry for env.json ``devices``: host, device name, which GPU (its
+    index and UUID, blank on the CPU), GPU, driver and versions (of ``packages`` too)."""
     env = collect_env([], 0, device, packages)
     return {
         "host": socket.gethostname(),
         "device_name": device_name(device),
+        **which_gpu(device),
         **{k: env[k] for k in DEVICE_FIELDS},
+    }
+
+
+GPU_WHERE = ("gpu_index", "gpu_uuid")  # which GPU ran a row (results.csv's columns too)
+
+
+def which_gpu(device: str) -> dict:
+    """``gpu_index`` (the machine's numbering, through CUDA_VISIBLE_DEVICES, which Ray sets
+    for each actor) and ``gpu_uuid`` of ``device``; None on the CPU."""
+    import torch
+
+    if not (device.startswith("cuda") and torch.cuda.is_available()):
+        return dict.fromkeys(GPU_WHERE)
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    return {
+        "gpu_index": int(visible[index]) if visible[index:] and visible[index].isdigit() else index,
+        "gpu_uuid": f"GPU-{uuid}" if uuid else None,
     }
 
 

@@ -22,6 +22,7 @@ from attnbench.store.schema import (
     COLUMNS,
     KERNEL_COLUMNS,
     LATER_KEYS,
+    RETRIED,
     SAMPLE_COLUMNS,
 )
 
@@ -88,30 +89,40 @@ def repair_tail(path: Path) -> bool:
     return True
 
 
-def done_keys(run_dir: Path) -> dict[tuple[str, ...], str | None]:
+def done_keys(run_dir: Path, retry=()) -> dict[tuple[str, ...], str | None]:
     """Keys of the rows already in run_dir/results.csv, each with the device_name that ran it
-    (None when unknown), after repairing its tail; samples and kernels of rows that never
-    reached results.csv are dropped."""
+    (None when unknown), after repairing its tail. Rows whose status is in RETRIED (lost to
+    the infrastructure) or in ``retry`` (--retry) are taken out, to run again; samples and
+    kernels of rows that are not in results.csv are dropped."""
     run = RunDir(run_dir)
     repair_tail(run.results)
+    again = {*RETRIED, *retry}
     with open(run.results, newline="", encoding="utf-8") as f:
-        keys = {row_key(r): r.get("device_name") or None for r in csv.DictReader(f)}
+        reader = csv.DictReader(f)
+        rows, columns = list(reader), tuple(reader.fieldnames or ())
+    keys = {row_key(r): r.get("device_name") or None for r in rows if r["status"] not in again}
+    if len(keys) < len(rows) or columns != tuple(COLUMNS):  # also an older run's columns
+        _rewrite(run.results, tuple(COLUMNS), [r for r in rows if row_key(r) in keys])
     repair_tail(run.anchor)  # per case, not per row: a resumed case's anchor is added again
     for path, columns in ((run.samples, SAMPLE_COLUMNS), (run.kernels, KERNEL_COLUMNS)):
         if not path.exists():
             continue
         repair_tail(path)
         with open(path, newline="", encoding="utf-8") as f:
-            kept = [r for r in csv.DictReader(f) if row_key(r) in keys]
-        tmp = path.with_suffix(".csv.tmp")
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=columns)
-            writer.writeheader()
-            writer.writerows(kept)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+            _rewrite(path, columns, [r for r in csv.DictReader(f) if row_key(r) in keys])
     return keys
+
+
+def _rewrite(path: Path, columns, rows: list[dict]) -> None:
+    """``path`` holds ``rows`` alone, replaced at once (fsynced first)."""
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def row_writer(run_dir: Path) -> CsvAppender:

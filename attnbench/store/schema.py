@@ -12,7 +12,9 @@ def _case(*names: str) -> dict[str, tuple[str, str]]:
     return {n: (DIM[n].dtype, DIM[n].meaning) for n in names}
 
 
-STATUSES = ("ok", "unsupported", "oom", "error", "timeout", "crash")
+LOST = "lost"  # the row's executor was lost (its actor, node or head), not the impl's doing
+STATUSES = ("ok", "unsupported", "oom", "error", "timeout", "crash", LOST)
+RETRIED = (LOST,)  # the statuses whose rows --resume runs again (--retry adds others)
 
 # name -> (pandas dtype, meaning). The order here is the CSV's column order.
 COLUMNS: dict[str, tuple[str, str]] = {
@@ -159,6 +161,13 @@ COLUMNS: dict[str, tuple[str, str]] = {
         "the device that ran the row: the GPU's name on CUDA, else the CPU model "
         "(env.json devices holds its versions and ceilings)",
     ),
+    "node": ("string", "with --executor ray: the Ray node id of the node that ran the row"),
+    "actor": ("Int64", "with --executor ray: the number of the actor that ran the row (0, 1, ...)"),
+    "gpu_index": (
+        "Int64",
+        "CUDA: the index of the GPU that ran the row on its machine (as nvidia-smi numbers it)",
+    ),
+    "gpu_uuid": ("string", "CUDA: the UUID of the GPU that ran the row (GPU-...)"),
     "cuda_graph": (
         "boolean",
         "time_ms is the replay of a CUDA graph of the timed call (--cuda-graph: CUDA, mode "
