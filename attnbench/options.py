@@ -300,6 +300,7 @@ OPTIONS: dict[str, Option] = {
         _list(_choice("status", [s for s in STATUSES if s != "ok"])),
         "with --resume: also run again the rows of these statuses, comma-separated (e.g. "
         "crash,timeout); rows lost to the infrastructure (status lost) always are",
+        scope="run",
     ),
     "profile": Option(
         _profile,
