@@ -53,6 +53,7 @@ from attnbench.heads import HEAD_ORDERS
 from attnbench.masks import ALIGNS, ANY, KINDS, MODS
 from attnbench.masks.contract import ContractError
 from attnbench.masks.kind import try_kind
+from attnbench.masks.scores import NEEDS, lacking
 
 BUILTIN_PACKAGE = "attnbench.impls"
 DROP_IN = "impls"  # the checkout's folder of one-file plugins, loaded in a checkout only
@@ -84,6 +85,9 @@ class Impl:
     out_layout: str | None = None  # of out (and of its gradient); None: layout
     masks: tuple[str, ...] = ("none",)  # masks.KINDS it supports (with causal); "*": all
     score_mods: tuple[str, ...] = ()  # masks.MODS it supports; "*": all
+    # what a modifier must have for it to take it (masks.scores.NEEDS): "additive" (a bias it
+    # takes as a float attn_mask), "grad" (a derivative its hand-written backward calls)
+    score_mod_needs: tuple[str, ...] = ()
     causal_align: tuple[str, ...] = ("top_left",)  # masks.ALIGNS it supports
     paged: bool = False  # takes k, v as a paged KV cache (pools + block_table)
     module: bool = False  # fn is a module factory (case, mask) -> LayerModule; level layer only
@@ -159,6 +163,8 @@ class Impl:
             out.append(
                 f"score_mod={case.score_mod} (supported: {', '.join(self.score_mods) or 'none'})"
             )
+        elif modifier:
+            out += lacking(MODS[modifier], self.score_mod_needs, case.score_mod, case.backward)
         if case.causal_align not in self.causal_align and aligned_differently(case):
             out.append(
                 f"causal_align={case.causal_align} (supported: {', '.join(self.causal_align)})"
@@ -263,6 +269,7 @@ def register(
     masks: Iterable[str] = ("none",),
     unmasked: bool = True,
     score_mods: Iterable[str] = (),
+    score_mod_needs: Iterable[str] = (),
     causal_align: Iterable[str] = ("top_left",),
     paged: bool = False,
     page_tokens: int | None = None,
@@ -303,6 +310,7 @@ def register(
             out_layout=None if out_layout in (None, layout) else _out_layout(name, out_layout),
             masks=_masks(name, masks, unmasked),
             score_mods=_valid(name, "score_mods", score_mods, (*MODS, *ANY)),
+            score_mod_needs=_valid(name, "score_mod_needs", score_mod_needs, tuple(NEEDS)),
             causal_align=_aligns(name, causal_align),
             description=description or (fn.__doc__ or "").strip().split("\n")[0],
             source=_current_source,
@@ -464,7 +472,7 @@ def plugin_source(spec: str) -> Path | str:
     path = Path(spec)
     if path.suffix == ".py" or "/" in spec or path.exists():
         if path.is_dir():
-            if not _folder_modules(path):
+            if not plugin_files(path):
                 raise CaseError(f"--plugin {spec}: the folder holds no .py file to load")
             return path.resolve()
         if not path.is_file():
@@ -495,7 +503,7 @@ def discover(
                 info.name,
             )
         root = checkout.root()
-        for path in _folder_modules(root / DROP_IN) if root else []:
+        for path in plugin_files(root / DROP_IN) if root else []:
             _load(str(path), lambda p=path: _load_file(p), path.stem)
     if entry_points:
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
@@ -503,7 +511,7 @@ def discover(
     for spec in plugins:
         src = plugin_source(spec)
         if isinstance(src, Path):
-            for path in _folder_modules(src) if src.is_dir() else [src]:
+            for path in plugin_files(src) if src.is_dir() else [src]:
                 _load(str(path), lambda p=path: _load_file(p), path.stem, named=spec)
         else:
             _load(f"module {src}", lambda m=src: importlib.import_module(m), src, named=spec)
@@ -519,7 +527,7 @@ def unknown_hint(name: str, known: Iterable[str]) -> str:
         return close
     here, root = Path(DROP_IN), checkout.root()
     loaded = root is not None and here.resolve() == (root / DROP_IN).resolve()
-    for path in [] if loaded else _folder_modules(here):
+    for path in [] if loaded else plugin_files(here):
         text = path.read_text(errors="replace")
         if f'"{name}"' in text or f"'{name}'" in text:
             return (
@@ -529,7 +537,7 @@ def unknown_hint(name: str, known: Iterable[str]) -> str:
     return "; did you forget --plugin FILE (the file that registers it)?"
 
 
-def _folder_modules(folder: Path) -> list[Path]:
+def plugin_files(folder: Path) -> list[Path]:
     """A plugin folder's modules: its .py files, but those named _*.py."""
     return sorted(folder.resolve().glob("[!_]*.py")) if folder.is_dir() else []
 

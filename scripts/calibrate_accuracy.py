@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 from attnbench import registry
 from attnbench.case import Case
-from attnbench.masks import ALIGNS, ANY
+from attnbench.masks import ALIGNS, ANY, MODS, ScoreMod, register_mod
 from attnbench.measure import agreement
 from attnbench.measure.agreement import checked_names
 from attnbench.measure.reference import Magnitude
@@ -63,6 +63,31 @@ DETECTABLE = 2.0  # a bug is detectable when its effect is over twice a correct 
 BR = "bottom_right"
 
 
+class AlibiUp(ScoreMod):
+    """attention-gym's ALiBi as its score_mod is written (``generate_alibi_bias``): s + m_h
+    (p - j), m_h = 2^(-8 (h + 1) / H), a float32 bias that promotes bfloat16 scores to float32
+    (``ScoreMod.scores`` casts them back). Earlier keys are raised by their distance: +32 at
+    512 keys with 2 heads, where a bfloat16 score rounds in steps of 1/8. Registered while
+    ``population`` runs."""
+
+    name = "alibi_up"
+    meaning = "attention-gym's ALiBi: s + m_h (p - j), earlier keys raised"
+    additive = True
+
+    def bias(self, h, p, j):
+        return (p - j) * torch.exp2(-8.0 * (h + 1) / self.heads)
+
+    def apply(self, s, h, p, j):
+        return s + self.bias(h, p, j)
+
+    def reference(self, s, h, p, j):
+        slopes = [2.0 ** (-8 * (k + 1) / self.heads) for k in range(self.heads)]
+        return s + torch.tensor(slopes, dtype=s.dtype, device=s.device)[h] * (p - j).to(s.dtype)
+
+
+UP = AlibiUp.name
+
+
 class Shape(NamedTuple):
     batch: int
     heads: int
@@ -77,6 +102,7 @@ class Shape(NamedTuple):
     seeds: int | None = None  # at most this many seeds (CPU time of the longest caches)
     mode: str = "bwd"  # fwd (out only) for the longest caches, as the decode presets run
     note: str = ""
+    score_mod: str = ""
 
     def case(self, dtype: str, device: str) -> Case:
         return Case(
@@ -93,6 +119,7 @@ class Shape(NamedTuple):
             mask=self.mask,
             window=self.window,
             causal_align=self.align,
+            score_mod=self.score_mod,
         )
 
 
@@ -133,7 +160,18 @@ DECODE = [
     Shape(1, 2, 2, 100, 37, 64, True, align=BR, note="Sq > Skv: 63 queries see no key"),
     Shape(1, 8, 2, 48, 512, 64, True, "window", 128, align=BR, note="sliding window, cache"),
 ]
-SHAPES = PREFILL + DECODE
+# Score modifiers whose scores grow large: a bfloat16 score of size |s| rounds by up to
+# |s| 2^-8, so a modifier that raises the scores raises a correct impl's error with them
+# (C_MOD's term in docs/method.md); the built-in ALiBi over a long range and softcap at
+# Gemma 2's cap beside them.
+MODIFIED = [
+    Shape(1, 2, 2, 512, 512, 64, False, score_mod=UP, note="scores raised to +32"),
+    Shape(1, 2, 2, 384, 384, 64, True, score_mod=UP, note="causal, scores raised to +24"),
+    Shape(1, 8, 2, 64, 1024, 128, True, align=BR, score_mod=UP, note="a chunk after a cache"),
+    Shape(1, 4, 4, 256, 256, 64, False, score_mod="alibi", note="ALiBi over 255 keys"),
+    Shape(1, 2, 2, 128, 128, 64, True, score_mod="softcap:50"),
+]
+SHAPES = PREFILL + DECODE + MODIFIED
 # CI-sized subset (tests/test_accuracy_calibration.py). Its catch-rate assertion must be robust
 # on other machines, so it leaves out the prefill shapes where the bfloat16 scale x1.01
 # forward verdict is marginal (S37x100 causal, S80 causal padding GQA: the bug moves `out` by
@@ -143,6 +181,7 @@ SMALL_SHAPES = [PREFILL[i] for i in (0, 3, 5, 6, 8, 11, 15, 16)] + [
     Shape(1, 8, 1, 4, 1024, 64, True, align=BR, note="4 queries, GQA 8:1"),
     DECODE[11],
     DECODE[12],
+    MODIFIED[0],
 ]
 
 
@@ -183,10 +222,19 @@ def key_by_key(q, k, v, *, causal, scale, mask):
 
 
 # --- planted bugs ------------------------------------------------------------------------------
-def _sdpa(q, k, v, keep, scale):
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=keep, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
-    )
+def _sdpa(q, k, v, keep, scale, mask):
+    """Attention by SDPA; with a score modifier, by the formula on float32 scores (float64 for
+    a bug's exact effect) with the modifier applied, as ``tiled`` computes them."""
+    if mask.score_mod is None:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=keep, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+        )
+    dtype, group = q.dtype, q.shape[1] // k.shape[1]
+    q, k, v = (t.to(torch.promote_types(dtype, torch.float32)) for t in (q, k, v))
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = (q @ k.transpose(-1, -2)) * scale  # (B, H, Sq, Skv)
+    s = mask.score_mod.scores(s, *mask.positions(q.shape[1], q.shape[-2], k.shape[-2], q.device))
+    return (s.masked_fill(~keep, -math.inf).softmax(-1) @ v).to(dtype)
 
 
 class _GradTimes(torch.autograd.Function):
@@ -204,7 +252,8 @@ class _GradTimes(torch.autograd.Function):
 
 def scale_times(f):
     def fn(q, k, v, *, causal, scale, mask):
-        return _sdpa(q, k, v, mask.keep(q.shape[-2], k.shape[-2], causal, q.device), scale * f)
+        keep = mask.keep(q.shape[-2], k.shape[-2], causal, q.device)
+        return _sdpa(q, k, v, keep, scale * f, mask)
 
     return fn
 
@@ -213,7 +262,7 @@ def grad_times(which, f=1.01):
     def fn(q, k, v, *, causal, scale, mask):
         t = [q, k, v]
         t[which] = _GradTimes.apply(t[which], f)
-        return _sdpa(*t, mask.keep(q.shape[-2], k.shape[-2], causal, q.device), scale)
+        return _sdpa(*t, mask.keep(q.shape[-2], k.shape[-2], causal, q.device), scale, mask)
 
     return fn
 
@@ -236,7 +285,7 @@ def edited_mask(edit):
             causal,
             mask,
         )
-        return _sdpa(q, k, v, keep, scale)
+        return _sdpa(q, k, v, keep, scale, mask)
 
     return fn
 
@@ -364,6 +413,8 @@ def case_rows(case: Case, seed: int, impls: dict) -> list[dict]:
                 "terms": e.terms,
                 "underflow": mag.under is not None,
                 "dnorm_u": e.err_norm / u,
+                "norm_bound_u": e.norm_bound / u,
+                "mod_u": agreement.C_MOD * e.mod_norm,  # the modifier's term of norm_bound, in u
                 "bias_u": abs(e.bias) / u,
                 "ref_norm": e.ref_norm,
                 "mag_norm": e.mag_norm,
@@ -387,16 +438,23 @@ def case_rows(case: Case, seed: int, impls: dict) -> list[dict]:
 
 
 def population(shapes, seeds, dtypes, device, progress=True) -> pd.DataFrame:
-    """Every row of ``case_rows`` over shapes x seeds x dtypes."""
+    """Every row of ``case_rows`` over shapes x seeds x dtypes (``AlibiUp`` registered while
+    they run, and taken out again after)."""
     impls = registry.discover(entry_points=False) | {KEY_BY_KEY.name: KEY_BY_KEY}
+    added = UP not in MODS
+    register_mod(AlibiUp)
     rows, t0 = [], time.time()
-    for dt in dtypes:
-        for shape in shapes:
-            case = shape.case(dt, device)
-            for seed in range(min(seeds, shape.seeds or seeds)):
-                rows += case_rows(case, seed, impls)
-            if progress:
-                print(f"  {time.time() - t0:6.0f}s {case.label()}", file=sys.stderr, flush=True)
+    try:
+        for dt in dtypes:
+            for shape in shapes:
+                case = shape.case(dt, device)
+                for seed in range(min(seeds, shape.seeds or seeds)):
+                    rows += case_rows(case, seed, impls)
+                if progress:
+                    print(f"  {time.time() - t0:6.0f}s {case.label()}", file=sys.stderr, flush=True)
+    finally:
+        if added:
+            MODS.pop(UP, None)
     return pd.DataFrame(rows)
 
 
@@ -414,6 +472,7 @@ CASE_COLS = [
     "mask",
     "window",
     "mode",
+    "score_mod",
     "seed",
     "impl",
 ]
@@ -503,6 +562,40 @@ def growth(df: pd.DataFrame) -> tuple[list[str], dict]:
     return lines, exps
 
 
+def modified(c: pd.DataFrame) -> tuple[list[str], dict]:
+    """Correct rows of the cases with a score modifier, per modifier and dtype: false alarms
+    (fwd and bwd verdicts) of the rule and of the rule without its modifier term (C_MOD u
+    ||mod||), the worst share of (norm) with and without it, and the C_MOD the worst row
+    needs (0: none); ``alarms``: the rule's false alarms per modifier."""
+    c = c[c.score_mod.fillna("") != ""]
+    if c.empty:
+        return [], {}
+    bound = c.norm_bound_u - c.mod_u
+    per_c_mod = c.mod_u / agreement.C_MOD  # ||mod|| in u
+    c = c.assign(
+        share_without=c.dnorm_u / bound,
+        without=c.dnorm_u > bound,
+        needs=((c.dnorm_u - bound) / per_c_mod).clip(lower=0).where(per_c_mod > 0, 0.0),
+    )
+    lines = [
+        "| score_mod | dtype | verdicts fwd / bwd | false alarms | without the modifier's "
+        "term | share of (norm) | without the term | C_MOD needed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    alarms = {}
+    for (mod, dt), g in c.groupby(["score_mod", "dtype"]):
+        old = g.assign(fail=g.fail.where(~g.without, "rel"))
+        now, was = ([verdicts(frame, fwd) for fwd in (True, False)] for frame in (g, old))
+        alarms[mod] = alarms.get(mod, 0) + sum(int(v.p.sum()) for v in now)
+        lines.append(
+            f"| {mod} | {dt} | {len(now[0])} / {len(now[1])} | "
+            f"{int(now[0].p.sum())} / {int(now[1].p.sum())} | "
+            f"{int(was[0].p.sum())} / {int(was[1].p.sum())} | "
+            f"{g.norm_share.max():.2f} | {g.share_without.max():.2f} | {g.needs.max():.2f} |"
+        )
+    return lines, alarms
+
+
 def report(df: pd.DataFrame) -> tuple[str, dict]:
     lines, ok = [], {}
     df = with_detectable(df)
@@ -541,6 +634,14 @@ def report(df: pd.DataFrame) -> tuple[str, dict]:
             "and the bound's long-sum part (the smallest over the seeds), in u, against the "
             "number of keys; the bound's constant part (C_NORM u) dominates at a few thousand "
             "keys, its long-sum part beyond:\n"
+        )
+        lines += table
+    table, ok["modifier_false_alarms"] = modified(c)
+    if table:
+        lines.append(
+            f"\nScore modifiers (correct impls): false alarms of the rule, fwd / bwd verdicts, "
+            f"and of the rule without its modifier term (C_MOD = {agreement.C_MOD:g}), and the "
+            "worst correct error as a share of (norm) with and without that term:\n"
         )
         lines += table
     for fwd in (True, False):
@@ -646,6 +747,8 @@ def _shape_label(r) -> str:
         text += f" {r['mask']}"
         if r["window"] == r["window"] and r["window"] != -1:
             text += f" {int(r['window'])}"
+    if isinstance(r["score_mod"], str) and r["score_mod"]:
+        text += f" {r['score_mod']}"
     return text
 
 

@@ -50,7 +50,10 @@ def test_new_kinds_and_modifiers_agree_or_are_refused_with_a_reason(impl_name, n
     r = row(impl(impl_name), case)
     if impl_name == "sdpa" and case.score_mod.startswith("softcap"):
         assert r["status"] == "unsupported"
-        assert r["reason"] == f"score_mod={case.score_mod} (supported: alibi)"
+        assert r["reason"] == (
+            f"score_mod={case.score_mod} (supported: additive modifiers, which only add a bias: "
+            "additive = True and bias(self, h, p, j); softcap is not additive)"
+        )
         assert r["time_ms"] is None
         return
     assert r["status"] == "ok", r["reason"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from attnbench import registry
 from attnbench.case import Case
@@ -17,7 +18,12 @@ from attnbench.cli import main
 from attnbench.masks import KINDS, MODS, Layout, MaskKind, ScoreMod, canonical_mod, register_mod
 from attnbench.masks.contract import ContractError
 from attnbench.masks.kind import register_kind, try_kind
+from attnbench.measure import agreement
 from attnbench.report.terminal import masks_table
+from attnbench.run.call import Call
+from attnbench.run.inputs import make_inputs
+from attnbench.run.row import ground_truth
+from attnbench.testing import run_row
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "plugins.md"
@@ -113,7 +119,7 @@ def test_a_modifier_the_harness_cannot_call_is_refused_when_registered(registrie
         (
             {"apply": lambda self, s, h, p, j: s[0]},
             "Trial.apply failed on a small case (TypeError: returned torch.float32 (2, 3, 4), "
-            "expected torch.float32 (1, 2, 3, 4))",
+            "expected a floating dtype (1, 2, 3, 4))",
         ),
         ({"reference": lambda self, s, h, p, j: s.float()}, "Trial.reference failed"),
         ({"grad": lambda self, s, h, p, j: s[..., :2]}, "which does not broadcast to"),
@@ -285,3 +291,92 @@ def test_an_unknown_plugin_name_on_the_command_line_asks_for_the_plugin(
     assert code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], lines
+
+
+# --- what impls need of a modifier: capabilities as data on its class ------------------------
+SCRIPTS = ROOT / "scripts"
+
+
+def gym_alibi() -> type:
+    """attention-gym's ALiBi as its score_mod is written (scripts/calibrate_accuracy.py
+    keeps it for the calibration): additive, with a float32 bias that promotes bfloat16
+    scores to float32, and scores raised to +32 over 512 keys."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from calibrate_accuracy import AlibiUp
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    return AlibiUp
+
+
+def measured(name: str, case: Case) -> dict:
+    """The row of impl ``name`` on ``case``, measured in this process."""
+    return run_row(registry.discover()[name], case)
+
+
+def judged(name: str, case: Case) -> agreement.Verdict:
+    """The verdict of impl ``name``'s checked call on ``case`` (a row's check phase, untimed)."""
+    inputs = make_inputs(case, 0)
+    out, grads = Call.prepare(registry.discover()[name], case, inputs).check()
+    return agreement.judge(case, [out, *(grads or ())], ground_truth(case, inputs))
+
+
+SMALL = dict(batch=1, heads=2, kv_heads=2, seq_q=24, seq_kv=24, head_dim=8)
+
+
+def test_a_plugins_additive_modifier_runs_on_sdpa_as_a_float_mask(registries):
+    cls = register_mod(gym_alibi())
+    case = Case(**SMALL, score_mod=cls.name, mode="fwd_bwd")
+    r = measured("sdpa", case)
+    assert r["status"] == "ok" and r["agrees"] is True, r["reason"]
+    for name in ("sdpa_math", "naive", "tiled"):  # tiled: additive, its grad is 1
+        assert judged(name, case).agrees is True, name
+    hardcap = register_mod(modifier(name="hardcap"))
+    reasons = registry.discover()["sdpa"].reasons(Case(**SMALL, score_mod=hardcap.name))
+    assert reasons == [
+        "score_mod=hardcap (supported: additive modifiers, which only add a bias: additive = "
+        "True and bias(self, h, p, j); hardcap is not additive)"
+    ]
+
+
+def test_a_modifier_without_grad_is_refused_by_a_hand_written_backward_naming_the_fix(
+    registries,
+):
+    register_mod(modifier())  # apply s / 2, no grad: an identity default would be wrong
+    fwd, bwd = (Case(**SMALL, score_mod="trial", mode=m) for m in ("fwd", "fwd_bwd"))
+    tiled = registry.discover()["tiled"]
+    assert tiled.reasons(fwd) == []
+    (reason,) = tiled.reasons(bwd)
+    assert reason.startswith("score_mod=trial (supported: with backward, modifiers that declare")
+    assert reason.endswith(
+        "trial declares none: add grad(self, s, h, p, j) to it, or run mode fwd)"
+    )
+    assert measured("tiled", bwd)["status"] == "unsupported"
+    assert judged("naive", bwd).agrees is True  # autograd differentiates apply
+    register_mod(modifier(grad=lambda self, s, h, p, j: s.new_tensor(0.5)))
+    assert tiled.reasons(bwd) == [] and judged("tiled", bwd).agrees is True
+
+
+def test_apply_returning_float32_on_bfloat16_scores_is_cast_back(registries):
+    cls = register_mod(gym_alibi())
+    mod = cls(None, 2)
+    s = torch.zeros(1, 2, 3, 4, dtype=torch.bfloat16)
+    h, p, j = torch.arange(2)[None, :, None, None], torch.arange(3)[:, None], torch.arange(4)
+    assert mod.apply(s, h, p, j).dtype == torch.float32  # as attention-gym's, promoted
+    assert mod.scores(s, h, p, j).dtype == torch.bfloat16  # what impls run
+    assert judged("naive", Case(**SMALL, dtype="bfloat16", score_mod=cls.name)).agrees is True
+
+
+def test_scores_a_modifier_raises_count_in_the_bound_by_their_rounding(registries, monkeypatch):
+    """attention-gym's ALiBi without causal raises scores to +32 over 512 keys, where bfloat16
+    rounds them in steps of 1/8: naive (scores in bfloat16) errs about three times past a
+    bound made for scores near 1, tiled (float32 scores) does not. The modifier's term of
+    (norm) (C_MOD, docs/method.md) counts that rounding; without it naive is flagged. The
+    verdict a row's check phase gets (agreement.judge), untimed."""
+    cls = register_mod(gym_alibi())
+    case = Case(batch=1, heads=2, kv_heads=2, seq_q=512, seq_kv=512, head_dim=64,
+                dtype="bfloat16", score_mod=cls.name)  # fmt: skip
+    assert judged("naive", case).agrees is True and judged("tiled", case).agrees is True
+    monkeypatch.setattr(agreement, "C_MOD", 0.0)
+    flagged = judged("naive", case)
+    assert flagged.agrees is False and "out rel" in flagged.notes[-1], flagged.notes

@@ -59,11 +59,11 @@ def pattern_block_mask(pattern, causal: bool, device):
 
 
 def score_mod(q, k, mask):
-    """The case's score modifier (masks.ScoreMod.apply) as FlexAttention's score_mod, at the
+    """The case's score modifier (masks.ScoreMod.scores) as FlexAttention's score_mod, at the
     query's position among the keys; None without one."""
     if mask is None or mask.score_mod is None:
         return None
-    apply, shift = mask.score_mod.apply, mask.shift(q.shape[-2], k.shape[-2])
+    apply, shift = mask.score_mod.scores, mask.shift(q.shape[-2], k.shape[-2])
 
     def modded(score, b, h, q_idx, kv_idx):
         return apply(score, h, q_idx + shift, kv_idx)

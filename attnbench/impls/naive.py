@@ -10,7 +10,7 @@ def formula(q, k, v, keep, scale, keyless=None, mod=None, where=()):
     # q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D); keep None or bool (Bm, 1, Sq, Skv), True = attend;
     # keyless None or bool (Bm, 1, Sq, 1): rows with no visible key (their keep is all True, so
     # the softmax stays finite), whose output is zero (docs/method.md), and so are their grads;
-    # mod: a score modifier's apply(s, *where), where = (heads, positions, keys) index tensors
+    # mod: a score modifier's scores(s, *where), where = (heads, positions, keys) index tensors
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -41,11 +41,11 @@ def _keep(q, k, causal, mask):
 
 
 def modifier(q, k, mask):
-    """(mod, where) for ``formula``: the score modifier's apply and its index tensors, the
+    """(mod, where) for ``formula``: the score modifier's scores and its index tensors, the
     head (1, Hq, 1, 1), the query's position (Sq, 1) and the key (1, Skv); (None, ())."""
     if mask is None or mask.score_mod is None:
         return None, ()
-    return mask.score_mod.apply, mask.positions(q.shape[1], q.shape[-2], k.shape[-2], q.device)
+    return mask.score_mod.scores, mask.positions(q.shape[1], q.shape[-2], k.shape[-2], q.device)
 
 
 def dense_pairs(case, mask) -> int:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from attnbench.masks import ALIGNS, ANY, MODS, Mask
+from attnbench.masks import ALIGNS, ANY, Mask
 from attnbench.measure.backends import backends_in
 from attnbench.measure.profiling import profiled
 from attnbench.registry import Unsupported, register
@@ -79,10 +79,6 @@ def additive(q, k, causal: bool, mask: Mask) -> torch.Tensor:
         return bias.to(q.dtype)
 
     return mask.cached(("additive", causal, Sq, Skv, str(q.device)), make)
-
-
-# the score modifiers SDPA can express: those that only add a bias (a float attn_mask)
-ADDITIVE = tuple(name for name, mod in MODS.items() if mod.additive)
 
 
 def forced(name: str) -> Callable:
@@ -185,7 +181,8 @@ def forced_pairs(case, mask) -> int | None:
     "sdpa",
     color="#ff7f0e",
     masks=ANY,
-    score_mods=ADDITIVE,
+    score_mods=ANY,
+    score_mod_needs=("additive",),  # a bias, as a float attn_mask: ALiBi, a plugin's
     causal_align=ALIGNS,
     backend=detect_backend,
     baseline=True,
@@ -202,7 +199,8 @@ for _name, _devices in DEVICES.items():
         f"sdpa_{_name}",
         devices=_devices,
         masks=ANY,
-        score_mods=ADDITIVE,
+        score_mods=ANY,
+        score_mod_needs=("additive",),  # a bias, as a float attn_mask: ALiBi, a plugin's
         causal_align=ALIGNS,
         backend=_name,
         color=COLORS[_name],

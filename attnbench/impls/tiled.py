@@ -5,9 +5,9 @@ sum ``l`` (online softmax, float32), rescaling the accumulator; key blocks that 
 query block keeps (past the causal diagonal, outside the window, past every batch's padding,
 outside every row's document, outside a sparse pattern's kept blocks: any mask kind's
 layout) are skipped, and only blocks that some row masks in part are masked element-wise; a
-score modifier (softcap, ALiBi) is applied to each block's scores, its derivative in the
-backward. Only the
-output and the per-row log-sum-exp are saved.
+score modifier (softcap, ALiBi) is applied to each block's scores, its declared derivative
+(``grad``) in the backward: with backward, a modifier that declares none is refused
+(``score_mod_needs``). Only the output and the per-row log-sum-exp are saved.
 Backward (hand-written): scores are recomputed block by block from the saved log-sum-exp.
 Extra memory is O(block_q · block_k) for scores plus O(S) for out / lse / grads, so it grows
 linearly in the sequence length; the (Sq, Skv) matrix never exists.
@@ -39,7 +39,7 @@ def _scaled(qb, kb, scale, q0, k0, shift, mod: ScoreMod | None, grad: bool):
     h = torch.arange(Hkv * G, device=s.device).view(1, Hkv, G, 1, 1)
     p = torch.arange(q0, q0 + bq, device=s.device)[:, None] + shift
     j = torch.arange(k0, k0 + bk, device=s.device)[None, :]
-    return mod.apply(s, h, p, j), mod.grad(s, h, p, j) if grad else None
+    return mod.scores(s, h, p, j), mod.grad(s, h, p, j) if grad else None
 
 
 @dataclass
@@ -217,6 +217,7 @@ class TiledAttention(torch.autograd.Function):
     color="#d62728",
     masks=ANY,
     score_mods=ANY,
+    score_mod_needs=("grad",),  # its backward calls the modifier's grad
     causal_align=ALIGNS,
     work=work_pairs,
     description="our blocked online-softmax attention in plain PyTorch, hand-written "

@@ -92,14 +92,16 @@ def expect(ok: bool, what: str) -> None:
         raise TypeError(what)
 
 
-def tensor_of(shape: tuple, dtype: torch.dtype) -> Callable[[object], None]:
-    """A trial's check: a tensor of ``shape`` and ``dtype``."""
+def tensor_of(shape: tuple, dtype: torch.dtype | None) -> Callable[[object], None]:
+    """A trial's check: a tensor of ``shape`` and ``dtype`` (None: any floating dtype)."""
 
     def check(out) -> None:
         expect(isinstance(out, torch.Tensor), f"returned {type(out).__name__}, expected a tensor")
+        wanted = "a floating dtype" if dtype is None else str(dtype)
+        ok = out.is_floating_point() if dtype is None else out.dtype == dtype
         expect(
-            tuple(out.shape) == shape and out.dtype == dtype,
-            f"returned {out.dtype} {tuple(out.shape)}, expected {dtype} {shape}",
+            tuple(out.shape) == shape and ok,
+            f"returned {out.dtype} {tuple(out.shape)}, expected {wanted} {shape}",
         )
 
     return check

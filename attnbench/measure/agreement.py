@@ -28,7 +28,8 @@ C_NORM = {
     torch.float32: {"out": 32.0, "grad": 32.0},
     torch.bfloat16: {"out": 2.25, "grad": 2.5},
     torch.float16: {"out": 2.5, "grad": 3.5},
-}  # (norm): ||d|| <= C_NORM u ||r|| + C_UNDER u ||under|| + C_ACC u_acc ||sqrt(n) m||
+}  # (norm): ||d|| <= C_NORM u ||r|| + C_UNDER u ||under|| + C_MOD u ||mod||
+#                  + C_ACC u_acc ||sqrt(n) m||
 C_ZERO = {torch.float32: 4.0, torch.bfloat16: 0.5, torch.float16: 0.5}  # ||d|| <= C_ZERO u ||m||
 C_ELEM = {
     torch.float32: {"out": 32.0, "grad": 512.0},
@@ -37,6 +38,7 @@ C_ELEM = {
 }  # (elem): |d_e| <= (C_ELEM u + C_ACC_ELEM u_acc sqrt(n_e)) max(m_e, TAU rms(m))
 C_BIAS = {torch.bfloat16: 1.0}  # (bias): |<d, r>| <= C_BIAS u ||r||^2; other dtypes: none
 C_UNDER = 1.0  # probabilities below the smallest normal number: their rounding's size
+C_MOD = 0.5  # a score modifier's change: its rounding (calibrated, docs/method.md)
 C_ACC = 0.25  # the accumulation's share of (norm), any dtype (the sums are float32)
 C_ACC_ELEM = 1.0  # and of (elem)
 BETA = 0.02  # ||r|| < BETA ||m||: the reference is (near) zero, (norm) becomes absolute
@@ -63,7 +65,7 @@ class Error:
     bias_bound what (bias) allows its size (None: not checked in this dtype, or the reference
     is near zero). max_abs: max |d| over the tensor (for the CSV). terms: the most terms any
     element's sum adds. under_norm, acc_norm: ||under|| and u_acc ||sqrt(n) m||, the parts
-    of norm_bound the constants multiply."""
+    of norm_bound the constants multiply, and mod_norm ||mod|| (the score modifier's part)."""
 
     max_abs: float
     rel: float | None
@@ -79,6 +81,7 @@ class Error:
     bias_bound: float | None = None
     under_norm: float = 0.0
     acc_norm: float = 0.0
+    mod_norm: float = 0.0
 
     @property
     def finite(self) -> bool:
@@ -141,19 +144,20 @@ def error(
     ref_norm = torch.linalg.vector_norm(r64).item()
     mag_norm = torch.linalg.vector_norm(m64).item()
     under = 0.0 if mag.under is None else torch.linalg.vector_norm(mag.under).item()
+    mod = 0.0 if mag.mod is None else torch.linalg.vector_norm(mag.mod).item()
     accumulated = ACC_UNIT_ROUNDOFF * torch.linalg.vector_norm(root_n * m64).item()
     near_zero = _near_zero(ref_norm, mag_norm)
     if near_zero:
         norm_bound = C_ZERO[dtype] * u * mag_norm
     else:
         norm_bound = C_NORM[dtype][kind] * u * ref_norm
-    norm_bound += C_UNDER * u * under + C_ACC * accumulated
+    norm_bound += C_UNDER * u * under + C_MOD * u * mod + C_ACC * accumulated
     terms = int(mag.terms.max().item()) if mag.terms.numel() else 0
     if not torch.isfinite(x64).all():
         inf = math.inf
         return Error(
             inf, inf, ref_norm, mag_norm, inf, norm_bound, inf, math.nan, (), terms,
-            under_norm=under, acc_norm=accumulated,
+            under_norm=under, acc_norm=accumulated, mod_norm=mod,
         )  # fmt: skip
     bias = 0.0 if near_zero else ((x64 - r64) * r64).sum().item() / ref_norm**2
     bias_bound = None if near_zero or dtype not in C_BIAS else C_BIAS[dtype] * u
@@ -180,6 +184,7 @@ def error(
         bias_bound,
         under,
         accumulated,
+        mod,
     )
 
 

@@ -207,7 +207,7 @@ def _keyless(fill: str):
         mean = v.mean(2, keepdim=True)  # (B, Hq, 1, D): each key weighted 1 / Skv
         m = mean.abs() + v.square().sum(2, keepdim=True).sqrt() / n
         uniform = Magnitude(
-            torch.where(empty, m, mag.m), torch.where(empty, n, mag.terms), mag.under
+            torch.where(empty, m, mag.m), torch.where(empty, n, mag.terms), mag.under, mag.mod
         )
         message = (
             f"the mean of all keys' values in the {rows} rows with no visible key; "

@@ -115,11 +115,14 @@ class Magnitude:
     many nonzero terms the element's long sum adds (the keys a query sees for out and dq, the
     (query, head) pairs that see a key for dk and dv), broadcastable to ``m``. ``under``: the
     part of ``m`` from probabilities below the dtype's smallest normal number (stored with an
-    absolute precision; float16 past about 16k keys), None when there is none."""
+    absolute precision; float16 past about 16k keys), None when there is none. ``mod``: the
+    random walk of the score modifier's changes, P·|change| in place of W (the rounding of
+    modified scores beyond the raw scores' own), None without a modifier."""
 
     m: torch.Tensor
     terms: torch.Tensor
     under: torch.Tensor | None = None
+    mod: torch.Tensor | None = None
 
 
 def magnitude(
@@ -153,104 +156,137 @@ def magnitude(
         )
         for b in range(q.shape[0])
     ]
-    out = []
-    for per_batch in zip(*parts):  # one tensor's magnitudes, batch element by element
-        under = None
-        if any(x.under is not None for x in per_batch):
-            parts_under = [torch.zeros_like(x.m) if x.under is None else x.under for x in per_batch]
-            under = torch.cat(parts_under)
-        m, terms = torch.cat([x.m for x in per_batch]), torch.cat([x.terms for x in per_batch])
-        out.append(Magnitude(m, terms, under))
-    return out
+    return [
+        Magnitude(
+            torch.cat([x.m for x in per_batch]),
+            torch.cat([x.terms for x in per_batch]),
+            _joined([x.under for x in per_batch], [x.m for x in per_batch]),
+            _joined([x.mod for x in per_batch], [x.m for x in per_batch]),
+        )
+        for per_batch in zip(*parts)  # one tensor's magnitudes, batch element by element
+    ]
+
+
+def _joined(parts: list, like: list) -> torch.Tensor | None:
+    """Batch elements' optional parts as one tensor (zeros where an element has none); None
+    when none has one."""
+    if all(x is None for x in parts):
+        return None
+    return torch.cat([torch.zeros_like(m) if x is None else x for x, m in zip(parts, like)])
+
+
+@dataclass
+class _Chunk:
+    """What a query chunk's random walks need beside their weights: the squared values (vv2:
+    (1, Hq, Skv, D)), and with backward the gradient factor (|dP| + |delta|)·g of A = W·factor,
+    the squared keys, the chunk's queries and its dout."""
+
+    vv2: torch.Tensor
+    factor: torch.Tensor | None = None  # (1, Hq, c, Skv)
+    kk2: torch.Tensor | None = None  # (1, Hq, Skv, D)
+    qc: torch.Tensor | None = None  # (1, Hq, c, D)
+    doc: torch.Tensor | None = None  # (1, Hq, c, D)
+
+
+class _Walk:
+    """The random-walk size sqrt(sum of squared terms) of each checked tensor's sum for one
+    choice of weights x in place of W (W itself, the part below the smallest normal number,
+    the modifier's part), added chunk by chunk: out over keys (x²·V²), dq (scale²·(x·factor)²
+    ·K²), dk and dv over the queries of every chunk. Nothing is allocated until some chunk
+    has weights."""
+
+    def __init__(self, q: torch.Tensor, seq_kv: int, scale: float, grads: bool):
+        self.q, self.seq_kv, self.scale, self.grads = q, seq_kv, scale, grads
+        self.out = self.dq = None  # (1, Hq, Sq, D) each; with dq, k2 and v2 (1, Hq, Skv, D)
+
+    def add(self, rows: slice, x: torch.Tensor | None, c: _Chunk) -> None:
+        if x is None:
+            return
+        if self.out is None:
+            self.out = torch.zeros_like(self.q)
+        self.out[:, :, rows] = (x.square() @ c.vv2).sqrt()
+        if not self.grads:
+            return
+        if self.dq is None:
+            kv = (*self.q.shape[:2], self.seq_kv, self.q.shape[-1])
+            self.dq = torch.zeros_like(self.q)
+            self.k2, self.v2 = (self.q.new_zeros(kv) for _ in range(2))
+        a2 = (x * c.factor).square()
+        self.dq[:, :, rows] = self.scale * (a2 @ c.kk2).sqrt()
+        self.k2 += self.scale**2 * (a2.transpose(-1, -2) @ c.qc.square())
+        self.v2 += x.square().transpose(-1, -2) @ c.doc.square()
+
+    def sizes(self, per_kv) -> list:
+        """[out, dq, dk, dv] (out alone without grads; None each when no chunk added any)."""
+        if self.out is None:
+            return [None] * (4 if self.grads else 1)
+        if not self.grads:
+            return [self.out]
+        return [self.out, self.dq, per_kv(self.k2).sqrt(), per_kv(self.v2).sqrt()]
 
 
 def _magnitude(q, k, v, *, scale, dout, mask, score_mod, batch) -> list[Magnitude]:
     B, Hq, Sq, D = q.shape
     Hkv, Skv, G = k.shape[1], k.shape[2], Hq // k.shape[1]
-    f64 = torch.float64
+    f64, grads = torch.float64, dout is not None
     tiny = torch.finfo(q.dtype).tiny  # the case dtype's smallest normal number
     q, k, v = (t.detach().to(f64) for t in (q, k, v))
     kk, vv = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)  # (B, Hq, Skv, D)
-    kk2, vv2 = kk.square(), vv.square()
-    do = None if dout is None else dout.detach().to(f64)
-    m_out = torch.empty_like(q)
+    do = dout.detach().to(f64) if grads else None
+    walks = {part: _Walk(q, Skv, scale, grads) for part in ("all", "under", "mod")}
+    out = torch.empty_like(q)  # the exact values, and with grads dq, dk, dv
     n_q = torch.empty(B, Hq, Sq, 1, dtype=f64, device=q.device)  # keys each query sees
-    low_out = low_dq = None  # the under parts, made when some probability is below tiny
-    if do is not None:
-        m_dq, dq = torch.empty_like(q), torch.empty_like(q)
-        # sk2: the sum over i of A^2 q^2; sv2 likewise with w^2 dout^2; dk, dv: the gradients
-        sk2, sv2, dk, dv = (
-            torch.zeros(B, Hq, Skv, D, dtype=f64, device=q.device) for _ in range(4)
-        )
+    if grads:
+        dq = torch.empty_like(q)
+        dk, dv = (torch.zeros(B, Hq, Skv, D, dtype=f64, device=q.device) for _ in range(2))
         n_k = torch.zeros(B, Hq, Skv, 1, dtype=f64, device=q.device)  # queries seeing key j
-        low_k2 = low_v2 = None
+    c = _Chunk(vv.square(), kk2=kk.square() if grads else None)
     step = max(1, CHUNK_BYTES // max(B * Hq * Skv * 8, 1))  # query rows per chunk
     j = torch.arange(Skv, device=q.device)[None, :]
     for start in range(0, Sq, step):
         rows = slice(start, min(start + step, Sq))
-        qc = q[:, :, rows]
+        c.qc = q[:, :, rows]
         i = torch.arange(rows.start, rows.stop, device=q.device)[:, None] + mask["shift"]
-        s, size, g = _scores(qc, kk, i, j, scale, mask, score_mod, batch)
-        kept, p, w = _weights(s, size)
-        w2 = w.square()
+        s, size, change, g = _scores(c.qc, kk, i, j, scale, mask, score_mod, batch)
+        kept, p = _probabilities(s)
+        out[:, :, rows] = p @ vv
         n_q[:, :, rows] = kept.sum(-1, keepdim=True).to(f64)
+        if grads:
+            c.doc = do[:, :, rows]
+            dp = c.doc @ vv.transpose(-1, -2)
+            delta = (c.doc * out[:, :, rows]).sum(-1, keepdim=True)
+            ds = p * (dp - delta) * g
+            c.factor = (dp.abs() + delta.abs()) * g
+            dq[:, :, rows] = scale * ds @ kk
+            dk += scale * ds.transpose(-1, -2) @ c.qc
+            dv += p.transpose(-1, -2) @ c.doc
+            n_k += kept.sum(-2)[..., None].to(f64)
         low = kept & (p < tiny)  # stored with the absolute precision u * tiny, not u * p
-        wl = torch.where(low, tiny, torch.zeros_like(p)) if low.any() else None
-        out = p @ vv
-        m_out[:, :, rows] = out.abs() + (w2 @ vv2).sqrt()
-        if wl is not None:
-            low_out = torch.zeros_like(q) if low_out is None else low_out
-            low_out[:, :, rows] = (wl.square() @ vv2).sqrt()
-        if do is None:
-            continue
-        doc = do[:, :, rows]
-        dp = doc @ vv.transpose(-1, -2)
-        delta = (doc * out).sum(-1, keepdim=True)
-        ds = p * (dp - delta) * g
-        a2 = (w * (dp.abs() + delta.abs()) * g).square()
-        dq[:, :, rows] = scale * ds @ kk
-        m_dq[:, :, rows] = scale * (a2 @ kk2).sqrt()
-        sk2 += scale**2 * (a2.transpose(-1, -2) @ qc.square())
-        sv2 += w2.transpose(-1, -2) @ doc.square()
-        dk += scale * ds.transpose(-1, -2) @ qc
-        dv += p.transpose(-1, -2) @ doc
-        n_k += kept.sum(-2)[..., None].to(f64)
-        if wl is not None:
-            al2 = (wl * (dp.abs() + delta.abs()) * g).square()
-            low_dq = torch.zeros_like(q) if low_dq is None else low_dq
-            low_dq[:, :, rows] = scale * (al2 @ kk2).sqrt()
-            low_k2 = torch.zeros_like(sk2) if low_k2 is None else low_k2
-            low_v2 = torch.zeros_like(sk2) if low_v2 is None else low_v2
-            low_k2 += scale**2 * (al2.transpose(-1, -2) @ qc.square())
-            low_v2 += wl.square().transpose(-1, -2) @ doc.square()
-    m_out = _plus(m_out, low_out)
-    if do is None:
-        return [Magnitude(m_out, n_q, low_out)]
+        walks["all"].add(rows, _weighted(p, 1 + size), c)
+        tinies = torch.where(low, tiny, torch.zeros_like(p)) if low.any() else None
+        walks["under"].add(rows, tinies, c)
+        walks["mod"].add(rows, None if change is None else _weighted(p, change.abs()), c)
 
     def per_kv(t):  # (B, Hq, Skv, X) -> (B, Hkv, Skv, X), summed over the group
         return t.view(B, Hkv, G, Skv, t.shape[-1]).sum(2)
 
-    low_dk = None if low_k2 is None else per_kv(low_k2).sqrt()
-    low_dv = None if low_v2 is None else per_kv(low_v2).sqrt()
-    m_dq = _plus(m_dq + dq.abs(), low_dq)
-    m_dk = _plus(per_kv(dk).abs() + per_kv(sk2).sqrt(), low_dk)
-    m_dv = _plus(per_kv(dv).abs() + per_kv(sv2).sqrt(), low_dv)
-    n_kv = per_kv(n_k)  # (B, Hkv, Skv, 1)
+    exact, terms = [out], [n_q]
+    if grads:
+        exact, terms = [out, dq, per_kv(dk), per_kv(dv)], [n_q, n_q, per_kv(n_k), per_kv(n_k)]
+    sizes = {part: walk.sizes(per_kv) for part, walk in walks.items()}
     return [
-        Magnitude(m_out, n_q, low_out),
-        Magnitude(m_dq, n_q, low_dq),
-        Magnitude(m_dk, n_kv, low_dk),
-        Magnitude(m_dv, n_kv, low_dv),
+        Magnitude(_plus(x.abs() + walk, under), n, under, mod)
+        for x, n, walk, under, mod in zip(exact, terms, *sizes.values())
     ]
 
 
 def _scores(qc, kk, i, j, scale, mask, score_mod, batch):
     """Scores of query chunk qc (1, Hq, c, D) against kk (1, Hq, Skv, D), modified and masked
-    (-inf), the size that sets their rounding error (|s|, or with a modifier |s| + |change|)
-    and d(modified)/d(s) (1 without a modifier): (1, Hq, c, Skv) each. i (c, 1): the queries'
-    positions among the keys; j (1, Skv)."""
+    (-inf), the size that sets their rounding error (|s|, or with a modifier |s| + |change|),
+    the modifier's change (None without one) and d(modified)/d(s) (1 without a modifier):
+    (1, Hq, c, Skv) each. i (c, 1): the queries' positions among the keys; j (1, Skv)."""
     s = (qc @ kk.transpose(-1, -2)) * scale  # (1, Hq, c, Skv)
-    size, g = s.abs(), 1.0
+    size, change, g = s.abs(), None, 1.0
     if score_mod is not None:
         heads = torch.arange(s.shape[1], device=s.device)[None, :, None, None]
         raw = s.detach().requires_grad_()
@@ -258,20 +294,24 @@ def _scores(qc, kk, i, j, scale, mask, score_mod, batch):
             modded = score_mod.reference(raw, heads, i, j)
             (g,) = torch.autograd.grad(modded.sum(), raw)
         s = modded.detach()
-        size = raw.detach().abs() + (s - raw.detach()).abs()
-    return s.masked_fill(_dropped(i, j, batch, **mask), -math.inf), size, g
+        change = s - raw.detach()
+        size = raw.detach().abs() + change.abs()
+    return s.masked_fill(_dropped(i, j, batch, **mask), -math.inf), size, change, g
 
 
-def _weights(s: torch.Tensor, size: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """From masked scores s (B, Hq, c, Skv) and their sizes: the kept pairs, the
-    probabilities p (rows with no key: zero) and the weights w = p (1 + size), each
-    (B, Hq, c, Skv)."""
+def _probabilities(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """From masked scores s (B, Hq, c, Skv): the kept pairs and the probabilities p (rows
+    with no key: zero), each (B, Hq, c, Skv)."""
     kept = ~s.isneginf()
     empty = ~kept.any(-1, keepdim=True)  # queries with no key: output zero
-    s = s.masked_fill(empty, 0.0)
-    p = s.softmax(-1).masked_fill(empty, 0.0)
-    w = torch.where(p > 0, p * (1 + size), torch.zeros_like(p))
-    return kept, p, w
+    p = s.masked_fill(empty, 0.0).softmax(-1).masked_fill(empty, 0.0)
+    return kept, p
+
+
+def _weighted(p: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
+    """p · size where p > 0 (a masked pair's size may be anything), zero elsewhere: W = P (1 +
+    |S|) for size 1 + |S|."""
+    return torch.where(p > 0, p * size, torch.zeros_like(p))
 
 
 def _plus(m: torch.Tensor, under: torch.Tensor | None) -> torch.Tensor:

@@ -34,6 +34,7 @@ def _bwd(impl) -> str:
 # mask names in the table, as the legend spells them out
 MASK_SHORT = {"padding": "pad", "window": "win", "document": "doc", "block_sparse": "bsp"}
 MOD_SHORT = {"softcap": "cap", "alibi": "ali"}  # score modifiers, likewise
+NEED_SHORT = {"additive": "add", "grad": "all*"}  # what an impl needs of every modifier
 
 
 def _compact(values, every=(), short=None) -> str:
@@ -61,6 +62,13 @@ def _masks(impl) -> str:
     return shown if "none" in impl.masks else shown + "!"
 
 
+def _mods(impl) -> str:
+    """The score modifiers an impl takes, for attnbench list's sm column."""
+    if ANY[0] not in impl.score_mods:
+        return ",".join(MOD_SHORT.get(m, m) for m in impl.score_mods) or "-"
+    return "+".join(NEED_SHORT[n] for n in impl.score_mod_needs) or "all"
+
+
 def list_impls(impls: dict, device: str) -> str:
     """Every impl on one line each (what it supports, where it came from), then a note per
     impl (what it is; why it cannot run here), every line within LIST_WIDTH characters."""
@@ -79,9 +87,7 @@ def list_impls(impls: dict, device: str) -> str:
                     [*("y" if f else "n" for f in (impl.causal, impl.cross, impl.gqa)), _bwd(impl)]
                 ),
                 "masks": _masks(impl),
-                "sm": "all"
-                if ANY[0] in impl.score_mods
-                else ",".join(MOD_SHORT.get(m, m) for m in impl.score_mods) or "-",
+                "sm": _mods(impl),
                 "al": ALIGN_SHORT.get(impl.causal_align, "both"),
                 "pg": "y" if impl.paged else "n",
                 "from": registry.origin(impl),
@@ -108,7 +114,8 @@ def list_impls(impls: dict, device: str) -> str:
         "(seq_q != seq_kv) / GQA / "
         "backward (a device: there only); masks beyond none: pad(ding), win(dow), doc(ument), "
         "bsp = block_sparse, all: every kind, a plugin's too, '!': needs one of them; "
-        "sm: score modifiers (cap = softcap, ali = alibi); "
+        "sm: score modifiers (cap = softcap, ali = alibi; add: every one that only adds a bias, "
+        "a plugin's too; all*: all, with backward those that declare grad); "
         "al: causal alignment, tl(top-left), br(bottom-right) or both (one "
         "alone also runs the other's cases of equal lengths); pg: takes a paged KV cache; "
         "from: built-in (attnbench.impls), impls/ (the checkout's drop-in folder), --plugin, "
