@@ -23,6 +23,7 @@ from attnbench.report.terminal import list_impls, models_table, summary_table
 from attnbench.run import executors
 from attnbench.run.plan import Plan, warn_if_busy
 from attnbench.run.target import Target, check_device
+from attnbench.store import plugins as run_plugins
 from attnbench.store.atomic import write_json_atomic
 from attnbench.store.env import version_line
 from attnbench.store.repro import repro_command
@@ -319,8 +320,9 @@ def report(argv: list[str]) -> int:
         "(default: the impl the run recorded as its baseline)",
     )
     p.add_argument("--svg", action="store_true", help="also write each figure as SVG")
+    _plugin_argument(p)
     args = p.parse_args(argv)
-    df, _ = load_run(args.run_dir)
+    df, env = load_run(args.run_dir)
     impls = sorted(df["impl"].dropna().unique())
     if args.baseline is not None and args.baseline not in impls:
         raise UsageError(
@@ -328,10 +330,33 @@ def report(argv: list[str]) -> int:
             f"of: {', '.join(impls) or '(no rows)'}"
         )
     _check_folders(("--reports-dir", args.reports_dir))
+    _load_plugins(env, args.plugin)  # the rows' mask kinds and score modifiers may be theirs
     from attnbench.report.report import write_report  # matplotlib: only once input is valid
 
     print(write_report(args.run_dir, args.reports_dir, baseline=args.baseline, svg=args.svg))
     return EXIT_OK
+
+
+def _plugin_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="load this plugin file, folder or module instead of those the run recorded in its "
+        "env.json (one moved since the run, say; repeatable)",
+    )
+
+
+def _load_plugins(env: dict, given: list[str]) -> list[str]:
+    """Load the run's plugins (or ``given``), say which on stderr in one line; the --plugin
+    values a reproducer of its rows passes."""
+    plugins, line = run_plugins.load(
+        env, [x for text in given for x in parse_value("plugin", text, "--plugin")]
+    )
+    if line:
+        print(line, file=sys.stderr)
+    return plugins
 
 
 def _load_runs(run_a: Path, run_b: Path) -> list[tuple[str, pd.DataFrame, dict]]:
@@ -385,6 +410,7 @@ def repro(argv: list[str]) -> int:
     )
     p.add_argument("run_dir", type=Path, help="a sweep's run folder, e.g. results/<run-id>")
     p.add_argument("row", type=int, help="the row's position in results.csv (0: the first)")
+    _plugin_argument(p)
     args = p.parse_args(argv)
     df, env = load_run(args.run_dir)
     run = RunDir(args.run_dir)
@@ -394,8 +420,9 @@ def repro(argv: list[str]) -> int:
             if len(df)
             else f"row {args.row}: {run.results} has no rows"
         )
+    plugins = _load_plugins(env, args.plugin)  # the row's mask kind or modifier may be theirs
     # without grid.json the preset and rep_ms come from the defaults
-    print(repro_command(df.iloc[args.row], env, run.read_grid()))
+    print(repro_command(df.iloc[args.row], env, run.read_grid(), plugins))
     return EXIT_OK
 
 

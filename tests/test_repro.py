@@ -1,14 +1,18 @@
 """attnbench repro RUN ROW: the printed one-row command measures that row again (the same key,
-plugin and seed included)."""
+plugin and seed included); report and repro load the run's plugins again (a mask kind of its
+own), or take --plugin for one that moved."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import textwrap
 
 import pytest
 
+from attnbench import registry
 from attnbench.cli import main
+from attnbench.masks import KINDS
 from attnbench.store.results import read_results, row_key
 
 PLUGIN = textwrap.dedent(
@@ -97,3 +101,88 @@ def test_every_measuring_option_is_given_back_by_the_reproducer():
     ran = {n: "false" if OPTIONS[n].style == "toggle" else "3" for n in MEASURE_OPTIONS}
     parsed = build_parser().parse_args(measure_flags(ran))
     assert {n: getattr(parsed, n) for n in MEASURE_OPTIONS} == ran
+
+
+KIND = textwrap.dedent(
+    """
+    from attnbench.masks import Layout, MaskKind, register_kind
+
+    class Every2(Layout):
+        def rule(self, b, i, j, causal):
+            return ((i - j) % 2 == 0) & (j <= i)
+
+        def hidden(self, i, j, causal):
+            return ((i - j).remainder(2) != 0)[None] | (j > i)[None]
+
+    class Dilated(MaskKind):
+        name = "every2"
+        self_only = needs_causal = True
+
+        def layout(self, case, seed):
+            return Every2(case.seq_q, case.batch)
+
+    register_kind(Dilated())
+    """
+)
+
+
+def unload(plugin, monkeypatch) -> None:
+    """As a new process finds the registry: the plugin's kind not registered, its file not
+    loaded."""
+    KINDS.pop("every2", None)
+    monkeypatch.setattr(registry, "_LOADED", registry._LOADED - {str(plugin.resolve())})
+
+
+@pytest.fixture
+def kind_run(tmp_path, monkeypatch):
+    """A one-row run of a plugin's mask kind (naive, forward), the plugin unloaded after."""
+    plugin = tmp_path / "every2.py"
+    plugin.write_text(KIND)
+    argv = ["sweep", "--impls", "naive", "--plugin", str(plugin), "--mask", "every2"]
+    argv += ["--causal", "true", "--batch", "1", "--heads", "2", "--seq-len", "16"]
+    argv += ["--head-dim", "8", "--mode", "fwd", "--rep-ms", "1", *QUIET]
+    assert main([*argv, "--results-dir", str(tmp_path), "--run-id", "k"]) == 0
+    unload(plugin, monkeypatch)
+    yield tmp_path / "k", plugin
+    KINDS.pop("every2", None)
+
+
+def test_report_and_repro_of_a_plugin_kind_run_load_its_plugin(kind_run, capsys, monkeypatch):
+    run, plugin = kind_run
+    env = json.loads((run / "env.json").read_text())
+    assert [sorted(p) for p in env["plugins"]] == [["path", "sha256"]]
+    assert env["plugins"][0]["path"] == str(plugin.resolve())
+    capsys.readouterr()
+    assert main(["report", str(run), "--reports-dir", str(run.parent / "reports")]) == 0
+    loaded = f"plugins: loaded {plugin.resolve()} (recorded by the run)"
+    assert capsys.readouterr().err.strip() == loaded
+    unload(plugin, monkeypatch)
+    assert main(["repro", str(run), "0"]) == 0
+    out, err = capsys.readouterr()
+    assert err.strip() == loaded
+    argv = shlex.split(out.strip())
+    assert argv[argv.index("--plugin") + 1] == str(plugin.resolve())
+    again = run.parent / "again"
+    assert main([*argv[1:], "--results-dir", str(again), "--run-id", "r", *QUIET]) == 0
+    (row,) = read_results(again / "r").to_dict("records")
+    assert row["mask"] == "every2" and row["status"] == "ok" and row["agrees"] is True
+
+
+def test_a_plugin_that_moved_is_named_with_the_fix(kind_run, capsys):
+    run, plugin = kind_run
+    moved = plugin.rename(plugin.with_name("moved.py"))
+    capsys.readouterr()
+    assert main(["repro", str(run), "0"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"attnbench repro: error: the run's plugin {plugin.resolve()} is gone (moved or "
+        "deleted): give its file with --plugin PATH"
+    )
+    moved.write_text(KIND + "# edited since the run\n")
+    assert main(["repro", str(run), "0", "--plugin", str(moved)]) == 0
+    out, err = capsys.readouterr()
+    assert err.strip() == f"plugins: loaded {moved.resolve()} (--plugin)"
+    assert f"--plugin {moved.resolve()}" in out
+    moved.rename(plugin)
+    KINDS.pop("every2", None)
+    assert main(["repro", str(run), "0"]) == 0
+    assert "(changed since the run: its sha256 differs)" in capsys.readouterr().err

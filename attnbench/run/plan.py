@@ -29,6 +29,7 @@ from attnbench.run.sweep import run_sweep
 from attnbench.run.target import Target
 from attnbench.run.worker import WorkerSpec
 from attnbench.spec import GPU_PRESETS, SPEC_OPTIONS, Spec
+from attnbench.store.plugins import records
 from attnbench.store.rundir import RunDir
 
 DRY_RUN_CASES = 10  # --dry-run names this many cases, then counts the rest
@@ -192,6 +193,7 @@ class Plan:
             i.name: {"source": i.source, "baseline": i.baseline, "color": i.color}
             for i in self.impls
         }
+        env["plugins"] = records(self.target.plugins)  # report and repro load them again
         env["baseline"] = registry.baseline(self.impls)
         env["options"] = dict(self.run.measured)  # the reproducer's measuring flags
         env["not_run"] = self.left_out

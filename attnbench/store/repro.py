@@ -2,36 +2,23 @@
 
 Everything comes from the run folder: the case from the row's key columns, the seed and
 whether it was timed by CUDA-graph replay from the row, the preset and timing budget from
-grid.json, the plugin that registered the impl from env.json's ``impls`` (its source file or
-module), and the options that change how rows are measured (threads, timeout, worker
-isolation, the allocator's tunables) from env.json's ``options``.
+grid.json, the plugins (store/plugins.py: the run's, as env.json records them, or the
+``--plugin`` files given in their place), and the options that change how rows are measured
+(threads, timeout, worker isolation, the allocator's tunables) from env.json's ``options``.
 """
 
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 
 from attnbench.case import Case
 from attnbench.dims import DIMS
 from attnbench.options import MEASURE_OPTIONS, OPTIONS, flag
 
-BUILTIN_PREFIX = "attnbench.impls."
-
 
 def case_flags(case: Case) -> list[str]:
     """The sweep flags that select exactly ``case``: each dimension's own (dims.py)."""
     return [text for dim in DIMS for text in dim.flags(case)]
-
-
-def plugin_flags(source: str | None) -> list[str]:
-    """--plugin for an impl that a file or a module registered (built-ins and entry points
-    load by themselves)."""
-    if not source or source.startswith(BUILTIN_PREFIX) or source.startswith("entry point "):
-        return []
-    if source.startswith("module "):
-        return ["--plugin", source.removeprefix("module ")]
-    return ["--plugin", str(Path(source))]
 
 
 def measure_flags(options: dict) -> list[str]:
@@ -49,15 +36,17 @@ def measure_flags(options: dict) -> list[str]:
     return flags
 
 
-def repro_argv(row, env: dict, grid: dict) -> list[str]:
-    """The command (argv, starting with ``attnbench``) that measures ``row`` again alone."""
+def repro_argv(row, env: dict, grid: dict, plugins: list[str]) -> list[str]:
+    """The command (argv, starting with ``attnbench``) that measures ``row`` again alone, with
+    ``plugins`` (--plugin values: the files and modules its impl, mask kind or modifier come
+    from)."""
     case = Case.from_row(row)
     impl = str(row["impl"])
     argv = ["attnbench", "sweep"]
     if grid.get("preset"):
         argv += ["--preset", str(grid["preset"])]
     argv += ["--device", case.device, "--impls", impl]
-    argv += plugin_flags((env.get("impls") or {}).get(impl, {}).get("source"))
+    argv += [text for plugin in plugins for text in ("--plugin", plugin)]
     argv += case_flags(case)
     seed = row["seed"] if "seed" in row and str(row["seed"]) not in ("", "<NA>") else None
     seed = grid.get("seed", 0) if seed is None else seed
@@ -70,5 +59,5 @@ def repro_argv(row, env: dict, grid: dict) -> list[str]:
     return argv
 
 
-def repro_command(row, env: dict, grid: dict) -> str:
-    return shlex.join(repro_argv(row, env, grid))
+def repro_command(row, env: dict, grid: dict, plugins: list[str]) -> str:
+    return shlex.join(repro_argv(row, env, grid, plugins))
