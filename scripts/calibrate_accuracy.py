@@ -4,7 +4,8 @@
 Runs every correct built-in impl (naive, sdpa, sdpa_math, sdpa_flash, tiled; whichever the
 device supports), ``key_by_key`` (a correct impl kept here: float32 sums taken one key at a
 time, the order that rounds the most, as a kernel with one accumulator per output element
-does) and a set of planted bugs (small wrappers around F.scaled_dot_product_attention) over a
+does) and a set of planted bugs (small wrappers around F.scaled_dot_product_attention; with a
+score modifier, around the formula on float32 scores) over a
 population of cases (shapes x seeds x dtypes, backward on but for the longest caches, so out,
 dq, dk, dv are checked; the forward verdict is the one of ``out`` alone). Every call goes the
 harness's own way: the inputs (run.inputs.make_inputs), the float64 reference and magnitudes
@@ -15,6 +16,8 @@ harness's own way: the inputs (run.inputs.make_inputs), the float64 reference an
   * per dtype and tensor, the worst correct error as a share of each of the rule's bounds;
   * the growth check: on single-query decode, the worst correct error and the bound against
     the number of keys, and both exponents;
+  * per score modifier and dtype, the false alarms of the rule and of the rule without its
+    modifier term, and the C_MOD the worst correct impl needs;
   * the false alarms of the rule (docs/method.md; must be 0), and of the previous rule (no
     long-sum, underflow or bias terms; PREVIOUS_C_NORM);
   * per bug and dtype, the catch rate (fwd: out only; bwd: every tensor) of both, over the
@@ -30,6 +33,7 @@ harness's own way: the inputs (run.inputs.make_inputs), the float64 reference an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import platform
 import sys
@@ -437,14 +441,24 @@ def case_rows(case: Case, seed: int, impls: dict) -> list[dict]:
     return rows
 
 
-def population(shapes, seeds, dtypes, device, progress=True) -> pd.DataFrame:
-    """Every row of ``case_rows`` over shapes x seeds x dtypes (``AlibiUp`` registered while
-    they run, and taken out again after)."""
-    impls = registry.discover(entry_points=False) | {KEY_BY_KEY.name: KEY_BY_KEY}
+@contextlib.contextmanager
+def calibration_mods():
+    """``AlibiUp`` registered while the block runs, and taken out again after (a sweep's
+    modifiers stay the built-ins and the plugins it loads)."""
     added = UP not in MODS
     register_mod(AlibiUp)
-    rows, t0 = [], time.time()
     try:
+        yield
+    finally:
+        if added:
+            MODS.pop(UP, None)
+
+
+def population(shapes, seeds, dtypes, device, progress=True) -> pd.DataFrame:
+    """Every row of ``case_rows`` over shapes x seeds x dtypes."""
+    impls = registry.discover(entry_points=False) | {KEY_BY_KEY.name: KEY_BY_KEY}
+    rows, t0 = [], time.time()
+    with calibration_mods():
         for dt in dtypes:
             for shape in shapes:
                 case = shape.case(dt, device)
@@ -452,9 +466,6 @@ def population(shapes, seeds, dtypes, device, progress=True) -> pd.DataFrame:
                     rows += case_rows(case, seed, impls)
                 if progress:
                     print(f"  {time.time() - t0:6.0f}s {case.label()}", file=sys.stderr, flush=True)
-    finally:
-        if added:
-            MODS.pop(UP, None)
     return pd.DataFrame(rows)
 
 
@@ -510,7 +521,9 @@ def verdicts(df: pd.DataFrame, fwd: bool) -> pd.DataFrame:
 def population_table(shapes, seeds: int) -> list[str]:
     lines = ["| shape | seeds | what |", "|---|---|---|"]
     for s in shapes:
-        label = s.case("float32", "cpu").label().replace(" float32", "").rsplit(" ", 1)[0]
+        with calibration_mods():
+            case = s.case("float32", "cpu")
+        label = case.label().replace(" float32", "").rsplit(" ", 1)[0]
         what = ", ".join(x for x in (s.note, "forward only" if s.mode == "fwd" else "") if x)
         lines.append(f"| {label} | {min(seeds, s.seeds or seeds)} | {what} |")
     return lines
