@@ -26,6 +26,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from attnbench.errors import one_line
 from attnbench.masks import ALIGNS, ANY, Mask
 from attnbench.measure.backends import backends_in
 from attnbench.measure.profiling import profiled
@@ -117,9 +118,9 @@ def refusal(run: Callable[[], object], backend) -> str:
             with sdpa_kernel(backend):  # same grad mode: backends' limits can differ
                 run()
         except RuntimeError as exc:
-            error = _one_line(str(exc))
+            error = one_line(exc)
     reasons = [
-        _one_line(str(w.message).split("(Triggered internally")[0])
+        one_line(str(w.message).split("(Triggered internally")[0])
         for w in caught
         if issubclass(w.category, UserWarning)
     ]
@@ -139,10 +140,6 @@ def detect_backend(run: Callable[[], object], device_type: str) -> str | None:
         if device_type == "cuda":
             torch.cuda.synchronize()
     return backends_in({event.key for event in prof.key_averages()})
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 # Static capabilities are what PyTorch builds: the efficient and cuDNN backends are CUDA only;
