@@ -357,6 +357,10 @@ def test_a_lost_head_is_noticed_and_ends_with_the_resume_command(tmp_path, monke
     noticed = threading.Event()
     ray_cluster.watch_head(lambda a: noticed.set() if a == address else None, address)
     assert noticed.wait(30)
+    # a watch ended with its sweep (the pool closed, a local instance shut down) calls nothing
+    late = threading.Event()
+    ray_cluster.watch_head(lambda a: late.set(), address).set()
+    assert not late.wait(0.5)
 
     exits = []
     monkeypatch.setattr(cli.os, "_exit", exits.append)

@@ -35,6 +35,7 @@ class Pool:
         self.executors: list[Worker] = []
         self.started: str | None = None
         self._leave = None  # how to leave the cluster the executors run on, if any
+        self._watch = None  # set: the watch of the cluster's head ends
 
     def measure_devices(self) -> dict:
         """env.json's ``ceilings`` (the driver's device) and ``devices`` ({device_name: {hosts,
@@ -73,9 +74,11 @@ class Pool:
         if self._leave is not None:
             from attnbench.run import ray_cluster
 
-            ray_cluster.watch_head(lost)
+            self._watch = ray_cluster.watch_head(lost)
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.set()  # the sweep is over: the head going away is no loss now
         for ex in self.executors:
             ex.close()
         if self._leave is not None:

@@ -206,32 +206,35 @@ def _resource_text(resources: dict) -> str:
     return ", ".join(f"{k} {v:g}" for k, v in sorted(resources.items()) if "node:" not in k)
 
 
-def watch_head(lost: Callable[[str], None], address: str | None = None) -> None:
+def watch_head(lost: Callable[[str], None], address: str | None = None) -> threading.Event:
     """Call ``lost(address)`` from a thread of its own once the cluster's head (its GCS
     port; by default the one joined) has refused connections for HEAD_LOST_S: sooner than
-    Ray, which gives up after a minute by ending this process with a message of its own."""
+    Ray, which gives up after a minute by ending this process with a message of its own.
+    Setting the returned event ends the watch (the sweep is over: leaving the cluster, or a
+    local instance shutting down, is no loss)."""
+    stop = threading.Event()
     if address is None:
         import ray
 
         address = ray.get_runtime_context().gcs_address
     host, _, port = (address or "").rpartition(":")
     if not host or not port.isdigit():
-        return  # Ray Client (ray://): its own connection, not watched here
+        return stop  # Ray Client (ray://): its own connection, not watched here
 
     def poll() -> None:
         since = None
-        while True:
-            time.sleep(HEAD_POLL_S)
+        while not stop.wait(HEAD_POLL_S):
             try:
                 socket.create_connection((host, int(port)), timeout=HEAD_POLL_S).close()
                 since = None
             except OSError:
                 since = since or time.monotonic()
-                if time.monotonic() - since >= HEAD_LOST_S:
+                if time.monotonic() - since >= HEAD_LOST_S and not stop.is_set():
                     lost(address)
                     return
 
     threading.Thread(target=poll, name="attnbench-head-watch", daemon=True).start()
+    return stop
 
 
 def actor_start_problem(exc: BaseException) -> str:
