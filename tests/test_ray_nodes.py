@@ -21,6 +21,21 @@ KEY = ["impl", "mode", "causal", "seq_q"]
 SWEEP_S = 480  # the whole sweep, the replacement's 60 s wait included
 
 
+def _sweep_past_its_fourth_row(address: str, tmp_path):
+    """The sweep command on the cluster at ``address``, started in a subprocess; returns once
+    results.csv holds four rows (or the sweep ended, or SWEEP_S passed)."""
+    args = [*GRID, "--ray-address", address, "--results-dir", str(tmp_path)]
+    cmd = [sys.executable, str(ROOT / "scripts" / "sweep.py"), *args, "--run-id", "r"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    results = tmp_path / "r" / "results.csv"
+    deadline = time.monotonic() + SWEEP_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        if results.exists() and len(results.read_text().splitlines()) > 4:
+            break
+        time.sleep(0.5)
+    return cmd, proc
+
+
 @pytest.mark.slow
 @pytest.mark.ray
 def test_a_worker_node_killed_mid_sweep(tmp_path):
@@ -29,15 +44,7 @@ def test_a_worker_node_killed_mid_sweep(tmp_path):
     try:
         worker = cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
-        args = [*GRID, "--ray-address", cluster.address, "--results-dir", str(tmp_path)]
-        cmd = [sys.executable, str(ROOT / "scripts" / "sweep.py"), *args, "--run-id", "r"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        results = tmp_path / "r" / "results.csv"
-        deadline = time.monotonic() + SWEEP_S
-        while time.monotonic() < deadline and proc.poll() is None:
-            if results.exists() and len(results.read_text().splitlines()) > 4:
-                break
-            time.sleep(0.5)
+        cmd, proc = _sweep_past_its_fourth_row(cluster.address, tmp_path)
         cluster.remove_node(worker, allow_graceful=False)
         out, err = proc.communicate(timeout=SWEEP_S)
         assert proc.returncode == 0, err[-3000:]
@@ -67,15 +74,7 @@ def test_a_head_killed_mid_sweep_ends_with_its_own_line_and_exit_3(tmp_path):
     cluster_utils = pytest.importorskip("ray.cluster_utils")
     cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
     try:
-        args = [*GRID, "--ray-address", cluster.address, "--results-dir", str(tmp_path)]
-        cmd = [sys.executable, str(ROOT / "scripts" / "sweep.py"), *args, "--run-id", "r"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        results = tmp_path / "r" / "results.csv"
-        deadline = time.monotonic() + SWEEP_S
-        while time.monotonic() < deadline and proc.poll() is None:
-            if results.exists() and len(results.read_text().splitlines()) > 4:
-                break
-            time.sleep(0.5)
+        cmd, proc = _sweep_past_its_fourth_row(cluster.address, tmp_path)
         cluster.remove_node(cluster.head_node, allow_graceful=False)
         out, err = proc.communicate(timeout=SWEEP_S)
     finally:
