@@ -18,8 +18,9 @@ NAMES = [pytest.param(n, marks=pytest.mark.slow) if IMPLS[n].compiled else n for
 @pytest.mark.parametrize("case", conformance_cases(), ids=Case.label)
 @pytest.mark.parametrize("name", NAMES)
 def test_every_impl_agrees_or_says_why_not(name, case):
-    """The default grid for every impl: one that declares other head dims, dtypes or no GQA
-    is held to its own grid (conformance_cases(impl)) by the plugin guide's test."""
+    """The default grid for every impl, skipped by its own reasons (a plugin that declares
+    other head dims, dtypes or no GQA gets its own grid from conformance_cases(impl):
+    docs/plugins.md "Testing your impl", tested in test_docs.py)."""
     impl = IMPLS[name]
     reasons = impl.reasons(case)
     if reasons:
