@@ -72,10 +72,17 @@ def false_alarms(a: Path, b: Path, work: Path) -> list[str]:
     called = judged["verdict"].isin(["slower", "faster"])
     rules = ", ".join(f"{n} {r}" for r, n in judged["rule"].value_counts().items())
     fails = len(regressions(cmp, GATE_PCT))
+    noise, floor = (judged[c].dropna() for c in ("noise_pct", "min_change_pct"))
+    spread = (
+        f"run-to-run noise ±{noise.iloc[0]:.1f}%, smallest change called {floor.iloc[0]:.1f}%"
+        if len(noise)
+        else "run-to-run noise not measured"
+    )
+    held = int(judged["verdict"].eq("contended (not judged)").sum())
     return [
         f"false alarms (compare --fail-above {GATE_PCT:g}, identical runs): {int(called.sum())} "
         f"of {len(judged)} cases called slower or faster; gate {'FAIL' if fails else 'PASS'} "
-        f"({fails} failing); rules: {rules}"
+        f"({fails} failing); {held} contended, not judged; {spread}; rules: {rules}"
     ]
 
 

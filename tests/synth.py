@@ -168,12 +168,14 @@ ANCHOR_MS = {"compute": 2.0, "memory": 0.5}  # the synthetic speed anchor's time
 
 
 def timed_in_rounds(
-    rows, rounds=7, slowness=None, noise=0.02, seed=0, baseline="sdpa", per_round=3
+    rows, rounds=7, slowness=None, noise=0.02, seed=0, baseline="sdpa", per_round=3, case_noise=0
 ):
     """The rows as if each case's impls and the speed anchor were timed in ``rounds``
     interleaved rounds, ``per_round`` samples each, on a machine whose time per unit of work
-    at the run's fraction t (0 to 1, one case after another) is ``slowness(t)`` (default 1):
-    returns (rows with their medians, rounds, speedups and speeds; samples; anchor lines)."""
+    at the run's fraction t (0 to 1, one case after another) is ``slowness(t)`` (default 1),
+    and whose speed for a case's impls (not the anchor) is off by a lognormal factor of sigma
+    ``case_noise``, the same for the whole case: returns (rows with their medians, rounds,
+    speedups and speeds; samples; anchor lines)."""
     from attnbench.measure import paired
     from attnbench.store.schema import CASE_KEY
 
@@ -184,6 +186,7 @@ def timed_in_rounds(
     samples, anchor, per_row, all_times = [], [], {}, {}
     for i, case in enumerate(cases):
         mine = [r for r in rows if tuple(r.get(c) for c in case_cols) == case]
+        off = rng.lognormal(0, case_noise) if case_noise else 1.0
         for rnd in range(rounds):
             t = (i + rnd / rounds) / len(cases)
             for resource, ms in ANCHOR_MS.items():
@@ -202,7 +205,8 @@ def timed_in_rounds(
                 if r["status"] != "ok":
                     continue
                 times = [
-                    r["time_ms"] * slowness(t) * rng.lognormal(0, noise) for _ in range(per_round)
+                    r["time_ms"] * off * slowness(t) * rng.lognormal(0, noise)
+                    for _ in range(per_round)
                 ]
                 per_row.setdefault(id(r), {})[rnd] = float(np.median(times))
                 all_times.setdefault(id(r), []).extend(times)

@@ -145,6 +145,30 @@ def test_seq_kv_rule_separates_fixed_and_following(tmp_path):
     assert len(fits) == 3 and (fits["n_ok"] == 3).all()
 
 
+def test_a_fixed_token_grid_is_one_series_over_n_and_a_batch_grid_is_not(tmp_path):
+    """The race preset holds B x N fixed: each length has its own batch. Its rows make one
+    series per impl (B·N=4096) with a fit, where a grid that crosses batch and length keeps
+    one series per batch."""
+    race = [(4096 // n, n) for n in (256, 512, 1024, 2048)]
+    crossed = [(b, n) for b in (1, 2) for n in (256, 512, 1024)]
+    rows = [
+        ok_row("r", impl, Case(b, 2, 2, n, n, 32, causal=causal), b * n * n * 1e-6, 1.0)
+        for impl, causal, grid in (("a", False, race), ("a", True, crossed))
+        for b, n in grid
+    ]
+    df = analysis.with_series(read_results(write_run(tmp_path, "r", rows)))
+    assert set(df.loc[~df["causal"], "batch_rule"]) == {"B·N=4096"}
+    assert set(df.loc[df["causal"], "batch_rule"]) == {"B=1", "B=2"}
+    fits = analysis.scaling_exponents(df, ["time_ms"])
+    race_fit = fits[fits["batch_rule"] == "B·N=4096"]
+    assert len(race_fit) == 1 and race_fit["n_ok"].iloc[0] == 4
+    assert race_fit["slope"].iloc[0] == pytest.approx(1.0)  # B·N² at fixed B·N: ~N
+    assert len(fits[fits["causal"]]) == 2
+    labels = analysis.series_labels(fits)
+    assert any("B·N=4096" in label for label in labels)
+    assert any(" B1 " in f" {label} " for label in labels)
+
+
 def test_nothing_fitted_from_status_not_ok():
     assert math.isnan(analysis.fit_loglog([], [])["slope"])
 

@@ -20,6 +20,25 @@ def test_seed_streams_have_distinct_offsets_and_give_distinct_draws():
     assert len({tuple(v) for v in first.values()}) == len(STREAMS)
 
 
+def test_a_large_tensor_is_drawn_in_parallel_pieces_the_same_whatever_the_threads(monkeypatch):
+    """Over DRAW_WHOLE elements, each batch element has a generator of its own, so the draw
+    is the same on 1 or many threads, the pieces differ, and the smaller tensors drawn after
+    it (dout) are not moved by how the large one was drawn."""
+    from attnbench.run import inputs as inputs_module
+
+    case = Case(3, 2, 2, 8, 64, 8, mode="bwd")  # k, v: 3 x 2 x 64 x 8 = 3072 elements
+    monkeypatch.setattr(inputs_module, "DRAW_WHOLE", 1024)  # k and v drawn in pieces, q not
+    draws_by_threads = []
+    for threads in (1, 3):
+        monkeypatch.setattr(inputs_module, "DRAW_THREADS", threads)
+        draws_by_threads.append(make_inputs(case, 11))
+    one, many = draws_by_threads
+    for name in ("q", "k", "v", "dout"):
+        assert torch.equal(getattr(one, name), getattr(many, name)), name
+    assert not torch.equal(one.k[0], one.k[1]) and not torch.equal(one.k, one.v)
+    assert abs(float(one.k.std()) - 1.0) < 0.1  # standard normal, like the whole draws
+
+
 def test_the_page_order_of_a_paged_cache_is_stored_and_is_the_block_table():
     case = Case(3, 4, 2, 1, 300, 8, causal=True, causal_align="bottom_right")
     inputs = make_inputs(case, 5)

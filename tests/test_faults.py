@@ -186,6 +186,36 @@ def test_a_long_error_without_a_compilers_line_keeps_its_start_and_its_end():
     assert "the end" in full and "Traceback" in full
 
 
+def test_an_error_from_another_process_starts_with_that_processs_cause():
+    """A compile worker's failure reaches the row as one exception whose message holds the
+    worker's traceback (torch.compile's InductorError: SubprocException): the reason starts
+    with the traceback's last exception line, which a terminal line shows."""
+    from attnbench.run.failed import error_reason
+
+    class InductorError(RuntimeError):
+        pass
+
+    worker = "\n".join(
+        [
+            "SubprocException: An exception occurred in a subprocess:",
+            "Name=triton_tem_fused_flex_attention_0",
+            "Traceback (most recent call last):",
+            *[f'  File "/site/torch/_inductor/f{i}.py", line {i}, in g{i}' for i in range(30)],
+            "triton.compiler.errors.CompilationError: at 194:23:",
+            "    block_n_start, block_n_end if block_n_end <= last else last,",
+            "AssertionError('Ternary expression has inconsistent types int64 and int32')",
+            "Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace",
+        ]
+    )
+    with pytest.raises(InductorError) as caught:
+        raise InductorError(worker)
+    reason, full = error_reason(caught.value)
+    assert reason.startswith("AssertionError('Ternary expression has inconsistent types int64")
+    assert "reported as InductorError: SubprocException" in reason and "errors.log" in reason
+    assert "File " not in reason and len(reason) < 500
+    assert "f29.py" in full
+
+
 def test_hang_is_a_timeout_and_the_next_row_gets_a_fresh_worker(tmp_path):
     """Only the hanging impl runs, so no healthy row can hit the short timeout."""
     proc = sweep(

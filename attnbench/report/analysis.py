@@ -11,7 +11,10 @@ ratio r) or is held fixed (``Skv=<value>``); or, in a decode series (a few new q
 against a growing KV cache), ``seq_q`` is held fixed (``Sq=<value>``) and N is ``seq_kv``.
 That relation is part of the series key (column ``seq_kv_rule``; ``with_series`` adds it
 and ``seq_n``, the N of each row), so series of different relations are never mixed in one
-fit.
+fit. Batch is fixed in a series too, except in a grid of fixed token count (batch × N the
+same at every length, as the race preset sweeps): there ``batch_rule`` is ``B·N=<tokens>``
+and the series runs over N, its time growing ~N^1 where full attention's grows ~N^2 at a
+fixed batch.
 
 For each series and metric (``time_ms``, ``peak_mem_mib``) we fit
 ``log(metric) = slope * log(N) + c`` by least squares over the points *not dominated by
@@ -45,7 +48,12 @@ from attnbench.store.schema import CASE_KEY
 
 SEQ_COLUMNS = ("seq_q", "seq_kv")
 CASE_COLUMNS = tuple(c for c in CASE_KEY if c != "impl")  # a case: everything but the impl
-SERIES_KEY = (*(c for c in CASE_KEY if c not in SEQ_COLUMNS), "seq_kv_rule")
+# a series: a case's key less its lengths and batch, plus how batch (``batch_rule``) and seq_kv
+# (``seq_kv_rule``, last) relate to the length N the series varies (``with_series``)
+SERIES_KEY = (
+    *("batch_rule" if c == "batch" else c for c in CASE_KEY if c not in SEQ_COLUMNS),
+    "seq_kv_rule",
+)
 FIT_METRICS = ("time_ms", "peak_mem_mib")
 WIDE_INTERVAL = 1.2  # a 95% interval whose hi / lo exceeds this is too wide to state as a fact
 OVERHEAD_FACTOR = 4.0
@@ -92,7 +100,7 @@ def seq_kv_rule(df: pd.DataFrame) -> pd.Series:
     cross = df[(df["seq_kv"] != df["seq_q"]).fillna(True).astype(bool)]
     if cross.empty:
         return rule
-    group_cols = [c for c in SERIES_KEY if c not in ("impl", "seq_kv_rule")]
+    group_cols = [c for c in CASE_COLUMNS if c not in SEQ_COLUMNS]
     for _, g in cross.groupby(group_cols, dropna=False, sort=False):
         ratio = g["seq_kv"].astype("Float64") / g["seq_q"].astype("Float64")
         by_ratio = ratio.nunique() < g["seq_kv"].nunique()
@@ -106,6 +114,23 @@ def seq_kv_rule(df: pd.DataFrame) -> pd.Series:
     return rule
 
 
+def batch_rule(df: pd.DataFrame) -> pd.Series:
+    """How batch relates to N within each set of cases that differ only in batch and length
+    (df has seq_kv_rule and seq_n): ``B·N=16384`` where every length has one batch, batch
+    varies and batch × N is the same for all (a fixed token count, as the race preset
+    sweeps), else ``B=<batch>`` per row, so a fixed-token grid gives one series over N
+    rather than one point per batch."""
+    rule = "B=" + df["batch"].astype("string")
+    group_cols = [c for c in CASE_COLUMNS if c not in ("batch", *SEQ_COLUMNS)] + ["seq_kv_rule"]
+    for _, g in df.groupby(group_cols, dropna=False, sort=False):
+        pairs = g[["batch", "seq_n"]].drop_duplicates()
+        tokens = (pairs["batch"] * pairs["seq_n"]).unique()
+        one_batch_per_n = not pairs["seq_n"].duplicated().any()
+        if len(pairs) > 1 and pairs["batch"].nunique() > 1 and one_batch_per_n and len(tokens) == 1:
+            rule.loc[g.index] = f"B·N={tokens[0]}"
+    return rule
+
+
 def length_axis(rule) -> str:
     """The length a series varies: seq_kv for a fixed-query rule (``Sq=1``), else seq_q."""
     return "seq_kv" if str(rule).startswith("Sq=") else "seq_q"
@@ -115,12 +140,13 @@ def with_series(df: pd.DataFrame) -> pd.DataFrame:
     """df with ``seq_kv_rule`` (the series key's length relation) and ``seq_n``, the length
     the row's series varies (seq_q, or seq_kv for a fixed-query series); a frame that has
     them already comes back as it is, so a series is defined once per analysis."""
-    if {"seq_kv_rule", "seq_n"} <= set(df.columns):
+    if {"seq_kv_rule", "seq_n", "batch_rule"} <= set(df.columns):
         return df
     out = df.copy()
     out["seq_kv_rule"] = seq_kv_rule(out)
     axis = out["seq_kv_rule"].map(length_axis)
     out["seq_n"] = out["seq_kv"].where(axis == "seq_kv", out["seq_q"])
+    out["batch_rule"] = batch_rule(out)
     return out
 
 
@@ -147,7 +173,7 @@ def _label_parts(r, shown: set[str]) -> list[str]:
     head = [optional[c] for c in ("model", "phase") if c in shown]
     mid = [optional[c] for c in ("mask", "window", "pattern", "score_mod") if c in shown]
     tail = [optional[c] for c in ("level", "device") if c in shown]
-    parts = [*head, r["mode"], causal, *mid, r["dtype"], f"B{r['batch']}"]
+    parts = [*head, r["mode"], causal, *mid, r["dtype"], str(r["batch_rule"]).replace("B=", "B")]
     parts += [f"H{r['heads']}{kv}", f"D{r['head_dim']}", *tail, r["seq_kv_rule"]]
     return [str(p) for p in parts if not pd.isna(p) and str(p) not in ("", "W<NA>", "Wnan")]
 

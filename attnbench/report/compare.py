@@ -5,10 +5,16 @@ where the case is ok in both runs; above 1 means B is slower. Where both runs ti
 interleaved rounds (samples.csv ``round``), ``ratio`` is the ratio of the medians of the
 per-round times, each round's time divided by the speed anchor's time in that round for the
 resource the row is bound by (when both runs have anchor.csv: the machine's own change between
-the runs cancels), with a bootstrap interval (``ratio_lo``, ``ratio_hi``); the verdict is
-"slower" or "faster" when the interval excludes 1 and the change is at least MIN_EFFECT_PCT,
-else "unchanged (within noise)". Runs without rounds keep the older rule (``rule``): the
-ratio of the medians, judged by whether the two runs' p20-p80 ranges overlap.
+the runs cancels), with a bootstrap interval (``ratio_lo``, ``ratio_hi``). That interval
+comes from the rounds of each run and cannot see how far the machine moves *between* runs,
+which on a shared 2-core VM is 10-19% per case (a robust standard deviation) for identical
+code, whole cases moving together. So the smallest change called is measured too: NOISE_Z
+times the robust spread of the log ratios of all compared cases (``noise_pct``, from at least
+NOISE_MIN_CASES cases), and at least MIN_EFFECT_PCT (``min_change_pct``). The verdict is
+"slower" or "faster" when the interval excludes 1 and the change is at least that, "contended
+(not judged)" when a run's row was contended, else "unchanged (within noise)". Runs without
+rounds keep the older rule (``rule``): the ratio of the medians, judged by whether the two
+runs' p20-p80 ranges overlap.
 
 The gate fails when a compared case got slower, by that verdict, by more than the threshold,
 and also when a case that was ok in A is not ok in B (a kernel that starts crashing or running
@@ -26,21 +32,26 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from attnbench.measure import paired
 from attnbench.report import analysis, plots
 from attnbench.report.header import busy_machine, case_label, device_name
+from attnbench.report.judge import (
+    CONTENDED,
+    MIN_EFFECT_PCT,
+    NOISE_MIN_CASES,
+    NOISE_Z,
+    RULE_ANCHOR,
+    RULE_OVERLAP,
+    RULE_ROUNDS,
+    WITHIN_NOISE,
+    judge_rounds,
+    judge_rows,
+)
 from attnbench.report.markdown import MISSING, table
 from attnbench.report.rounds import RESOURCES, Anchor, Rounds
 from attnbench.store.atomic import atomic_dir
 from attnbench.store.env import COMPARE_FIELDS, code_version
 from attnbench.store.schema import CASE_KEY
 
-WITHIN_NOISE = "unchanged (within noise)"
-MIN_EFFECT_PCT = 3.0  # a change smaller than this is "unchanged" however sure (as pyperf, asv)
-RULE_ANCHOR = "rounds, anchor-normalised"
-RULE_ROUNDS = "rounds (no anchor)"
-RULE_OVERLAP = "p20–p80 overlap (no rounds)"
-MACHINE = ("machine", "machine_compute", "machine_memory")  # the anchor's B/A, per resource
 SHOWN_PER_OUTCOME = 5  # the terminal summary names this many cases per outcome; compare.md all
 SIDE_COLUMNS = ("status", "reason", "time_ms", "time_ms_p20", "time_ms_p80", "bound", "contended")
 OUTCOMES = ("compared", "not ok in B", "not ok in A", "not ok in both", "only in A", "only in B")
@@ -90,92 +101,10 @@ def compare_runs(
     )
     out["overlap"] = overlap.where(usable).astype("boolean")
     out = out.drop(columns="_merge")
-    out = _verdicts(out, usable, _judge_rounds(out[usable], rounds, anchors))
+    out = judge_rows(out, usable, judge_rounds(out[usable], rounds, anchors))
     order = {o: i for i, o in enumerate(OUTCOMES)}
     out = out.assign(_o=out["outcome"].map(order)).sort_values(["_o", *key], kind="stable")
     return out.drop(columns="_o").reset_index(drop=True)
-
-
-def _verdicts(out: pd.DataFrame, usable: pd.Series, judged: dict) -> pd.DataFrame:
-    """ratio, its interval, machine, rule and verdict of every compared row: by the test
-    over rounds where ``judged`` has the row, else by the p20–p80 overlap."""
-    cols = {c: [None] * len(out) for c in ("ratio", "ratio_lo", "ratio_hi", *MACHINE)}
-    rule, verdict = [None] * len(out), [None] * len(out)
-    for i, (idx, r) in enumerate(out.iterrows()):
-        if not usable[idx]:
-            continue
-        if idx in judged:
-            value, lo, hi, *machine, rule[i] = judged[idx]
-            past = abs(math.log(value)) >= math.log1p(MIN_EFFECT_PCT / 100)
-            sure = lo > 1 or hi < 1
-            verdict[i] = ("slower" if value > 1 else "faster") if past and sure else WITHIN_NOISE
-        else:  # no p20/p80 (an older CSV): no noise to judge by, the ratio alone decides
-            value, lo, hi, machine, rule[i] = float(r["ratio_raw"]), None, None, [], RULE_OVERLAP
-            within = analysis.flag(r["overlap"]) or value == 1
-            verdict[i] = WITHIN_NOISE if within else ("slower" if value > 1 else "faster")
-        for c, v in zip(cols, (value, lo, hi, *machine)):
-            cols[c][i] = v
-    for c, v in cols.items():
-        out[c] = pd.array(v, dtype="Float64")
-    out["rule"] = pd.array(rule, dtype="string")
-    out["verdict"] = pd.array(verdict, dtype="string")
-    return out
-
-
-def _judge_rounds(cmp: pd.DataFrame, rounds: tuple, anchors: tuple) -> dict[int, tuple]:
-    """Per compared row with rounds in both runs (row index ->): the ratio B/A of the
-    medians of the per-round times, each divided by its round's speed anchor for the
-    resource the row is bound by where both runs have it; its bootstrap interval; the
-    anchor's own B/A for that resource, for compute and for memory (the machine's change;
-    None without it); and the rule that judged."""
-    out = {}
-    if rounds[0] is None or rounds[1] is None:
-        return out
-    for i, r in cmp[cmp["outcome"] == "compared"].iterrows():
-        times = [rounds[0].of(r), rounds[1].of(r)]
-        if not all(t and len(t) >= paired.MIN_ROUNDS for t in times):
-            continue
-        speeds = {res: _change(r, anchors, res) for res in (*RESOURCES, "both")}
-        resource = _resource(r)
-        machine = speeds[resource][0]
-        if machine is not None:
-            pair = speeds[resource][1]
-            times = [{k: t[k] / s[k] for k in t if k in s} or t for t, s in zip(times, pair)]
-        va, vb = (np.array(list(t.values())) for t in times)
-        value = float(np.median(vb) / np.median(va))
-        lo, hi = _ratio_interval(va, vb)
-        rule = RULE_ANCHOR if machine is not None else RULE_ROUNDS
-        by_resource = tuple(speeds[res][0] for res in RESOURCES)
-        out[i] = (value, lo, hi, machine, *by_resource, rule)
-    return out
-
-
-def _change(row, anchors, resource: str) -> tuple[float | None, tuple]:
-    """The anchor's B/A change in the row's case for ``resource`` (the ratio of its
-    median times; None unless both runs have it), and its rounds in A and in B."""
-    pair = tuple(a.of(row, resource) if a is not None else None for a in anchors)
-    if not all(pair):
-        return None, pair
-    return float(np.median(list(pair[1].values())) / np.median(list(pair[0].values()))), pair
-
-
-def _resource(row) -> str:
-    """The anchor resource a row is bound by: compute, memory, or both (their geometric mean)
-    for a balanced row or one without a bound."""
-    bound = row.get("bound_a")
-    bound = row.get("bound_b") if pd.isna(bound) else bound
-    return str(bound) if not pd.isna(bound) and str(bound) in RESOURCES else "both"
-
-
-def _ratio_interval(a: np.ndarray, b: np.ndarray, seed: int = 0) -> tuple[float, float]:
-    """The percentile bootstrap interval of median(b) / median(a), the two resampled apart
-    (the rounds of two runs are not paired)."""
-    rng = np.random.default_rng(seed)
-    ma = np.median(rng.choice(a, size=(paired.BOOTSTRAP_DRAWS, len(a))), axis=1)
-    mb = np.median(rng.choice(b, size=(paired.BOOTSTRAP_DRAWS, len(b))), axis=1)
-    tail = (1 - paired.CONFIDENCE) / 2 * 100
-    ratios = mb / ma
-    return float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail))
 
 
 def regressions(cmp: pd.DataFrame, fail_above_pct: float) -> pd.DataFrame:
@@ -203,9 +132,11 @@ def gate_fails(cmp: pd.DataFrame, fail_above_pct: float) -> bool:
 
 
 def within_noise(cmp: pd.DataFrame, fail_above_pct: float) -> pd.DataFrame:
-    """Compared rows past the threshold whose change is inside the noise (not counted)."""
+    """Compared rows past the threshold whose change is inside the noise, or not judged
+    (contended): not counted."""
     past = (cmp["ratio"] - 1).abs() > fail_above_pct / 100
-    return cmp[(past & cmp["verdict"].eq(WITHIN_NOISE)).fillna(False).astype(bool)]
+    quiet = cmp["verdict"].isin([WITHIN_NOISE, CONTENDED])
+    return cmp[(past & quiet).fillna(False).astype(bool)]
 
 
 def geomean_by_impl(cmp: pd.DataFrame) -> pd.DataFrame:
@@ -327,12 +258,43 @@ def machine_lines(cmp: pd.DataFrame) -> list[str]:
             "machine speed: not measured (a run has no anchor.csv), so the ratios include "
             "any change in the machine's speed between the runs"
         )
+    lines += _noise_lines(cmp)
     old = int(judged["rule"].eq(RULE_OVERLAP).sum())
     if old:
         lines.append(
             f"{old} of {len(judged)} compared case(s) have no rounds in both runs: judged by "
             f"the older rule (p20–p80 overlap), which cannot see the machine drift between "
             f"runs"
+        )
+    return lines
+
+
+def _noise_lines(cmp: pd.DataFrame) -> list[str]:
+    """How far identical code could move between these runs, and so the smallest change the
+    verdicts call; the cases left unjudged because a run's row was contended."""
+    if "min_change_pct" not in cmp or not cmp["min_change_pct"].notna().any():
+        return []
+    floor = float(cmp["min_change_pct"].dropna().iloc[0])
+    noise = cmp["noise_pct"].dropna()
+    rounds = int(cmp["rule"].isin([RULE_ANCHOR, RULE_ROUNDS]).sum())
+    if len(noise):
+        lines = [
+            f"run-to-run noise: the ratios of the {rounds} cases timed in rounds spread by "
+            f"±{float(noise.iloc[0]):.1f}% (robust standard deviation), so a change is called "
+            f"only past {floor:.1f}% ({NOISE_Z:g} x that, at least {MIN_EFFECT_PCT:g}%); for "
+            f"smaller effects time both versions in one run (A/B, docs/reports.md)"
+        ]
+    else:
+        lines = [
+            f"run-to-run noise: not measured ({rounds} cases timed in rounds, "
+            f"{NOISE_MIN_CASES} needed), so the verdicts rest on each case's interval within "
+            f"its runs, which misses the machine's drift between runs"
+        ]
+    held = int(cmp["verdict"].eq(CONTENDED).sum())
+    if held:
+        lines.append(
+            f"{held} case(s) contended in A or B (another process held a CPU): not judged; "
+            f"rerun them on an idle machine"
         )
     return lines
 
@@ -377,7 +339,7 @@ def _gate_lines(cmp: pd.DataFrame, fail_above_pct: float) -> list[str]:
     if len(quiet):
         lines += [
             f"{len(quiet)} case(s) moved by more than {fail_above_pct:g}% but within the "
-            f"noise of the two runs (their p20–p80 ranges overlap): not counted.",
+            f"noise of the two runs, or were contended: not counted.",
             "",
             _case_table(quiet),
         ]
@@ -501,8 +463,9 @@ def summary_lines(cmp: pd.DataFrame, fail_above_pct: float | None) -> list[str]:
                 lines.append(f"REGRESSION now {r['status_b']}: {describe_case(r)}")
         for _, r in within_noise(cmp, fail_above_pct).iterrows():
             why = "p20-p80 ranges overlap" if r["rule"] == RULE_OVERLAP else "not significant"
+            why = "contended" if r["verdict"] == CONTENDED else why
             lines.append(
-                f"unchanged (within noise) {(r['ratio'] - 1) * 100:+.1f}%: {describe_case(r)} "
+                f"{r['verdict']} {(r['ratio'] - 1) * 100:+.1f}%: {describe_case(r)} "
                 f"({why}; not counted){_said(r)}"
             )
         if not len(reg) and gate_fails(cmp, fail_above_pct):

@@ -34,7 +34,7 @@ from attnbench.report import analysis  # noqa: E402
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "*", "p")
 FACET_COLUMNS = ("mode", "causal")
 # every series key column besides the impl and the facets: its title prefix (dims.py)
-CONFIG_LABELS = {d.name: d.title_prefix for d in DIMS} | {"seq_kv_rule": ""}
+CONFIG_LABELS = {d.name: d.title_prefix for d in DIMS} | {"seq_kv_rule": "", "batch_rule": ""}
 CONFIG_COLUMNS = tuple(c for c in analysis.SERIES_KEY if c not in ("impl", *FACET_COLUMNS))
 PANEL_W_IN, PANEL_H_IN = 7.4, 3.9  # width includes the legend beside the axes
 DPI = 130

@@ -22,6 +22,10 @@ REASON_CHARS = 500  # a failed row's reason keeps about this much of its error
 # a compiler's diagnostic line (gcc, clang, nvcc, ptxas: "file:line:col: error: ..."), which a
 # compile error's message buries between the command line and pages of warnings
 COMPILER_ERROR = re.compile(r"^.*\berror\b: .*$", re.MULTILINE)
+# an error raised in another process (a compile worker) carries that process's traceback in
+# its message; its last exception line is the cause ("AssertionError('... int64 and int32')")
+EMBEDDED = "Traceback (most recent call last)"
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)\b[:(].*$", re.M)
 
 
 class Measured(NamedTuple):
@@ -72,19 +76,25 @@ def _oom_reason(case: Case, exc: BaseException) -> str:
 def error_reason(exc: BaseException) -> tuple[str, str | None]:
     """A failed row's reason, one line: the error's type and message, and when that is longer
     than REASON_CHARS its start and its end, or instead of the end a compiler's first error
-    line (after its command line, before its warnings), naming the run's errors log; then
-    also the full error with its traceback, for the log."""
+    line (after its command line, before its warnings), naming the run's errors log; an error
+    that carries another process's traceback (a compile worker's) starts with that
+    traceback's last exception line. Then also the full error with its traceback, for the
+    log."""
     text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
     if len(text) <= REASON_CHARS:
         return text, None
     half = REASON_CHARS // 2
+    full = "".join(traceback.format_exception(exc))
+    where = f"the full error is in {RunDir.ERRORS} in the run folder"
+    head, embedded, inner = str(exc).partition(EMBEDDED)
+    causes = EXCEPTION_LINE.findall(inner) if embedded else []
+    if causes:  # the cause first: a terminal line shows only the reason's start
+        cause = " ".join(causes[-1].split())[:half]
+        raised = f"{type(exc).__name__}: {' '.join(head.split())}"[:half]
+        return f"{cause} (raised in another process, reported as {raised}; {where})", full
     diagnostic = COMPILER_ERROR.search(str(exc))  # the compiler's first error, if any
     end = " ".join(diagnostic.group(0).split())[:half] if diagnostic else text[-half:]
-    short = (
-        f"{text[:half]} [...] {end} (cut short: the full error is in {RunDir.ERRORS} "
-        f"in the run folder)"
-    )
-    return short, "".join(traceback.format_exception(exc))
+    return f"{text[:half]} [...] {end} (cut short: {where})", full
 
 
 def one_line(exc: BaseException) -> str:
