@@ -88,3 +88,18 @@ def test_ceilings_and_profile_on_the_gpu():
     prof = profile_fn(lambda: a @ a, "cuda")
     assert prof.kernels and prof.device_ms_per_call > 0
     assert abs(sum(k["share"] for k in prof.kernels) - 1) < 1e-6
+
+
+def test_a_large_tensor_drawn_in_pieces_on_cuda_is_the_cpus_draw(monkeypatch):
+    """draw_large fills a CUDA tensor from several host threads at once: the same numbers as
+    the CPU case's draw, cast alike (every device sees the same inputs)."""
+    from attnbench.run import inputs as inputs_module
+
+    monkeypatch.setattr(inputs_module, "DRAW_WHOLE", 1024)
+    monkeypatch.setattr(inputs_module, "DRAW_THREADS", 4)
+    gpu = make_inputs(cuda_case(batch=6, seq_q=8, seq_kv=256, head_dim=64, mode="bwd"), 3)
+    cpu = make_inputs(
+        cuda_case(batch=6, seq_q=8, seq_kv=256, head_dim=64, mode="bwd", device="cpu"), 3
+    )
+    for name in ("q", "k", "v", "dout"):
+        assert torch.equal(getattr(gpu, name).cpu(), getattr(cpu, name)), name
