@@ -9,13 +9,25 @@ of samples.csv and kernels.csv); ``rank`` orders the label's parts."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from attnbench.masks import KINDS
 
 REQUIRED = object()  # a column every row has had since the first runs
 PANDAS_DTYPES = {int: "Int64", bool: "boolean", str: "string"}
+
+
+@dataclass(frozen=True)
+class Part:
+    """A dimension's text in a figure's legend (a series) or in a case family's name:
+    ``text(row)`` with ``row`` the series' or case's columns ('' says nothing), its place
+    among the parts (``rank``), and whether it is said always or only where it varies
+    between the series of one table (the rows of one frame, for families)."""
+
+    rank: float
+    text: Callable[[Mapping], str]
+    always: bool = True
 
 
 @dataclass(frozen=True)
@@ -31,6 +43,8 @@ class Dim:
     # the reproducer's sweep flags selecting this dimension's value of a case; None: the first
     # option's flag with the value as text, left out when the value is blank
     repro: Callable | None = None
+    legend: Part | None = None  # its part of a series' legend (report/analysis.series_labels)
+    family: Part | None = None  # its part of a case family's name (report/analysis.case_family)
 
     @property
     def dtype(self) -> str:
@@ -63,6 +77,32 @@ class Dim:
         return self.old is not REQUIRED
 
 
+def _blank(value) -> bool:
+    """A cell with nothing in it: None, NaN or pandas' NA (whose truth is undefined)."""
+    return value is None or str(value) in ("", "nan", "<NA>", "None")
+
+
+def _true(value) -> bool:
+    return not _blank(value) and bool(value)
+
+
+def _said(value) -> str:
+    return "" if _blank(value) else str(value)
+
+
+def _causal_family(r) -> str:
+    if not _true(r["causal"]):
+        return "full"
+    return "causal bottom-right" if r["causal_align"] == "bottom_right" else "causal"
+
+
+def _mask_family(r) -> str:
+    mask = _said(r["mask"])
+    if mask in ("", "none"):
+        return ""
+    return f"window{_said(r['window'])}" if mask == "window" else mask
+
+
 def _mask_part(c) -> str:
     return KINDS[c.mask].label(c)
 
@@ -81,8 +121,21 @@ DIMS: tuple[Dim, ...] = (
         part=lambda c: f" {c.mode}",
         title="",
         rank=12,
+        legend=Part(2, lambda r: _said(r["mode"])),
+        family=Part(3, lambda r: _said(r["mode"])),
     ),
-    Dim("batch", int, "B", ("batch",), part=lambda c: f"B{c.batch}", rank=2, title="B="),
+    Dim(
+        "batch",
+        int,
+        "B",
+        ("batch",),
+        part=lambda c: f"B{c.batch}",
+        rank=2,
+        title="B=",
+        # a series' batch: B4, or B·N=16384 where the grid holds the token count
+        # (report/analysis.batch_rule)
+        legend=Part(9, lambda r: _said(r["batch_rule"]).replace("B=", "B")),
+    ),
     Dim(
         "heads",
         int,
@@ -91,6 +144,13 @@ DIMS: tuple[Dim, ...] = (
         part=lambda c: f" H{c.heads}",
         rank=3,
         title="H=",
+        # with the key/value heads when fewer: H32/8
+        legend=Part(
+            10,
+            lambda r: (
+                f"H{r['heads']}" + (f"/{r['kv_heads']}" if r["kv_heads"] != r["heads"] else "")
+            ),
+        ),
     ),
     Dim(
         "kv_heads",
@@ -100,6 +160,7 @@ DIMS: tuple[Dim, ...] = (
         part=lambda c: f"/{c.kv_heads}" if c.kv_heads != c.heads else "",
         rank=4,
         title="Hkv=",
+        family=Part(9, lambda r: "gqa" if r["kv_heads"] < r["heads"] else ""),
     ),
     Dim(
         "seq_q",
@@ -118,8 +179,19 @@ DIMS: tuple[Dim, ...] = (
         part=lambda c: f"x{c.seq_kv}" if c.seq_kv != c.seq_q else "",
         rank=6,
         title="Skv=",
+        family=Part(10, lambda r: "cross" if r["seq_kv"] != r["seq_q"] else ""),
     ),
-    Dim("head_dim", int, "D", ("head_dim",), part=lambda c: f" D{c.head_dim}", rank=7, title="D="),
+    Dim(
+        "head_dim",
+        int,
+        "D",
+        ("head_dim",),
+        part=lambda c: f" D{c.head_dim}",
+        rank=7,
+        title="D=",
+        legend=Part(11, lambda r: f"D{r['head_dim']}"),
+        family=Part(6, lambda r: f"D{r['head_dim']}"),
+    ),
     Dim(
         "dtype",
         str,
@@ -128,6 +200,8 @@ DIMS: tuple[Dim, ...] = (
         part=lambda c: f" {c.dtype}",
         rank=8,
         title="",
+        legend=Part(8, lambda r: _said(r["dtype"])),
+        family=Part(4, lambda r: _said(r["dtype"])),
     ),
     Dim(
         "causal",
@@ -137,9 +211,18 @@ DIMS: tuple[Dim, ...] = (
         part=lambda c: " causal" if c.causal else " full",
         rank=9,
         title="causal=",
+        legend=Part(3, lambda r: "causal" if _true(r["causal"]) else "full"),
+        family=Part(5, _causal_family),
     ),
     # one device per sweep: --device is the Spec's own field, not a list to sweep
-    Dim("device", str, "cpu or cuda", title=""),
+    Dim(
+        "device",
+        str,
+        "cpu or cuda",
+        title="",
+        legend=Part(13, lambda r: _said(r["device"]), always=False),
+        family=Part(0, lambda r: _said(r["device"]), always=False),
+    ),
     Dim(
         "mask",
         str,
@@ -150,8 +233,17 @@ DIMS: tuple[Dim, ...] = (
         rank=11,
         title="mask=",
         repro=_mask_flags,
+        legend=Part(4, lambda r: "no mask" if r["mask"] == "none" else _said(r["mask"]), False),
+        family=Part(7, _mask_family),  # with the window
     ),
-    Dim("window", int, "window width W with mask=window, else blank", ("window",), title="W="),
+    Dim(
+        "window",
+        int,
+        "window width W with mask=window, else blank",
+        ("window",),
+        title="W=",
+        legend=Part(5, lambda r: "" if _blank(r["window"]) else f"W{r['window']}", False),
+    ),
     Dim(
         "level",
         str,
@@ -160,6 +252,7 @@ DIMS: tuple[Dim, ...] = (
         part=lambda c: " layer" if c.level == "layer" else "",
         rank=13,
         title="level=",
+        legend=Part(12, lambda r: f"level={_said(r['level'])}", always=False),
     ),
     Dim(
         "causal_align",
@@ -171,6 +264,12 @@ DIMS: tuple[Dim, ...] = (
         part=lambda c: " bottom-right" if c.causal_align == "bottom_right" else "",
         rank=10,
         title="",
+        # after causal, and only on a causal series: causal top-left, causal bottom-right
+        legend=Part(
+            3.5,
+            lambda r: _said(r["causal_align"]).replace("_", "-") if _true(r["causal"]) else "",
+            always=False,
+        ),
     ),
     Dim(
         "model",
@@ -181,6 +280,8 @@ DIMS: tuple[Dim, ...] = (
         part=lambda c: f"{c.model} " if c.model else "",
         rank=0,
         title="",
+        legend=Part(0, lambda r: _said(r["model"]), always=False),
+        family=Part(1, lambda r: _said(r["model"])),
     ),
     Dim(
         "phase",
@@ -192,6 +293,8 @@ DIMS: tuple[Dim, ...] = (
         part=lambda c: f"{c.phase} " if c.phase else (" " if c.model else ""),
         rank=1,
         title="",
+        legend=Part(1, lambda r: _said(r["phase"]), always=False),
+        family=Part(2, lambda r: _said(r["phase"])),
     ),
     Dim(
         "pattern",
@@ -203,6 +306,7 @@ DIMS: tuple[Dim, ...] = (
         old=None,
         title="",
         repro=lambda c: [],  # --mask KIND:SPEC carries it
+        legend=Part(6, lambda r: _said(r["pattern"]), always=False),
     ),
     Dim(
         "score_mod",
@@ -214,10 +318,14 @@ DIMS: tuple[Dim, ...] = (
         part=lambda c: f" {c.score_mod}" if c.score_mod else "",
         rank=11.5,
         title="",
+        legend=Part(7, lambda r: _said(r.get("score_mod")) or "no score_mod", always=False),
+        family=Part(8, lambda r: _said(r.get("score_mod"))),
     ),
 )
 DIM = {d.name: d for d in DIMS}
 LABEL_PARTS = sorted((d for d in DIMS if d.part), key=lambda d: d.rank)
+LEGEND_PARTS = sorted((d for d in DIMS if d.legend), key=lambda d: d.legend.rank)
+FAMILY_PARTS = sorted((d for d in DIMS if d.family), key=lambda d: d.family.rank)
 
 
 def label(case, leave_out: tuple[str, ...] = ()) -> str:

@@ -268,3 +268,21 @@ def test_no_two_series_share_a_label(tmp_path, stub_figures):
     named = [tuple(line.split(" | ")[:2]) for line in table.splitlines()[2:]]
     assert len(named) == 11 and len(set(named)) == len(named), named
     assert table.count("pts, Skv 2048–8192)") == 4  # decode: time and memory vs the cache
+
+
+def test_a_run_written_before_a_metric_existed_is_still_reported(tmp_path):
+    """A run made before the speed anchor has no speed_compute or speed_memory columns: they
+    read back blank, and its report is written (it crashed in the measurement checks)."""
+    import csv
+
+    run = write_run(tmp_path, "old", smoke_rows("old", seqs=(64, 128, 256)))
+    path = run / "results.csv"
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    kept = [c for c in rows[0] if c not in ("speed_compute", "speed_memory")]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=kept, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    assert main(["report", str(run), "--reports-dir", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / "old" / "report.md").is_file()

@@ -44,6 +44,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.case import MODES, Case, CaseError
+from attnbench.dims import FAMILY_PARTS, LEGEND_PARTS
 from attnbench.store.schema import CASE_KEY
 
 SEQ_COLUMNS = ("seq_q", "seq_kv")
@@ -150,32 +151,11 @@ def with_series(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _text(value) -> str:
-    """A cell as text, '' when blank (None, NA)."""
-    return "" if value is None or pd.isna(value) else str(value)
-
-
 def _label_parts(r, shown: set[str]) -> list[str]:
-    causal = "causal" if flag(r["causal"]) else "full"
-    if "causal_align" in shown and flag(r["causal"]):
-        causal += " " + str(r["causal_align"]).replace("_", "-")
-    kv = f"/{r['kv_heads']}" if r["kv_heads"] != r["heads"] else ""
-    optional = {  # shown when it varies between the series of one table
-        "model": r["model"],
-        "phase": r["phase"],
-        "mask": "no mask" if r["mask"] == "none" else r["mask"],
-        "window": f"W{r['window']}",
-        "pattern": r["pattern"],
-        "score_mod": _text(r.get("score_mod")) or "no score_mod",
-        "level": f"level={r['level']}",
-        "device": r["device"],
-    }
-    head = [optional[c] for c in ("model", "phase") if c in shown]
-    mid = [optional[c] for c in ("mask", "window", "pattern", "score_mod") if c in shown]
-    tail = [optional[c] for c in ("level", "device") if c in shown]
-    parts = [*head, r["mode"], causal, *mid, r["dtype"], str(r["batch_rule"]).replace("B=", "B")]
-    parts += [f"H{r['heads']}{kv}", f"D{r['head_dim']}", *tail, r["seq_kv_rule"]]
-    return [str(p) for p in parts if not pd.isna(p) and str(p) not in ("", "W<NA>", "Wnan")]
+    """A series' legend: each dimension's legend part (dims.py: those said always, and the
+    others where they vary between the series), then its length relation."""
+    parts = [d.legend.text(r) for d in LEGEND_PARTS if d.legend.always or d.name in shown]
+    return [str(p) for p in (*parts, r["seq_kv_rule"]) if not pd.isna(p) and str(p)]
 
 
 def series_labels(series: pd.DataFrame, always=()) -> pd.Series:
@@ -199,34 +179,20 @@ def series_labels(series: pd.DataFrame, always=()) -> pd.Series:
 
 
 def case_family(df: pd.DataFrame) -> pd.Series:
-    """A readable family label per row: mode, dtype, causal/full, head dim, and gqa/cross
-    when they apply (batch, heads and lengths vary inside a family)."""
+    """A readable family label per row: each dimension's family part (dims.py: mode, dtype,
+    causal/full, head dim, the mask, gqa and cross when they apply, the device where the
+    frame has several); batch, heads and lengths vary inside a family."""
     if "family" in df:  # added once by the run's analysis
         return df["family"]
     if df.empty:
         return pd.Series([], index=df.index, dtype="string")
-    multi_device = df["device"].nunique() > 1
-
-    def label(r) -> str:
-        causal = "full"
-        if flag(r["causal"]):
-            causal = "causal bottom-right" if r["causal_align"] == "bottom_right" else "causal"
-        parts = [str(r["mode"]), str(r["dtype"]), causal, f"D{r['head_dim']}"]
-        if r["mask"] not in ("none", None) and not pd.isna(r["mask"]):
-            parts.append("window" + str(r["window"]) if r["mask"] == "window" else r["mask"])
-        if _text(r.get("score_mod")):
-            parts.append(_text(r["score_mod"]))
-        who = [str(r[c]) for c in ("model", "phase") if not pd.isna(r[c]) and r[c]]
-        parts[:0] = who
-        if r["kv_heads"] < r["heads"]:
-            parts.append("gqa")
-        if r["seq_kv"] != r["seq_q"]:
-            parts.append("cross")
-        if multi_device:
-            parts.insert(0, str(r["device"]))
-        return " ".join(parts)
-
-    return pd.Series([label(r) for _, r in df.iterrows()], index=df.index, dtype="string")
+    said = [
+        d
+        for d in FAMILY_PARTS
+        if d.family.always or df[d.name].nunique() > 1  # e.g. the device, when several
+    ]
+    labels = [" ".join(p for p in (d.family.text(r) for d in said) if p) for _, r in df.iterrows()]
+    return pd.Series(labels, index=df.index, dtype="string")
 
 
 def mode_rank(mode) -> int:

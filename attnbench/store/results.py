@@ -26,6 +26,9 @@ from attnbench.store.schema import (
     SAMPLE_COLUMNS,
 )
 
+# the columns a results.csv must have to be one (load_run names those it lacks)
+REQUIRED = tuple(c for c in (*CASE_KEY, "status") if c not in LATER_KEYS)
+
 
 def _fmt(value) -> str:
     if value is None:
@@ -191,14 +194,18 @@ class AnchorLog:
 
 
 def read_results(path: Path) -> pd.DataFrame:
-    """results.csv (or its run folder) as a typed frame; blank cells stay missing."""
+    """results.csv (or its run folder) as a typed frame; blank cells stay missing. A column
+    the file was written without is added: a later key column with the value older rows
+    meant (``LATER_KEYS``), a metric added since blank (a run made before the speed anchor
+    has no ``speed_compute``); only a missing key or status column stays missing, for
+    ``load_run`` to name."""
     path = Path(path)
     if path.is_dir():
         path = RunDir(path).results
     df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
     for name, (dtype, _) in COLUMNS.items():
-        if name in LATER_KEYS and name not in df:  # rows written before the column existed
-            df[name] = LATER_KEYS[name] or pd.NA
+        if name not in df and (name in LATER_KEYS or name not in REQUIRED):
+            df[name] = LATER_KEYS.get(name) or pd.NA  # rows written before the column existed
         if name not in df:
             continue
         if dtype == "boolean":
@@ -233,7 +240,7 @@ def load_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
         raise RunError(
             f"{csv_path} cannot be read as attnbench results ({exc}); regenerate it with a sweep"
         ) from exc
-    missing = [c for c in (*CASE_KEY, "status") if c not in df.columns]
+    missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise RunError(
             f"{csv_path} lacks columns {', '.join(missing)}; it was not written by "
