@@ -231,6 +231,27 @@ def test_measurement_checks_say_no_row_page_faulted_instead_of_zero_rows(tmp_pat
     assert "No CPU row page-faulted inside the timing (at most 2 minor faults" in text
 
 
+def test_a_gpu_at_its_power_cap_is_said_once_and_only_rows_held_back_are_listed(tmp_path):
+    """On an H100 every sustained row meets the power cap: the checks count the reasons, and
+    list only rows whose clock fell more than 5% under the run's highest, or that saw a
+    thermal or hardware reason."""
+    from attnbench.store.results import read_results
+
+    rows = [r for r in smoke_rows("gpu", seqs=(64, 128, 256)) if r["status"] == "ok"]
+    for r in rows:
+        r.update(device="cuda", sm_clock_mhz=1980.0, throttle="sw_power_cap")
+    rows[0].update(sm_clock_mhz=1800.0)  # power capped and slowed
+    rows[1].update(throttle="sw_power_cap,hw_thermal")  # a thermal reason at full clock
+    rows[2].update(throttle="none")
+    df = read_results(write_run(tmp_path, "gpu", rows))
+    text = "\n".join(checks.checks_section(df))
+    held = len(rows) - 1
+    assert f"of {len(rows)} ok rows: hw_thermal in 1, sw_power_cap in {held}." in text
+    assert "a single burst runs faster" in text and "2 row(s) ran with their clocks held" in text
+    listed = [line for line in text.splitlines() if "sw_power_cap" in line and line[:2] == "| "]
+    assert len(listed) == 2
+
+
 def test_no_two_series_share_a_label(tmp_path, stub_figures):
     """Three masks (none, document, block_sparse) of the same shapes: each series is named
     apart in the analysis and in the rendered scaling table, and decode series (one query,
