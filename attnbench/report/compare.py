@@ -462,8 +462,14 @@ def summary_lines(cmp: pd.DataFrame, fail_above_pct: float | None) -> list[str]:
             else:
                 lines.append(f"REGRESSION now {r['status_b']}: {describe_case(r)}")
         for _, r in within_noise(cmp, fail_above_pct).iterrows():
-            why = "p20-p80 ranges overlap" if r["rule"] == RULE_OVERLAP else "not significant"
-            why = "contended" if r["verdict"] == CONTENDED else why
+            if r["verdict"] == CONTENDED:
+                why = "contended"
+            elif r["rule"] == RULE_OVERLAP:
+                why = "p20-p80 ranges overlap"
+            elif r["ratio_lo"] > 1 or r["ratio_hi"] < 1:
+                why = f"below the smallest change called, {r['min_change_pct']:.0f}%"
+            else:
+                why = "not significant"
             lines.append(
                 f"{r['verdict']} {(r['ratio'] - 1) * 100:+.1f}%: {describe_case(r)} "
                 f"({why}; not counted){_said(r)}"
