@@ -9,9 +9,8 @@ The plugin API, from one import::
 from attnbench.case import Case
 from attnbench.errors import AttnbenchError, UsageError
 from attnbench.masks import Mask
+from attnbench.module_layout import LayerModule, ModuleLayout, QKNorm
 from attnbench.registry import Unsupported, register
-from attnbench.run.layer import QKNorm
-from attnbench.run.layer_module import LayerModule, ModuleLayout
 from attnbench.store.results import read_results
 
 __all__ = [

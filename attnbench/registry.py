@@ -16,7 +16,7 @@ paged-attention servers keep them (run/inputs.py ``paged``; 128-token pages unle
 declares ``page_tokens``).
 
 A **module impl** (``register(..., module=True)``) is instead a factory ``(case, mask) ->
-run.layer_module.LayerModule``: a model's own attention module (its projections included) with
+module_layout.LayerModule``: a model's own attention module (its projections included) with
 the layout of its learned parts and a call x (B, S, d_model) -> (B, S, d_model). It runs at
 level layer only; the harness loads the seeded weights into it (docs/plugins.md).
 

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from attnbench import registry
 from attnbench.case import Case
 from attnbench.measure.timing import TimerConfig
+from attnbench.module_layout import LayerModule
 from attnbench.run.call import Call
 from attnbench.run.inputs import make_inputs
-from attnbench.run.layer_module import LayerModule
 from attnbench.run.row import Settings, ground_truth, measure
 
 FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))

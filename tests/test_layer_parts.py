@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from attnbench import registry
 from attnbench.case import Case
 from attnbench.measure.timing import TimerConfig
+from attnbench.module_layout import LayerModule, ModuleLayout, QKNorm
 from attnbench.run.call import Call
 from attnbench.run.inputs import layer_parts, make_inputs
-from attnbench.run.layer import EXTRAS, UNCHECKED, Parts, QKNorm, layer_reference
-from attnbench.run.layer_module import LayerModule, ModuleLayout
+from attnbench.run.layer import EXTRAS, UNCHECKED, Parts, layer_reference
 from attnbench.run.row import Settings, ground_truth, measure
 
 FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))

@@ -52,6 +52,15 @@ def test_measure_modules_import_nothing_above_them():
             assert not above, f"{module} imports {above}"
 
 
+def test_no_impl_imports_the_harness_that_runs_it():
+    """An impl needs the plugin API (registry, case, masks, module_layout, ...), never run/:
+    the harness imports the impls, not the other way round."""
+    for module, deps in imports().items():
+        if module.startswith("attnbench.impls"):
+            run = [d for d in deps if d.startswith("attnbench.run")]
+            assert not run, f"{module} imports {run}"
+
+
 def test_no_report_module_imports_an_impl():
     """An impl module registers impls when imported; the report reads rows, not impls."""
     for module, deps in imports().items():

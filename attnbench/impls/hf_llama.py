@@ -4,7 +4,7 @@
 bias, no dropout) with ``attn_implementation`` eager or sdpa, so a row times its own q/k/v
 projections, head split, rotary step, attention and output projection, as a Llama decoder
 layer runs them. ``hf_attention`` builds the other families of ``FAMILIES`` the same way, each
-with its layout (run/layer_module.py): Qwen2 (biases on q, k, v), Qwen3 and Gemma-3 (an
+with its layout (attnbench/module_layout.py): Qwen2 (biases on q, k, v), Qwen3 and Gemma-3 (an
 RMSNorm over each head of q and k; Gemma's weight applied as 1 + w), OLMo-2 (an RMSNorm over
 the whole q and k projections); a plugin registers them (docs/plugins.md).
 
@@ -28,9 +28,8 @@ import torch
 
 from attnbench.case import Case
 from attnbench.impls.hf import HF_MASKS, INSTALL, _hf_reasons, _too_old, prepare
+from attnbench.module_layout import LayerModule, ModuleLayout, QKNorm
 from attnbench.registry import register
-from attnbench.run.layer import QKNorm
-from attnbench.run.layer_module import LayerModule, ModuleLayout
 
 
 class Family(NamedTuple):

@@ -27,6 +27,7 @@ from attnbench.case import Case
 from attnbench.heads import FORMULA, HEAD_ORDERS, computed_by, same
 from attnbench.measure.agreement import Truth, checked_names, legacy_agrees, legacy_error
 from attnbench.measure.reference import reference
+from attnbench.module_layout import QKNorm
 
 WEIGHTS = ("wq", "wk", "wv", "wo")
 # the learned parts beyond the four weights, in the order their gradients are checked
@@ -34,24 +35,6 @@ EXTRAS = ("bq", "bk", "bv", "bo", "q_norm_w", "q_norm_b", "k_norm_w", "k_norm_b"
 # Not checked: a bias on every key adds q·bk to all of a query's scores alike, which softmax
 # ignores (a soft-cap aside), so its gradient is zero up to rounding, a rel_err of noise
 UNCHECKED = ("bk",)
-NORM_KINDS = ("rms", "layer")
-NORM_SCOPES = ("head", "projection")
-
-
-@dataclass(frozen=True)
-class QKNorm:
-    """A norm on q or on k, after its projection (and bias), before attention, as a module
-    declares it: ``path`` names its submodule; ``kind`` "rms" (RMSNorm) or "layer" (LayerNorm),
-    None: "layer" for an nn.LayerNorm, else "rms"; ``scope`` "head" (over head_dim, each head
-    alike: Qwen3, Gemma-3) or "projection" (over all H·D features: OLMo-2); ``eps`` None: the
-    module's (its ``eps`` or ``variance_epsilon``); ``unit_offset``: the weight w is applied
-    as 1 + w (Gemma's RMSNorm)."""
-
-    path: str
-    kind: str | None = None
-    scope: str = "head"
-    eps: float | None = None
-    unit_offset: bool = False
 
 
 @dataclass(frozen=True)

@@ -28,68 +28,22 @@ from attnbench.case import Case
 from attnbench.errors import AttnbenchError
 from attnbench.heads import same
 from attnbench.measure.profiling import profiled
-from attnbench.registry import Unsupported
-from attnbench.run.inputs import Inputs, layer_parts
-from attnbench.run.layer import (
-    EXTRAS,
+from attnbench.module_layout import (
     NORM_KINDS,
     NORM_SCOPES,
-    UNCHECKED,
-    WEIGHTS,
-    Parts,
+    LayerModule,
+    Proj,
     QKNorm,
 )
+from attnbench.registry import Unsupported
+from attnbench.run.inputs import Inputs, layer_parts
+from attnbench.run.layer import EXTRAS, UNCHECKED, WEIGHTS, Parts
 
-# a projection: a submodule's path (its ``weight`` and ``bias``, bias None for none), or
-# (weight parameter's path, bias parameter's path or None)
-Proj = str | tuple[str, str | None]
 MHA_FAST_OP = "aten::_native_multi_head_attention"
 
 
 class BadModule(AttnbenchError, RuntimeError):
     """The factory returned something the harness cannot host (a wrong type, shape, dtype)."""
-
-
-@dataclass(frozen=True)
-class ModuleLayout:
-    """Where a module keeps its learned parts (paths are attribute names, dotted for depth).
-    ``qkv``: a fused projection, q, k and v stacked along its out_features in ``qkv_order``
-    (q, k and v are then not read). ``transposed``: weights stored (in_features,
-    out_features), as GPT-2's Conv1D, not nn.Linear's (out_features, in_features)."""
-
-    q: Proj = "q_proj"
-    k: Proj = "k_proj"
-    v: Proj = "v_proj"
-    o: Proj = "o_proj"
-    qkv: Proj | None = None
-    qkv_order: str = "qkv"
-    q_norm: QKNorm | None = None
-    k_norm: QKNorm | None = None
-    transposed: bool = False
-
-
-MHA = ModuleLayout(qkv=("in_proj_weight", "in_proj_bias"), o="out_proj")  # nn.MultiheadAttention
-
-
-@dataclass(frozen=True)
-class LayerModule:
-    module: torch.nn.Module
-    forward: Callable[[torch.Tensor], torch.Tensor]  # x (B, S, d_model) -> (B, S, d_model)
-    layout: ModuleLayout = ModuleLayout()
-
-    @classmethod
-    def of(
-        cls,
-        module: torch.nn.Module,
-        forward: Callable[[torch.Tensor], torch.Tensor],
-        layout: ModuleLayout | None = None,
-    ) -> LayerModule:
-        """``module`` with ``layout``; None: ``MHA`` for an nn.MultiheadAttention, else
-        transformers' q_proj, k_proj, v_proj, o_proj (nn.Linear, biases where they have one)."""
-        if layout is None:
-            mha = isinstance(module, torch.nn.MultiheadAttention)
-            layout = MHA if mha else ModuleLayout()
-        return cls(module, forward, layout)
 
 
 @dataclass(frozen=True)

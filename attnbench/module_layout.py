@@ -1,0 +1,78 @@
+"""A model's own attention module as an impl declares it (an impl registered ``module=True``,
+level ``layer``): ``LayerModule`` (the module, its call and its layout), ``ModuleLayout`` (where
+its learned parts are) and ``QKNorm`` (a norm on q or k). The harness hosts it
+(run/layer_module.py: finds the parts, loads the case's values, checks it against the
+reference of run/layer.py); an impl needs only this module and the registry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+NORM_KINDS = ("rms", "layer")
+NORM_SCOPES = ("head", "projection")
+
+
+@dataclass(frozen=True)
+class QKNorm:
+    """A norm on q or on k, after its projection (and bias), before attention, as a module
+    declares it: ``path`` names its submodule; ``kind`` "rms" (RMSNorm) or "layer" (LayerNorm),
+    None: "layer" for an nn.LayerNorm, else "rms"; ``scope`` "head" (over head_dim, each head
+    alike: Qwen3, Gemma-3) or "projection" (over all H·D features: OLMo-2); ``eps`` None: the
+    module's (its ``eps`` or ``variance_epsilon``); ``unit_offset``: the weight w is applied
+    as 1 + w (Gemma's RMSNorm)."""
+
+    path: str
+    kind: str | None = None
+    scope: str = "head"
+    eps: float | None = None
+    unit_offset: bool = False
+
+
+# a projection: a submodule's path (its ``weight`` and ``bias``, bias None for none), or
+# (weight parameter's path, bias parameter's path or None)
+Proj = str | tuple[str, str | None]
+
+
+@dataclass(frozen=True)
+class ModuleLayout:
+    """Where a module keeps its learned parts (paths are attribute names, dotted for depth).
+    ``qkv``: a fused projection, q, k and v stacked along its out_features in ``qkv_order``
+    (q, k and v are then not read). ``transposed``: weights stored (in_features,
+    out_features), as GPT-2's Conv1D, not nn.Linear's (out_features, in_features)."""
+
+    q: Proj = "q_proj"
+    k: Proj = "k_proj"
+    v: Proj = "v_proj"
+    o: Proj = "o_proj"
+    qkv: Proj | None = None
+    qkv_order: str = "qkv"
+    q_norm: QKNorm | None = None
+    k_norm: QKNorm | None = None
+    transposed: bool = False
+
+
+MHA = ModuleLayout(qkv=("in_proj_weight", "in_proj_bias"), o="out_proj")  # nn.MultiheadAttention
+
+
+@dataclass(frozen=True)
+class LayerModule:
+    module: torch.nn.Module
+    forward: Callable[[torch.Tensor], torch.Tensor]  # x (B, S, d_model) -> (B, S, d_model)
+    layout: ModuleLayout = ModuleLayout()
+
+    @classmethod
+    def of(
+        cls,
+        module: torch.nn.Module,
+        forward: Callable[[torch.Tensor], torch.Tensor],
+        layout: ModuleLayout | None = None,
+    ) -> LayerModule:
+        """``module`` with ``layout``; None: ``MHA`` for an nn.MultiheadAttention, else
+        transformers' q_proj, k_proj, v_proj, o_proj (nn.Linear, biases where they have one)."""
+        if layout is None:
+            mha = isinstance(module, torch.nn.MultiheadAttention)
+            layout = MHA if mha else ModuleLayout()
+        return cls(module, forward, layout)
