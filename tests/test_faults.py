@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from sweeps import sweep as run_sweep
 from torchlog import own_lines
 
 from attnbench.cli import main
@@ -39,23 +40,9 @@ GRID = [
 
 
 def sweep(*args, timeout=600, cwd=None, env=None):
-    """scripts/sweep.py on the CPU (also on a machine with a GPU: these test fault handling)."""
-    return subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "sweep.py"),
-            "--no-progress",
-            "--no-report",
-            "--device",
-            "cpu",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env=env,
-    )
+    """scripts/sweep.py on the CPU without progress or report (these test fault handling)."""
+    env = dict(os.environ) if env is None else env
+    return run_sweep("--no-progress", "--no-report", *args, timeout=timeout, cwd=cwd, env=env)
 
 
 FAULTY = ["naive", "f_raise", "f_nan", "f_shape", "f_oom", "f_abort", "f_long", "broken_import"]

@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-from test_cli import sweep  # scripts/sweep.py --device cpu in a subprocess
+from sweeps import sweep  # scripts/sweep.py --device cpu in a subprocess
 from torchlog import own_lines
 
 from attnbench.case import Case, CaseError
