@@ -17,7 +17,7 @@ WITHIN_NOISE = "unchanged (within noise)"
 CONTENDED = "contended (not judged)"  # another process held a CPU while a run timed the row
 MIN_EFFECT_PCT = 3.0  # a change smaller than this is "unchanged" however sure (as pyperf, asv)
 # a change is called only past NOISE_Z robust standard deviations of the run-to-run spread of
-# the compared cases' log ratios (4: identical runs gave no call in three pairs of runs on a
+# the compared cases' log ratios (4: identical runs gave no call in four pairs of runs on a
 # 2-core VM, benchmarks/stability.py), measured from at least NOISE_MIN_CASES cases
 NOISE_Z = 4.0
 NOISE_MIN_CASES = 10
