@@ -100,3 +100,16 @@ def test_triton_flash_packed_sequences_agree_on_the_gpu(causal, align):
         verdict = rule(names, mine, [ref_out, *ref_grads], mags, dtype)  # (1, H, S_b, D) each
         bad += [] if verdict.agrees else [f"seq {b}: {'; '.join(verdict.notes)}"]
     assert not bad, "; ".join(bad)
+
+
+def test_a_dense_forward_launches_its_kernel_alone():
+    """One dense forward call is one kernel on the GPU: nothing launched beside it (a fill
+    kernel for the unused cumulative lengths ran before every call until the first H100
+    lease's profiler showed it)."""
+    from attnbench.impls.triton_flash.kernel import flash_attention
+    from attnbench.measure.profiling import profile_fn
+
+    q, k, v = (torch.randn(2, 4, 512, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    prof = profile_fn(lambda: flash_attention(q, k, v, causal=True, scale=0.125), "cuda")
+    names = [kernel["kernel"] for kernel in prof.kernels]
+    assert names == ["fwd_kernel"], names
