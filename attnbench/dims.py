@@ -233,7 +233,9 @@ DIMS: tuple[Dim, ...] = (
         rank=11,
         title="mask=",
         repro=_mask_flags,
-        legend=Part(4, lambda r: "no mask" if r["mask"] == "none" else _said(r["mask"]), False),
+        legend=Part(
+            4, lambda r: "no mask" if r["mask"] == "none" else _said(r["mask"]), always=False
+        ),
         family=Part(7, _mask_family),  # with the window
     ),
     Dim(
@@ -242,7 +244,7 @@ DIMS: tuple[Dim, ...] = (
         "window width W with mask=window, else blank",
         ("window",),
         title="W=",
-        legend=Part(5, lambda r: "" if _blank(r["window"]) else f"W{r['window']}", False),
+        legend=Part(5, lambda r: "" if _blank(r["window"]) else f"W{r['window']}", always=False),
     ),
     Dim(
         "level",
