@@ -11,7 +11,8 @@
 # fidelity      a D64/D128 N4096 grid run twice with --profile, then `attnbench fidelity`
 # race          the race at D128: triton_flash vs sdpa_flash, sdpa_cudnn, sdpa_efficient
 # race-full     the whole race preset (D64 and D128, N 512..16k, xformers, triton_flash_fa2)
-# llama         Llama-3-8B prefill (2k-8k) and decode (4k-128k cache, batch 1 and 32)
+# llama         Llama-3-8B prefill (2k-8k) and decode (4k-128k cache, batch 1 and 32), with
+#               transformers' own attention (hf_*)
 # full          the gpu preset
 #
 # docs/gpu.md is the plan for a 30-minute lease (three calls) with the arithmetic behind it.
@@ -230,7 +231,7 @@ PY
     llama)
         local grid=(--model llama3-8b --phase prefill,decode --seq-len-kv 4096,32768,131072
                     --batch 1,32 --impls sdpa,sdpa_flash,sdpa_efficient,sdpa_cudnn,xformers,\
-triton_flash,flex,flex_paged)
+triton_flash,flex,flex_paged,hf_eager,hf_sdpa,hf_flex)
         [[ $dry == 1 ]] && grid=(--model llama3-8b --phase prefill,decode --kv-heads 1
                                  --seq-len-kv 64,128 --impls naive,sdpa,flex_paged)
         sweep "llama3-8b-$slug" sweep --preset gpu "${device[@]}" "${tiny[@]}" "${grid[@]}"
