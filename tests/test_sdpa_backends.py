@@ -133,3 +133,27 @@ def test_forced_backends_on_cuda_run_or_say_why(impls, name):
         assert row["agrees"] and row["backend"] == name.split("_")[1]
     auto = run(impls["sdpa"], case)
     assert auto["backend"] in ("flash", "efficient", "cudnn", "math")
+
+
+def test_a_causal_mask_that_hides_no_key_is_passed_as_no_mask(impls, monkeypatch):
+    """One query, bottom-right causal (a decode step): query 0 sees every key, so SDPA gets
+    no mask and any backend can take it. The row still agrees with the float64 reference,
+    which applies the mask; two queries keep the mask."""
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("attn_mask") is None, kwargs.get("is_causal")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sdpa.F, "scaled_dot_product_attention", spy)
+    decode = Case(1, 4, 2, 1, 64, 16, causal=True, causal_align="bottom_right")
+    for name in ("sdpa", "sdpa_math"):
+        seen.clear()
+        row = run(impls[name], decode)
+        assert row["status"] == "ok" and row["agrees"], row["reason"]
+        assert seen and all(s == (True, False) for s in seen), seen
+    seen.clear()
+    two = Case(1, 4, 2, 2, 64, 16, causal=True, causal_align="bottom_right")
+    row = run(impls["sdpa_math"], two)
+    assert row["status"] == "ok" and row["agrees"] and not any(s[0] for s in seen)

@@ -15,7 +15,10 @@ Bottom-right causal (``causal_align``): ``sdpa`` passes PyTorch's own
 ``torch.nn.attention.bias.causal_lower_right``, which picks a kernel by itself (the backend
 column says which ran). That bias may call a kernel directly, past ``sdpa_kernel``, so the
 forced backends get the same mask as a dense ``attn_mask`` instead: a forced row then runs
-the backend it names, or is refused in PyTorch's words.
+the backend it names, or is refused in PyTorch's words. A causal mask that hides no key
+(bottom-right with one query: a decode step's new token sees its whole cache) is passed as no
+mask at all, as decoding code does, so every backend can take it (the float64 reference still
+applies the mask, and the row's agreement checks the equivalence).
 """
 
 from __future__ import annotations
@@ -46,7 +49,10 @@ def attention(q, k, v, *, causal: bool, scale: float, mask: Mask | None = None, 
     # q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D); is_causal is top-left aligned. bias: bottom-right
     # causal through PyTorch's causal_lower_right, else as a dense mask
     Sq, Skv = q.shape[-2], k.shape[-2]
-    shifted = causal and mask is not None and mask.shift(Sq, Skv) != 0
+    shift = mask.shift(Sq, Skv) if mask is not None else 0
+    if causal and shift >= Skv - 1:  # query 0 already sees every key: the mask hides nothing
+        causal = False  # (one new token against its cache), passed as no mask, as decoding does
+    shifted = causal and shift != 0
     attn_mask = None
     if mask is not None and mask.score_mod is not None:
         attn_mask, causal = additive(q, k, causal, mask), False
