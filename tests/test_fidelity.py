@@ -3,6 +3,7 @@ bad input (one line, exit 2, nothing written)."""
 
 import json
 
+import pandas as pd
 import pytest
 from synth import env, smoke_rows, write_run
 
@@ -33,8 +34,14 @@ def fidelity(a, b, out):
 def test_two_profiled_runs_of_one_grid_are_judged(tmp_path, capsys):
     a, b = run(tmp_path, "a"), run(tmp_path, "b")
     assert fidelity(a, b, tmp_path / "out") == 0
-    assert "fidelity: repeatability:" in capsys.readouterr().out
-    assert (tmp_path / "out" / "fidelity.csv").exists()
+    out = capsys.readouterr().out
+    assert "fidelity: repeatability:" in out
+    # where the runs ran, first, in the terminal and in both files
+    assert out.startswith("fidelity: runs: A a and B b on ")
+    text = (tmp_path / "out" / "fidelity.txt").read_text()
+    assert text.startswith("runs: A a and B b on ") and "torch " in text.splitlines()[0]
+    table = pd.read_csv(tmp_path / "out" / "fidelity.csv")
+    assert table["device_name"].notna().all() and table["device_name"].nunique() == 1
 
 
 @pytest.mark.parametrize(

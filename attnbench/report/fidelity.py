@@ -20,6 +20,7 @@ import pandas as pd
 from attnbench.errors import UsageError
 from attnbench.measure.backends import PYTORCH_PREFIX, backends_in
 from attnbench.report.analysis import CASE_COLUMNS, ok_rows
+from attnbench.report.header import device_name
 from attnbench.store.atomic import atomic_dir
 from attnbench.store.rundir import RunDir
 from attnbench.store.schema import CASE_KEY, LATER_KEYS
@@ -193,14 +194,26 @@ def check_runs(runs: list[tuple[Path, pd.DataFrame, dict]]) -> None:
             )
 
 
+def _ran(name_a: str, name_b: str, where: str, env_a: dict, env_b: dict) -> str:
+    """Which runs were judged, where and when they ran, and with which torch and commit."""
+    when = " and ".join(str(e.get("time_utc") or "an unrecorded time") for e in (env_a, env_b))
+    sha = str(env_a.get("git_sha") or "")[:10] or "no recorded commit"
+    return (
+        f"runs: A {name_a} and B {name_b} on {where}, at {when}; torch "
+        f"{env_a.get('torch') or '?'}, commit {sha}"
+    )
+
+
 def write_fidelity(run_a: Path, run_b: Path, out: Path) -> tuple[pd.DataFrame, list[str]]:
     from attnbench.store.results import load_run
 
-    a, _ = load_run(run_a)
-    b, _ = load_run(run_b)
+    a, env_a = load_run(run_a)
+    b, env_b = load_run(run_b)
     labels = backend_labels(_text(RunDir(run_a).results), _text(RunDir(run_a).kernels))
     checks = pd.concat([timer_vs_profiler(a), repeatability(a, b), labels], ignore_index=True)
-    lines = verdicts(checks)
+    where = device_name(env_a, a)
+    checks.insert(0, "device_name", where)
+    lines = [_ran(Path(run_a).name, Path(run_b).name, where, env_a, env_b), *verdicts(checks)]
     with atomic_dir(out) as tmp:
         checks.to_csv(tmp / "fidelity.csv", index=False)
         (tmp / "fidelity.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
