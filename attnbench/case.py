@@ -8,9 +8,9 @@ Canonical layout: q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D); out (B, Hq, Sq, D).
 
 Causal convention: ``causal_align`` top_left (SDPA's ``is_causal``, the default) lets query i
 see keys j <= i; bottom_right (FlashAttention >= 2.1, decoding with a KV cache) lets it see
-j <= i + Skv - Sq, so the last query sees every key. ``mask`` (a kind of attnbench/masks/:
-none, padding, window, document, ...) combines with it, and ``score_mod`` (softcap, alibi)
-changes the scores under any mask; attnbench/masks/ has the rules.
+j <= i + Skv - Sq, so the last query sees every key. ``mask`` (a kind of attnbench/masks/,
+its spec in ``pattern``) combines with it, and ``score_mod`` (softcap, alibi) changes the
+scores under any mask; attnbench/masks/ has the rules.
 
 ``model`` and ``phase`` label cases that come from a model preset or a phase (spec.py,
 models.py); they change nothing in the computation.
@@ -76,10 +76,9 @@ class Case:
     mode: str = "fwd"
     device: str = "cpu"
     mask: str = "none"  # a kind of attnbench/masks/ (masks.KINDS); combines with causal
-    window: int | None = None  # window width W, with mask=window only
     level: str = "op"  # op: attention alone; layer: the multi-head block around it
-    pattern: str | None = None  # the mask kind's spec (--docs, --sparsity, --mask KIND:SPEC)
-    causal_align: str = "top_left"  # top_left or bottom_right (masks/rules.py): causal, window
+    pattern: str | None = None  # the mask kind's spec (--mask KIND:SPEC, --docs, --sparsity, ...)
+    causal_align: str = "top_left"  # top_left or bottom_right (masks/rules.py)
     model: str = ""  # the model preset the case comes from (models.py), or blank
     phase: str = ""  # prefill, decode or train when the case comes from a phase, or blank
     score_mod: str = ""  # a score modifier of attnbench/masks/ (softcap:50, alibi), or blank
@@ -112,8 +111,9 @@ class Case:
             )
         if self.causal_align != "top_left" and not (self.causal or self.kind.aligned):
             raise CaseError(
-                f"causal_align={self.causal_align} moves the diagonal of a causal or window "
-                f"mask; this case has neither (set causal true or mask window)"
+                f"causal_align={self.causal_align} moves the diagonal of a causal mask or a "
+                f"mask that it places ({', '.join(k.name for k in KINDS.values() if k.aligned)}); "
+                f"this case has neither (set causal true)"
             )
         if self.phase and self.phase not in PHASES:
             raise CaseError(f"unknown phase {self.phase!r} (allowed: {', '.join(PHASES)})")
@@ -127,19 +127,19 @@ class Case:
     def _validate_mask(self) -> None:
         """The kind's own checks; its spec and the score modifier stored in canonical form."""
         kind = self.kind
-        if self.pattern is not None and kind.default_spec is None:
-            takes = [k.name for k in KINDS.values() if k.default_spec is not None]
+        if self.pattern is not None and not kind.takes_spec:
+            takes = [k.name for k in KINDS.values() if k.takes_spec]
             raise CaseError(
                 f"pattern={self.pattern!r} needs mask {' or '.join(takes)} (mask={self.mask})"
             )
         try:
-            kind.check(self)
-        except ValueError as exc:
-            raise CaseError(str(exc)) from None
-        try:
             object.__setattr__(self, "pattern", kind.canonical(self.pattern))
         except ValueError as exc:
             raise CaseError(f"mask={self.mask}: {kind.spec_flag} {exc}") from None
+        try:
+            kind.check(self)
+        except ValueError as exc:
+            raise CaseError(str(exc)) from None
         try:
             object.__setattr__(self, "score_mod", canonical_mod(self.score_mod))
         except ValueError as exc:
@@ -179,13 +179,11 @@ class Case:
         """Position of query 0 among the keys: 0 top-left, Skv - Sq bottom-right."""
         return offset(self.causal_align, self.seq_q, self.seq_kv)
 
-    def pairs(self, kv_lens: list[int] | None = None, layout=None) -> int:
+    def pairs(self, layout=None) -> int:
         """Unmasked (query, key) pairs per head, summed over the batch, exactly: the kind's
-        count. Key padding needs the per-batch valid key lengths ``kv_lens``
-        (inputs.key_lengths); kinds with a layout their drawn ``layout`` (a masks.Layout)."""
-        if layout is None and self.pattern is not None:
-            raise ValueError(f"mask={self.mask}: the pair count needs the drawn layout")
-        return self.kind.pairs(self, kv_lens, layout)
+        count of the case's drawn ``layout`` (a masks.Layout: ``inputs.mask.layout``; mask
+        none needs none)."""
+        return self.kind.pairs(self, layout)
 
     @property
     def d_model(self) -> int:
@@ -197,12 +195,12 @@ class Case:
         d_kv = self.kv_heads * self.head_dim
         return 2.0 * self.batch * self.seq_q * self.d_model * (2 * self.d_model + 2 * d_kv)
 
-    def flops(self, kv_lens: list[int] | None = None, layout=None) -> float:
+    def flops(self, layout=None) -> float:
         """Matmul FLOPs of the timed work: 4·Hq·pairs·D for the attention forward (QK^T and
         PV; pairs summed over the batch), times 2.5 for backward alone and 3.5 for forward +
         backward. Level layer adds the projections: forward FLOPs times 1, 2 (input and
         weight grads) or 3."""
-        fwd = 4.0 * self.heads * self.pairs(kv_lens, layout) * self.head_dim
+        fwd = 4.0 * self.heads * self.pairs(layout) * self.head_dim
         total = fwd * MODE_FLOP_FACTOR[self.mode]
         if self.level == "layer":
             total += self.projection_flops() * PROJ_FLOP_FACTOR[self.mode]
@@ -240,13 +238,18 @@ class Case:
             v = row[dim.name] if dim.name in row else None  # results written before the column
             v = None if v is None or str(v) in ("", "<NA>", "nan", "None") else v
             if v is not None:
-                fields[dim.name] = dim.read(v)
+                fields[dim.field or dim.name] = dim.read(v)
             elif not dim.later:
-                fields[dim.name] = None
+                fields.setdefault(dim.field or dim.name, None)
         return cls(**fields)
 
     def as_dict(self) -> dict:
+        """The case's fields (``Case(**case.as_dict())`` is the case)."""
         return asdict(self)
+
+    def columns(self) -> dict:
+        """The case's cells in a results row: one per dimension (dims.py)."""
+        return {dim.name: dim.value(self) for dim in DIMS}
 
     def label(self) -> str:
         """'B1 H4/2 S128x256 D64 float32 causal fwd' and so on: dims.label."""

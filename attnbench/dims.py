@@ -45,6 +45,10 @@ class Dim:
     repro: Callable | None = None
     legend: Part | None = None  # its part of a series' legend (report/analysis.series_labels)
     family: Part | None = None  # its part of a case family's name (report/analysis.case_family)
+    # a column that is not a Case field of its own: its cell from a case, and the field its
+    # cell is read back into
+    cell: Callable | None = None
+    field: str | None = None
 
     @property
     def dtype(self) -> str:
@@ -61,11 +65,15 @@ class Dim:
     def title_prefix(self) -> str:
         return f"{self.name}=" if self.title is None else self.title
 
+    def value(self, case):
+        """``case``'s cell in this dimension's column."""
+        return getattr(case, self.name) if self.cell is None else self.cell(case)
+
     def flags(self, case) -> list[str]:
         """The sweep flags that select ``case``'s value of this dimension (store/repro.py)."""
         if self.repro is not None:
             return self.repro(case)
-        value = getattr(case, self.name)
+        value = self.value(case)
         if not self.options or value is None or value == "":
             return []
         text = ("true" if value else "false") if isinstance(value, bool) else str(value)
@@ -226,8 +234,7 @@ DIMS: tuple[Dim, ...] = (
     Dim(
         "mask",
         str,
-        "the mask kind (attnbench/masks/): none, padding, window, document, block_sparse, "
-        "strided, prefix_lm or a plugin's; combines with causal",
+        f"the mask kind (attnbench/masks/): {', '.join(KINDS)} or a plugin's; combines with causal",
         ("mask",),
         part=_mask_part,  # with the window or the pattern, which have no part of their own
         rank=11,
@@ -241,10 +248,13 @@ DIMS: tuple[Dim, ...] = (
     Dim(
         "window",
         int,
-        "window width W with mask=window, else blank",
+        "window width W with mask=window (the kind's spec), else blank",
         ("window",),
         title="W=",
+        repro=lambda c: [],  # --mask window:W carries it
         legend=Part(5, lambda r: "" if _blank(r["window"]) else f"W{r['window']}", always=False),
+        cell=lambda c: int(c.pattern) if c.mask == "window" else None,
+        field="pattern",  # the window's spec has its own column
     ),
     Dim(
         "level",
@@ -303,12 +313,14 @@ DIMS: tuple[Dim, ...] = (
         str,
         "the mask kind's spec, defaults filled in: document the --docs spec (fixed:LEN, "
         "uniform:MIN-MAX or LEN+LEN+...); block_sparse and strided the --sparsity spec; "
-        "prefix_lm the prefix (P or PCT%); else blank",
+        "prefix_lm the prefix (P or PCT%); a plugin kind its spec; else blank (window: W "
+        "is in the window column)",
         ("docs", "sparsity"),
         old=None,
         title="",
         repro=lambda c: [],  # --mask KIND:SPEC carries it
         legend=Part(6, lambda r: _said(r["pattern"]), always=False),
+        cell=lambda c: None if c.mask == "window" else c.pattern,
     ),
     Dim(
         "score_mod",
@@ -325,6 +337,7 @@ DIMS: tuple[Dim, ...] = (
     ),
 )
 DIM = {d.name: d for d in DIMS}
+SPEC_COLUMNS = tuple(d.name for d in DIMS if (d.field or d.name) == "pattern")  # a mask's spec
 LABEL_PARTS = sorted((d for d in DIMS if d.part), key=lambda d: d.rank)
 LEGEND_PARTS = sorted((d for d in DIMS if d.legend), key=lambda d: d.legend.rank)
 FAMILY_PARTS = sorted((d for d in DIMS if d.family), key=lambda d: d.family.rank)

@@ -38,7 +38,7 @@ class Model:
     lengths: tuple[int, ...]  # prefill and train query lengths (self-attention: = key lengths)
     context: int  # the longest context: decode caches go up to it
     source: str  # where the numbers come from (the model's published config)
-    masks: tuple[tuple[str, int | None], ...] = (("none", None),)  # (mask, window) per layer kind
+    masks: tuple[str, ...] = ("none",)  # the mask of each kind of layer (--mask KIND[:SPEC])
     seq_kv: int | None = None  # cross-attention: the fixed key length (encoder frames)
     decoder: bool = True  # has a decode phase (an encoder alone does not)
     score_mod: str = ""  # its score modifier (attnbench/masks/), e.g. softcap:50
@@ -47,12 +47,8 @@ class Model:
     @property
     def attention(self) -> str:
         """The attention's kind in words, for --list-models and the report."""
-        kinds = []
-        for mask, window in self.masks:
-            kinds.append(
-                {"none": "full", "padding": "key padding", "window": f"window {window}"}[mask]
-            )
-        kind = " + ".join(kinds)
+        words = {"none": "full", "padding": "key padding"}
+        kind = " + ".join(words.get(m, m.replace(":", " ")) for m in self.masks)
         if self.score_mod:
             kind += f", {self.score_mod}"
         if self.seq_kv:
@@ -86,7 +82,7 @@ MODELS: dict[str, Model] = {
             causal=False,
             lengths=(128, 512),
             context=512,
-            masks=(("padding", None),),
+            masks=("padding",),
             decoder=False,
             source="huggingface.co/google-bert/bert-base-uncased config.json: "
             "num_attention_heads 12, hidden_size 768, max_position_embeddings 512",
@@ -145,7 +141,7 @@ MODELS: dict[str, Model] = {
             causal=True,
             lengths=(2048, 8192, 16384),
             context=32768,
-            masks=(("window", 4096),),
+            masks=("window:4096",),
             source="huggingface.co/mistralai/Mistral-7B-v0.1 config.json: "
             "num_attention_heads 32, num_key_value_heads 8, hidden_size 4096, "
             "sliding_window 4096, max_position_embeddings 32768",
@@ -160,7 +156,7 @@ MODELS: dict[str, Model] = {
             causal=True,
             lengths=(2048, 8192),
             context=8192,
-            masks=(("window", 4096), ("none", None)),
+            masks=("window:4096", "none"),
             score_mod="softcap:50",
             source="huggingface.co/google/gemma-2-9b config.json: num_attention_heads 16, "
             "num_key_value_heads 8, head_dim 256, sliding_window 4096, "

@@ -188,11 +188,9 @@ OPTIONS: dict[str, Option] = {
     "mode": Option(_list(_choice("mode", MODES)), "fwd, bwd (backward alone), fwd_bwd"),
     "mask": Option(
         _list(_mask),
-        "none, causal, padding, window, document (packed documents), block_sparse "
-        "(BigBird), strided (Sparse Transformer), prefix_lm (causal with a bidirectional "
-        "prefix: prefix_lm:P or prefix_lm:PCT%, default 25%) or a plugin's kind (default "
-        "none); KIND:SPEC gives a kind's spec; causal means mask none with causal true, the "
-        "others combine with every --causal value",
+        "; ".join(f"{k.name}: {k.meaning}" for k in KINDS.values())
+        + "; or a plugin's kind (default none). KIND:SPEC gives a kind's spec; causal means "
+        "mask none with causal true, the others combine with every --causal value",
     ),
     "score_mod": Option(
         _list(_score_mod),
@@ -213,8 +211,8 @@ OPTIONS: dict[str, Option] = {
     ),
     "window": Option(
         _list(_positive_int),
-        "window widths W for mask window: query i sees "
-        "keys |i - j| < W, or i - W < j <= i when causal",
+        "window widths W for mask window (the kind's spec, as --mask window:W): query i "
+        "sees keys |i - j| < W, or i - W < j <= i when causal",
     ),
     "causal_align": Option(
         _list(_choice("causal_align", ALIGNS)),

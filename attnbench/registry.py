@@ -204,7 +204,8 @@ class Impl:
 
 def aligned_differently(case: Case) -> bool:
     """Whether top-left and bottom-right alignment give this case different masks: a causal
-    or window mask across unequal lengths. Elsewhere an impl of either alignment runs it."""
+    mask, or a kind the alignment places, across unequal lengths. Elsewhere an impl of either
+    alignment runs it."""
     return (case.causal or case.kind.aligned) and case.seq_q != case.seq_kv
 
 
@@ -445,7 +446,8 @@ def _run_plugin(loader: Callable[[], object]) -> None:
 
 def _small_cases(mask: str) -> list[Case]:
     """Small self-attention cases of ``mask``, without and with causal, that its own checks
-    accept (none for a kind that needs more, such as a window: its rows say what fails)."""
+    accept (none for a kind that needs more, such as a spec without a default: its rows say
+    what fails)."""
     out = []
     for causal in (False, True):
         try:

@@ -127,8 +127,8 @@ DECODE_BATCH = [1, 8, 32, 64]
 class Spec:
     """A grid: every combination of the lists becomes one case. ``kv_heads`` / ``seq_len_kv``
     of None mean "same as heads" / "same as seq_len". ``mask`` "causal" is mask none with
-    causal true; the other masks combine with every ``causal`` value; ``window`` lists the
-    widths of mask window (and only of it)."""
+    causal true; the other masks combine with every ``causal`` value; ``docs``, ``sparsity``
+    and ``window`` list the specs of the kinds that name them as their ``spec_flag``."""
 
     batch: list[int]
     heads: list[int]
@@ -142,7 +142,7 @@ class Spec:
     seq_len_kv: list[int] | None = None
     rep_ms: list[float] = field(default_factory=lambda: [100.0])  # timer budget per row
     mask: list[str] = field(default_factory=lambda: ["none"])
-    window: list[int] | None = None
+    window: list[int] | None = None  # mask window: the widths (its specs)
     level: list[str] = field(default_factory=lambda: ["op"])
     compiled: bool = True  # with no impls named, include those that use torch.compile
     tokens: int | None = None  # B x N fixed: batch = tokens // seq_len (overrides batch)
@@ -185,8 +185,9 @@ class Spec:
                 if not any(c.causal_align == align for c in out):
                     raise CaseError(
                         f"--causal-align {align}: no case of this grid is causal or has a "
-                        f"window mask, so the alignment would change nothing; add --causal "
-                        f"true (or both) or --mask window, or leave --causal-align out"
+                        f"mask it places ({_aligned()}), so the alignment would change "
+                        f"nothing; add --causal true (or both) or such a mask, or leave "
+                        f"--causal-align out"
                     )
         return list(dict.fromkeys(out))
 
@@ -199,15 +200,12 @@ class Spec:
         fields: dict = {"tokens": None, "hidden": None}
         m = find_model(name) if name else None
         if m:
-            masks = [mask for mask, _ in m.masks]
-            windows = [w for _, w in m.masks if w]
             fields.update(
                 heads=[m.heads],
                 kv_heads=[m.kv_heads],
                 head_dim=[m.head_dim],
                 causal=[m.causal],
-                mask=masks,
-                window=windows or None,
+                mask=list(m.masks),
                 seq_len=list(m.lengths),
                 seq_len_kv=[m.seq_kv] if m.seq_kv else None,
                 score_mod=[m.score_mod],
@@ -260,7 +258,7 @@ class Spec:
         dtypes = [canonical_dtype(d) for d in self.dtype]
         out = []
         mods = [self._score_mod(text) for text in self.score_mod]
-        for mode, dtype, level, (mask, causal, window, specs), d, b, h, mod in itertools.product(
+        for mode, dtype, level, (mask, causal, specs), d, b, h, mod in itertools.product(
             self.mode,
             dtypes,
             self.level,
@@ -271,7 +269,7 @@ class Spec:
             mods,
         ):
             h = self.hidden // d if self.hidden else h
-            # the alignment moves only a causal or window mask: others stay top-left
+            # the alignment moves only a causal mask or a kind it places: others stay top-left
             aligned = causal or KINDS[mask].aligned
             aligns = self.causal_align if aligned else ["top_left"]
             for align, hkv, s in itertools.product(aligns, self.kv_heads or [h], self.seq_len):
@@ -290,7 +288,6 @@ class Spec:
                             mode=mode,
                             device=self.device,
                             mask=mask,
-                            window=window,
                             level=level,
                             causal_align=align,
                             model=model,
@@ -303,32 +300,34 @@ class Spec:
             raise CaseError("the grid is empty: every list needs at least one value")
         return list(dict.fromkeys(out))  # drop duplicates, keep order
 
-    def _masks(self) -> list[tuple[str, bool, int | None, tuple[str | None, ...]]]:
-        """(mask, causal, window, specs) combinations: a kind's specs from --mask KIND:SPEC,
-        else those of its option that fit it (--docs; --sparsity specs whose keys the kind
-        has), else (None,): its default."""
+    def _masks(self) -> list[tuple[str, bool, tuple[str | None, ...]]]:
+        """(mask, causal, specs) combinations: a kind's specs from --mask KIND:SPEC, else
+        those of its option that fit it (--docs, --window; --sparsity specs whose keys the
+        kind has), else (None,): its default."""
         names = [_known_mask(text.partition(":")[0]) for text in self.mask]
-        if "window" in names and not self.window:
-            raise CaseError("mask window needs --window W (the window width)")
         self._check_kind_options(names)
         self._check_causal(names)
         out = []
         for text in self.mask:
             mask, sep, spec = text.partition(":")
             kind = KINDS["none" if mask == "causal" else mask]
-            if sep and kind.default_spec is None:
+            if sep and not kind.takes_spec:
                 raise CaseError(f"--mask {text}: mask {mask} takes no spec (give --mask {mask})")
-            given = {"--docs": self.docs, "--sparsity": self.sparsity}.get(kind.spec_flag) or []
-            specs = (
-                [spec] if sep else [g for g in given if mask not in block_kinds() or fits(g, mask)]
-            )
+            given = self._kind_option(kind.spec_flag) or []
+            specs = [spec] if sep else [str(g) for g in given if fits_kind(g, mask)]
+            if not specs and kind.takes_spec and kind.default_spec is None:
+                raise CaseError(
+                    f"mask {mask} needs its spec: give {kind.spec_flag} or --mask {mask}:SPEC"
+                )
             causals = [True] if _causal_only(mask) else self.causal
-            windows = self.window if mask == "window" else [None]
-            out += [
-                (kind.name, c, w, tuple(specs) or (None,))
-                for c, w in itertools.product(causals, windows)
-            ]
+            out += [(kind.name, c, tuple(specs) or (None,)) for c in causals]
         return list(dict.fromkeys(out))
+
+    def _kind_option(self, flag: str) -> list | None:
+        """The values of a kind's own option (its ``spec_flag``: --docs, --sparsity,
+        --window), None for a kind without one."""
+        name = flag.removeprefix("--")
+        return getattr(self, name) if name in KIND_OPTIONS else None
 
     def _check_kind_options(self, names: list[str]) -> None:
         """An option of mask kinds (a kind's ``spec_flag``: --docs, --sparsity, --window) given
@@ -374,6 +373,16 @@ def _known_mask(name: str) -> str:
         did = unknown_hint(name, allowed)
         raise CaseError(f"unknown mask {name!r}{did} (allowed: {', '.join(allowed)})")
     return name
+
+
+def fits_kind(spec, mask: str) -> bool:
+    """Whether a spec of a kind's option fits ``mask`` (a --sparsity spec: its keys)."""
+    return mask not in block_kinds() or fits(str(spec), mask)
+
+
+def _aligned() -> str:
+    """The kinds the causal alignment places, by name."""
+    return ", ".join(k.name for k in KINDS.values() if k.aligned)
 
 
 def _causal_only(mask: str) -> bool:

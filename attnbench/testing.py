@@ -60,7 +60,7 @@ def conformance_cases(impl: registry.Impl | None = None, device: str = "cpu") ->
         dict(seq_q=48, seq_kv=80, causal=True, causal_align="bottom_right"),
         dict(seq_q=80, seq_kv=48, mode="fwd_bwd"),
         dict(mask="padding", mode="fwd_bwd"),
-        dict(mask="window", window=16, causal=True),
+        dict(mask="window", pattern="16", causal=True),
         dict(dtype="bfloat16", causal=True),
     ]
     return list(dict.fromkeys(Case(**{**base, **v}) for v in variants))

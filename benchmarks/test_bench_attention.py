@@ -16,7 +16,7 @@ from attnbench import registry
 from attnbench.case import Case
 from attnbench.registry import Unsupported
 from attnbench.run.call import Call
-from attnbench.run.inputs import key_lengths, make_inputs
+from attnbench.run.inputs import make_inputs
 
 SEED = 0
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -109,5 +109,6 @@ def test_attention(benchmark, name, case):
     except Unsupported as exc:
         pytest.skip(str(exc))
     benchmark.group = case.label()
-    benchmark.extra_info.update(case.as_dict(), flops=case.flops(key_lengths(case, SEED)))
+    layout = case.kind.layout(case, SEED)
+    benchmark.extra_info.update(case.columns(), flops=case.flops(layout))
     benchmark(synchronized(call.timed_fn(), case.device_type))

@@ -121,7 +121,7 @@ class Shape(NamedTuple):
             mode=self.mode,
             device=device,
             mask=self.mask,
-            window=self.window,
+            pattern=None if self.window is None else str(self.window),
             causal_align=self.align,
             score_mod=self.score_mod,
         )

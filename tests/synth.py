@@ -29,7 +29,7 @@ def ok_row(
     return {
         "run_id": run_id,
         "impl": impl,
-        **case.as_dict(),
+        **case.columns(),
         "status": "ok",
         "reason": reason,
         "time_ms": time_ms,
@@ -51,7 +51,7 @@ def failed_row(run_id, impl, case: Case, status, reason):
     return {
         "run_id": run_id,
         "impl": impl,
-        **case.as_dict(),
+        **case.columns(),
         "status": status,
         "reason": reason,
         "flops": case.flops(),

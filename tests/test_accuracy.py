@@ -3,6 +3,8 @@ import math
 import pytest
 import torch
 
+from attnbench.masks import Mask
+from attnbench.masks.interval import Interval
 from attnbench.measure import agreement
 from attnbench.measure import reference as reference_module
 from attnbench.measure.agreement import (
@@ -154,7 +156,8 @@ def test_chunked_magnitude_matches_one_chunk(monkeypatch, causal, window, padded
     q, k, v, dout = _inputs(torch.float32, hq=4, hkv=2, sq=30, skv=23, d=16)
     q, k, v, dout = (t.repeat(2, 1, 1, 1) for t in (q, k, v, dout))  # batch 2
     kv_lens = torch.tensor([23, 11]) if padded else None
-    args = dict(causal=causal, scale=0.25, dout=dout, window=window, kv_lens=kv_lens)
+    mask = Mask(layout=Interval(30, 23, 2, window=window, kv_lens=kv_lens))
+    args = dict(causal=causal, scale=0.25, dout=dout, mask=mask)
     whole = magnitude(q, k, v, **args)
     monkeypatch.setattr(reference_module, "CHUNK_BYTES", 7 * 8 * 2 * 4 * 23)  # 7 query rows a chunk
     for a, b in zip(whole, magnitude(q, k, v, **args)):
@@ -166,7 +169,8 @@ def test_the_magnitude_counts_the_terms_of_each_sum():
     """out and dq of query i add the keys it sees; dk and dv of key j add the (query, head)
     pairs that see it: here causal bottom-right, 5 queries after 3 cached keys, GQA 2:1."""
     q, k, v, dout = _inputs(torch.float32, hq=4, hkv=2, sq=5, skv=8, d=8)
-    mags = magnitude(q, k, v, causal=True, scale=0.3, dout=dout, shift=3)
+    bottom_right = Mask(align="bottom_right")  # query i at position i + 3
+    mags = magnitude(q, k, v, causal=True, scale=0.3, dout=dout, mask=bottom_right)
     seen = torch.tensor([4.0, 5, 6, 7, 8], dtype=torch.float64)  # query i sees keys j <= i + 3
     for m in mags[:2]:  # out, dq: (B, Hq, Sq, 1)
         assert torch.equal(m.terms, seen.view(1, 1, 5, 1).expand(1, 4, 5, 1))

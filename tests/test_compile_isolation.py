@@ -53,7 +53,7 @@ def test_a_compiled_flex_plugin_after_flex_compiles_its_own_code_and_agrees(tmp_
     settings = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
     for case in (
         Case(1, 2, 1, 128, 128, 16, causal=True),
-        Case(1, 2, 1, 128, 128, 16, mask="window", window=32, causal=True),
+        Case(1, 2, 1, 128, 128, 16, mask="window", pattern="32", causal=True),
     ):
         inputs = make_inputs(case, 0)
         truth = ground_truth(case, inputs)

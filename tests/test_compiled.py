@@ -23,8 +23,8 @@ MASKS = [
     dict(causal=False),
     dict(causal=True),
     dict(mask="padding"),
-    dict(mask="window", window=12, causal=True),
-    dict(mask="window", window=12),
+    dict(mask="window", pattern="12", causal=True),
+    dict(mask="window", pattern="12"),
 ]
 
 
@@ -50,7 +50,7 @@ def test_flex_has_no_cpu_backward(impls):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "kw", [dict(mask="padding", causal=True), dict(mask="window", window=12)], ids=label
+    "kw", [dict(mask="padding", causal=True), dict(mask="window", pattern="12")], ids=label
 )
 def test_naive_compiled_agrees_with_grads(impls, kw):
     row = run_row(impls["naive_compiled"], Case(**SHAPE, mode="fwd_bwd", **kw))

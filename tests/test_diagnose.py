@@ -81,8 +81,8 @@ BASE = dict(batch=2, heads=4, kv_heads=2, seq_q=8, seq_kv=8, head_dim=8)
 CASES = {
     "causal_align": Case(**{**BASE, "seq_kv": 12}, causal=True, causal_align="bottom_right"),
     "kv_head_mod": Case(**BASE),
-    "window_plus_1": Case(**{**BASE, "seq_q": 12, "seq_kv": 12}, mask="window", window=4),
-    "window_minus_1": Case(**BASE, causal=True, mask="window", window=3),
+    "window_plus_1": Case(**{**BASE, "seq_q": 12, "seq_kv": 12}, mask="window", pattern="4"),
+    "window_minus_1": Case(**BASE, causal=True, mask="window", pattern="3"),
     "keyless_uniform": Case(
         **{**BASE, "seq_q": 12, "seq_kv": 4}, causal=True, causal_align="bottom_right"
     ),  # fmt: skip

@@ -13,7 +13,7 @@ from attnbench.store.schema import CASE_KEY, COLUMNS, LATER_KEYS
 
 def test_every_dimension_is_a_case_field_a_column_and_part_of_the_key():
     assert [d.name for d in DIMS] == list(CASE_KEY[1:])
-    assert {d.name for d in DIMS} == set(Case.__dataclass_fields__)
+    assert {d.field or d.name for d in DIMS} == set(Case.__dataclass_fields__)
     for d in DIMS:
         assert COLUMNS[d.name] == (d.dtype, d.meaning)
     assert LATER_KEYS == {
@@ -40,7 +40,7 @@ def test_the_label_has_a_part_per_dimension_and_leaves_out_what_is_asked():
         head_dim=32,
         causal=True,
         mask="window",
-        window=80,
+        pattern="80",
         causal_align="bottom_right",
         model="m",
         phase="decode",
@@ -55,9 +55,20 @@ def test_from_row_reads_rows_without_the_later_columns():
     case = Case(batch=1, heads=2, kv_heads=2, seq_q=8, seq_kv=8, head_dim=4, causal=True)
     row = {k: v for k, v in case.as_dict().items() if k not in LATER_KEYS}
     assert Case.from_row(row) == case
-    text = {k: ("" if v is None else str(v)) for k, v in case.as_dict().items()}
+    text = {k: ("" if v is None else str(v)) for k, v in case.columns().items()}
     assert Case.from_row(text) == case  # a CSV line's text: 'True' is True
     assert Case.from_row({**text, "causal": "False"}).causal is False
+
+
+def test_a_window_is_its_kinds_spec_and_keeps_its_own_column():
+    """The window width W is mask window's spec (Case.pattern), written in the window column
+    (pattern blank) as results have always held it, and read back from there."""
+    case = Case(batch=1, heads=2, kv_heads=2, seq_q=8, seq_kv=8, head_dim=4, mask="window",
+                pattern="3")  # fmt: skip
+    cells = case.columns()
+    assert cells["window"] == 3 and cells["pattern"] is None
+    assert Case.from_row({k: ("" if v is None else str(v)) for k, v in cells.items()}) == case
+    assert "window" not in case.as_dict()  # no field of its own
 
 
 # a value other than the base case's for every dimension, with what it needs besides
@@ -73,7 +84,7 @@ VARIANTS = {
     "causal": {"causal": True},
     "device": {"device": "cuda"},
     "mask": {"mask": "padding"},
-    "window": {"mask": "window", "window": 8},
+    "window": {"mask": "window", "pattern": "8"},
     "level": {"level": "layer"},
     "causal_align": {"causal": True, "causal_align": "bottom_right"},
     "model": {"model": "llama3-8b"},

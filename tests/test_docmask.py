@@ -90,7 +90,7 @@ def test_reference_keeps_attention_inside_each_document(monkeypatch, causal):
         for s in range(4)
     )
     out, grads = reference.reference(
-        q, k, v, causal=causal, scale=0.5, dout=dout.detach(), pattern=inputs.mask.pattern
+        q, k, v, causal=causal, scale=0.5, dout=dout.detach(), mask=inputs.mask
     )
     keep = loop_keep(inputs.mask.pattern.doc_lens, 23, causal)
     want = ((q @ k.transpose(-1, -2)) * 0.5).masked_fill(~keep, -math.inf).softmax(-1) @ v

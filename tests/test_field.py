@@ -116,7 +116,7 @@ def test_flashinfer_declares_its_limits_as_readable_reasons(impls):
     assert not fi.backward and fi.layout == "bshd"
     assert fi.reasons(decode(device="cuda", head_dim=64)) == []
     assert fi.reasons(case(device="cuda", head_dim=96)) == ["head_dim=96 (supported: 64, 128, 256)"]
-    assert fi.reasons(case(device="cuda", head_dim=64, mask="window", window=8)) == [
+    assert fi.reasons(case(device="cuda", head_dim=64, mask="window", pattern="8")) == [
         "mask=window with causal=False (supported: causal; FlashInfer's window is left)"
     ]
 
@@ -150,10 +150,10 @@ def test_window_and_alignment_map_onto_the_libraries_arguments():
 FA_CASES = [  # (case, the function it must call)
     (case(causal=True, mode="fwd_bwd"), "flash_attn_func"),
     (case(seq_q=80, seq_kv=48, causal=True, causal_align="bottom_right"), "flash_attn_func"),
-    (case(mask="window", window=9, causal=True, mode="fwd_bwd"), "flash_attn_func"),
-    (case(mask="window", window=9), "flash_attn_func"),
+    (case(mask="window", pattern="9", causal=True, mode="fwd_bwd"), "flash_attn_func"),
+    (case(mask="window", pattern="9"), "flash_attn_func"),
     (decode(), "flash_attn_with_kvcache"),
-    (decode(seq_q=4, mask="window", window=50), "flash_attn_with_kvcache"),
+    (decode(seq_q=4, mask="window", pattern="50"), "flash_attn_with_kvcache"),
     (case(seq_q=16, seq_kv=80), "flash_attn_with_kvcache"),
     (case(seq_q=96, seq_kv=96, mask="document", pattern="uniform:10-40", causal=True,
           mode="fwd_bwd"), "flash_attn_varlen_func"),
@@ -177,7 +177,7 @@ def test_flash_attn_mapping_agrees_through_the_stand_in(fake, name, c, function)
 
 @pytest.mark.parametrize("name", ["flash_attn2_paged", "flash_attn3_paged"])
 @pytest.mark.parametrize(
-    "c", [decode(), decode(seq_q=4), decode(seq_q=4, mask="window", window=50)], ids=Case.label
+    "c", [decode(), decode(seq_q=4), decode(seq_q=4, mask="window", pattern="50")], ids=Case.label
 )
 def test_paged_flash_attn_reads_the_block_table(fake, name, c):
     impl, lib = fake(name)  # FA2's stand-in refuses pages that are not a multiple of 256
@@ -191,9 +191,9 @@ RAGGED = {f"BatchPrefillWithRaggedKVCacheWrapper.{s}" for s in ("plan", "run")}
 FI_CASES = [  # (case, the functions it must call); FlashInfer's head dims: 64, 128, 256
     (case(batch=1, causal=True, head_dim=64), {"single_prefill_with_kv_cache"}),
     (decode(batch=1, head_dim=64), {"single_decode_with_kv_cache"}),
-    (decode(batch=1, mask="window", window=50, head_dim=64), {"single_decode_with_kv_cache"}),
+    (decode(batch=1, mask="window", pattern="50", head_dim=64), {"single_decode_with_kv_cache"}),
     (decode(head_dim=64), DECODE),
-    (decode(seq_q=4, mask="window", window=50, head_dim=64), RAGGED),
+    (decode(seq_q=4, mask="window", pattern="50", head_dim=64), RAGGED),
     (case(seq_q=16, seq_kv=80, head_dim=64), RAGGED),
     (case(seq_q=96, seq_kv=96, mask="document", pattern="uniform:10-40", causal=True,
           head_dim=64), RAGGED),
@@ -214,7 +214,7 @@ def test_flashinfer_mapping_agrees_through_the_stand_in(fake, c, functions):
     [
         decode(head_dim=64),
         decode(seq_q=4, head_dim=64),
-        decode(seq_q=4, mask="window", window=50, head_dim=64),
+        decode(seq_q=4, mask="window", pattern="50", head_dim=64),
     ],
     ids=Case.label,
 )
@@ -237,7 +237,7 @@ def test_a_window_off_by_one_disagrees(fake, monkeypatch, name):
         monkeypatch.setattr(flash_attn, "window_size", lambda causal, w: (w, 0))
     else:
         monkeypatch.setattr(flashinfer, "window_left", lambda w: w)
-    row = run_row(impl, decode(seq_q=4, mask="window", window=50, head_dim=64))
+    row = run_row(impl, decode(seq_q=4, mask="window", pattern="50", head_dim=64))
     assert row["status"] == "ok" and row["agrees"] is False
     assert "disagrees with the float64 reference" in row["reason"]
     assert "out matches window 51; declared window 50" in row["reason"], row["reason"]
@@ -256,7 +256,7 @@ def cuda_cases(impl) -> list[Case]:
         mode = "fwd_bwd" if impl.backward else "fwd"
         cases += [
             Case(seq_q=1024, seq_kv=1024, causal=True, mode=mode, **base),
-            Case(seq_q=1024, seq_kv=1024, mask="window", window=256, causal=True, **base),
+            Case(seq_q=1024, seq_kv=1024, mask="window", pattern="256", causal=True, **base),
             Case(seq_q=1024, seq_kv=1024, mask="document", pattern="uniform:64-512", causal=True,
                  **base),
         ]  # fmt: skip

@@ -26,9 +26,9 @@ CASES = [
     case(seq_q=4, seq_kv=96, causal=True, causal_align="bottom_right"),  # decoding 4 tokens
     case(seq_q=1, seq_kv=96, causal=True, causal_align="bottom_right", mask="padding"),
     case(seq_q=16, seq_kv=80),  # cross-attention to an encoder's states
-    case(mask="window", window=9, causal=True, mode="fwd_bwd"),  # Mistral's sliding window
-    case(mask="window", window=1),  # bidirectional: sliding_window W - 1 = 0
-    case(mask="window", window=9, dtype="bfloat16"),
+    case(mask="window", pattern="9", causal=True, mode="fwd_bwd"),  # Mistral's sliding window
+    case(mask="window", pattern="1"),  # bidirectional: sliding_window W - 1 = 0
+    case(mask="window", pattern="9", dtype="bfloat16"),
     case(mask="padding", causal=True, mode="fwd_bwd"),
     case(seq_q=96, seq_kv=96, mask="document", pattern="uniform:10-40", causal=True),
     case(heads=2, kv_heads=2, causal=True, mode="fwd_bwd", level="layer"),
@@ -82,13 +82,13 @@ def test_a_window_convention_off_by_one_disagrees(impls, monkeypatch):
     from attnbench.impls import hf
 
     monkeypatch.setattr(hf, "_window", lambda impl, causal, window: window)
-    row = run_row(impls["hf_sdpa"], case(mask="window", window=9))
+    row = run_row(impls["hf_sdpa"], case(mask="window", pattern="9"))
     assert row["status"] == "ok" and row["agrees"] is False
 
 
 @pytest.mark.slow
 def test_flex_through_transformers_agrees_on_the_cpu(impls):
-    row = run_row(impls["hf_flex"], case(causal=True, mask="window", window=9))
+    row = run_row(impls["hf_flex"], case(causal=True, mask="window", pattern="9"))
     assert row["status"] == "ok" and row["agrees"] is True, row["reason"]
     assert row["compile_ms"] is not None
 

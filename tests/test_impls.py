@@ -80,7 +80,7 @@ def masked_cases(mode="fwd_bwd", shapes=MASKED_SHAPES):
             causal=causal,
             mode=mode,
             mask=mask,
-            window=w if mask == "window" else None,
+            pattern=str(w) if mask == "window" else None,
         )
 
 
@@ -146,7 +146,7 @@ WRONG = {  # name -> (the keys it keeps, the causal case that catches it)
             head_dim=16,
             causal=True,
             mask="window",
-            window=8,
+            pattern="8",
         ),
     ),
     # key padding that also keeps the first padded key
@@ -271,7 +271,7 @@ LAYER_IMPLS = ["naive", "sdpa", "sdpa_flash", "sdpa_math", "tiled"]
             mode="fwd_bwd",
             level="layer",
             mask="window",
-            window=9,
+            pattern="9",
         ),
     ],
     ids=Case.label,
@@ -324,7 +324,7 @@ def test_layer_reference_matches_autograd_through_a_dense_layer():
         causal=True,
         scale=inputs.scale,
         dout=inputs.dout,
-        kv_lens=inputs.mask.kv_lens,
+        mask=inputs.mask,
     )
     torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
     assert len(grads) == 5

@@ -142,7 +142,7 @@ def test_a_module_impl_runs_at_level_layer_only(register):
 
 @pytest.mark.parametrize(
     "c",
-    [case(), case(causal=False, mask="padding"), case(mask="window", window=5, mode="fwd")],
+    [case(), case(causal=False, mask="padding"), case(mask="window", pattern="5", mode="fwd")],
     ids=Case.label,
 )
 def test_transformers_llama_attention_agrees(impls, c):

@@ -5,6 +5,7 @@ reference rule agree; a plugin adds a kind of its own in one file; a Gemma-2 pre
 soft-caps."""
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from attnbench.options import OPTIONS
 from attnbench.run.inputs import make_inputs
 from attnbench.run.row import Settings, ground_truth, measure
 from attnbench.spec import Spec
+from attnbench.testing import registered
 
 FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 BASE = dict(batch=2, heads=4, kv_heads=2, seq_q=40, seq_kv=40, head_dim=8)
@@ -147,15 +149,17 @@ def test_planted_bugs_in_the_new_kinds_and_modifiers_are_caught(register, bug):
     assert "disagrees" in r["reason"]
 
 
-@pytest.mark.parametrize("mask", [k for k in KINDS if k not in ("none", "padding", "window")])
+@pytest.mark.parametrize("mask", list(KINDS))
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_kinds_rule_hidden_and_pair_count_agree(mask, causal):
     kind = KINDS[mask]
+    spec = "24" if kind.takes_spec and kind.default_spec is None else None  # a window's W
+    shape = {**BASE, "seq_q": 150, "seq_kv": 150, "mask": mask, "pattern": spec}
     if kind.needs_causal and not causal:
         with pytest.raises(CaseError, match="is causal: set causal true"):
-            Case(**{**BASE, "seq_q": 150, "seq_kv": 150}, mask=mask, causal=causal)
+            Case(**shape, causal=causal)
         return
-    case = Case(**{**BASE, "seq_q": 150, "seq_kv": 150}, mask=mask, causal=causal)
+    case = Case(**shape, causal=causal)
     layout = kind.layout(case, 3)
     S = case.seq_q
     keep = layout.keep(0, S, 0, S, causal, "cpu")  # (Bm, S, S): what impls run
@@ -218,7 +222,7 @@ def test_a_gemma2_preset_row_soft_caps_at_50():
     spec = Spec.from_preset("cpu", "cpu", model=["gemma2-9b"], phase=["prefill"])
     cases = spec.cases()
     assert cases and {c.score_mod for c in cases} == {"softcap:50"}
-    small = Case(**{**cases[0].as_dict(), "seq_q": 48, "seq_kv": 48, "window": 16,
+    small = Case(**{**cases[0].as_dict(), "seq_q": 48, "seq_kv": 48, "pattern": "16",
                     "heads": 2, "kv_heads": 1, "head_dim": 16})  # fmt: skip
     r = row(impl("naive"), small)
     assert r["status"] == "ok" and r["agrees"] is True
@@ -270,3 +274,22 @@ def test_a_plugin_adds_a_mask_kind_in_one_file(tmp_path, monkeypatch):
         r = row(impl(name), case)
         assert r["status"] == "ok" and r["agrees"] is True, (name, r["reason"])
     assert "mask=dilated2 (supported:" in row(impl("hf_eager"), case)["reason"]
+
+
+def test_a_sliding_window_with_sinks_is_one_plugin_file():
+    """A kind that is no single interval per query (a window plus the first keys) needs
+    nothing but its own file: the impls that take any kind run it and agree, the others say
+    why not."""
+    plugin = Path(__file__).parent / "plugins" / "sinks.py"
+    with registered():
+        registry.discover([str(plugin)])
+        # S64: where torch's compiled CPU FlexAttention is right (see the tests above)
+        shape = {**BASE, "seq_q": 64, "seq_kv": 64}
+        case = Case(**shape, causal=True, mask="sliding_window_with_sinks", pattern="8:2")
+        assert case.label() == "B2 H4/2 S64 D8 float32 causal sliding_window_with_sinks 8:2 fwd"
+        kept = sum(min(i + 1, 8) + min(max(i + 1 - 8, 0), 2) for i in range(64))
+        assert case.pairs(case.kind.layout(case, 0)) == 2 * kept
+        for name in ("naive", "tiled", "sdpa", "flex"):
+            r = row(impl(name), case)
+            assert r["status"] == "ok" and r["agrees"] is True, (name, r["reason"])
+        assert "mask=sliding_window_with_sinks (supported:" in row(impl("hf_eager"), case)["reason"]

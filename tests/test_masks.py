@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from attnbench.case import Case, CaseError
-from attnbench.masks import block_keep
+from attnbench.masks import Mask, block_keep
+from attnbench.masks.interval import Interval
 from attnbench.measure import reference
-from attnbench.run.inputs import key_lengths, make_inputs
+from attnbench.run.inputs import make_inputs
 from attnbench.spec import Spec
 
 RULES = [  # (causal, window, padded)
@@ -44,6 +45,11 @@ def rule_args(causal, window, padded, B=3, Skv=7):
     return dict(causal=causal, window=window, kv_lens=kv_lens)
 
 
+def interval(sq, skv, rule, B=3) -> Interval:
+    lens = None if rule["kv_lens"] is None else torch.tensor(rule["kv_lens"])
+    return Interval(sq, skv, B, 0, window=rule["window"], kv_lens=lens)
+
+
 @pytest.mark.parametrize("sq,skv", [(7, 7), (9, 7), (5, 7)])
 @pytest.mark.parametrize("causal,window,padded", RULES)
 def test_block_keep_and_pair_count_follow_the_rules(sq, skv, causal, window, padded):
@@ -54,20 +60,15 @@ def test_block_keep_and_pair_count_follow_the_rules(sq, skv, causal, window, pad
     assert torch.equal(got.expand_as(want), want)
     if window is not None and sq > skv + window - 1:
         return  # such a case is refused (rows without keys); see the validation test
+    layout = interval(sq, skv, rule)
+    assert torch.equal(layout.dense(causal, "cpu")[:, 0].expand_as(want), want)
+    i, j = torch.arange(sq)[:, None], torch.arange(skv)[None, :]
+    assert torch.equal(~layout.hidden(i, j, causal).expand_as(want), want)  # written apart
     mask = "window" if window else "padding" if padded else "none"
-    case = Case(
-        batch=3,
-        heads=2,
-        kv_heads=2,
-        seq_q=sq,
-        seq_kv=skv,
-        head_dim=4,
-        causal=causal,
-        mask=mask,
-        window=window,
-    )
-    assert case.pairs(rule["kv_lens"]) == int(want.sum())
-    assert case.flops(rule["kv_lens"]) == 4 * 2 * int(want.sum()) * 4
+    spec = str(window) if window else None
+    case = Case(3, 2, 2, sq, skv, 4, causal=causal, mask=mask, pattern=spec)
+    assert case.pairs(layout) == int(want.sum())
+    assert case.flops(layout) == 4 * 2 * int(want.sum()) * 4
 
 
 @pytest.mark.parametrize("causal,window,padded", RULES)
@@ -79,9 +80,9 @@ def test_reference_applies_the_rules(monkeypatch, causal, window, padded):
         torch.randn(3, 2, 7, 4, generator=g, dtype=torch.float64, requires_grad=True)
         for _ in range(4)
     )
-    lens = None if rule["kv_lens"] is None else torch.tensor(rule["kv_lens"])
+    mask = Mask("window", interval(7, 7, rule))
     out, grads = reference.reference(
-        q, k, v, causal=causal, scale=0.5, dout=dout.detach(), window=window, kv_lens=lens
+        q, k, v, causal=causal, scale=0.5, dout=dout.detach(), mask=mask
     )
     keep = loop_mask(3, 7, 7, **rule)[:, None]  # (B, 1, Sq, Skv)
     want = ((q @ k.transpose(-1, -2)) * 0.5).masked_fill(~keep, -math.inf).softmax(-1) @ v
@@ -92,6 +93,11 @@ def test_reference_applies_the_rules(monkeypatch, causal, window, padded):
 
 def test_key_lengths_are_seeded_in_range_and_leave_q_k_v_alone():
     case = Case(batch=8, heads=2, kv_heads=2, seq_q=16, seq_kv=16, head_dim=4, mask="padding")
+
+    def key_lengths(c, seed):
+        lens = c.kind.layout(c, seed).kv_lens
+        return None if lens is None else lens.tolist()
+
     lens = key_lengths(case, 3)
     assert lens == key_lengths(case, 3) and lens != key_lengths(case, 4)
     assert all(1 <= n <= 16 for n in lens)
@@ -110,10 +116,10 @@ def test_key_lengths_are_seeded_in_range_and_leave_q_k_v_alone():
     "kw,message",
     [
         (dict(mask="diagonal"), "unknown mask 'diagonal'"),
-        (dict(mask="window"), "mask=window needs a positive integer window"),
-        (dict(mask="window", window=0), "mask=window needs a positive integer window"),
-        (dict(window=4), "window=4 needs mask=window"),
-        (dict(mask="window", window=4, seq_q=20, seq_kv=8), "would see no key"),
+        (dict(mask="window"), "mask=window: --window needs the window width W"),
+        (dict(mask="window", pattern="0"), "needs the window width W, a positive integer"),
+        (dict(pattern="4"), "pattern='4' needs mask"),
+        (dict(mask="window", pattern="4", seq_q=20, seq_kv=8), "would see no key"),
         (dict(level="block"), "unknown level 'block'"),
         (dict(level="layer", seq_q=8, seq_kv=12), "level=layer is self-attention"),
     ],
@@ -142,20 +148,22 @@ def test_grid_mask_causal_shorthand_and_windows():
         mask=["none", "causal", "padding", "window"],
         window=[8, 16],
     )
-    combos = [(c.mask, c.causal, c.window) for c in spec.cases()]
+    combos = [(c.mask, c.causal, c.pattern) for c in spec.cases()]
     assert combos == [
         ("none", False, None),
         ("none", True, None),
         ("padding", False, None),
         ("padding", True, None),
-        ("window", False, 8),
-        ("window", False, 16),
-        ("window", True, 8),
-        ("window", True, 16),
+        ("window", False, "8"),
+        ("window", False, "16"),
+        ("window", True, "8"),
+        ("window", True, "16"),
     ]
+    spelled = Spec.from_preset("smoke", "cpu", seq_len=[64], mode=["fwd"], mask=["window:8"])
+    assert [(c.mask, c.pattern) for c in spelled.cases()] == [("window", "8")] * 2
     only_causal = Spec.from_preset("smoke", "cpu", seq_len=[64], mode=["fwd"], mask=["causal"])
     assert [(c.mask, c.causal) for c in only_causal.cases()] == [("none", True)]
-    with pytest.raises(CaseError, match="needs --window"):
+    with pytest.raises(CaseError, match="needs its spec: give --window or --mask window:SPEC"):
         Spec.from_preset("smoke", "cpu", mask=["window"]).cases()
 
 

@@ -173,7 +173,7 @@ def test_a_kind_is_tried_on_a_small_case(registries):
     for name in ("none", "window", "document", "prefix_lm"):  # the built-ins pass
         kind = KINDS[name]
         try_kind(kind, Case(**{**case.as_dict(), "mask": name,
-                               "window": 4 if name == "window" else None}))  # fmt: skip
+                               "pattern": "4" if name == "window" else None}))  # fmt: skip
 
 
 BAD_KIND = """

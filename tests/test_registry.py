@@ -190,7 +190,7 @@ def test_bad_capability_is_refused():
 
 
 def test_masks_are_opt_in_with_readable_reasons(impls):
-    case = cpu_case(mask="window", window=4)
+    case = cpu_case(mask="window", pattern="4")
     plain = registry.Impl(name="plain", fn=None)
     assert plain.reasons(case) == ["mask=window (supported: none)"]
     assert not plain.takes_mask

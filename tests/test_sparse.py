@@ -12,6 +12,7 @@ import torch
 from attnbench import registry
 from attnbench.case import Case, CaseError
 from attnbench.cli import main
+from attnbench.masks import Mask
 from attnbench.measure import reference
 from attnbench.measure.timing import TimerConfig
 from attnbench.report.patterns import sparsity_fits
@@ -90,7 +91,7 @@ def test_reference_and_dense_mask_follow_the_rule(monkeypatch, mask, spec, causa
         for s in range(4)
     )
     out, grads = reference.reference(
-        q, k, v, causal=causal, scale=0.5, dout=dout.detach(), pattern=pattern
+        q, k, v, causal=causal, scale=0.5, dout=dout.detach(), mask=Mask(layout=pattern)
     )
     want = ((q @ k.transpose(-1, -2)) * 0.5).masked_fill(~keep, -math.inf).softmax(-1) @ v
     torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
@@ -178,7 +179,7 @@ def test_ignoring_global_tokens_disagrees(tmp_path):
         (dict(pattern="block=8:stride=2"), "'stride=2' is not a key=value of mask block_sparse"),
         (dict(pattern="local=2"), "local=2 must be odd"),
         (dict(pattern="block=0"), "block=0 must be an integer >= 1"),
-        (dict(window=4), "window=4 needs mask=window"),
+        (dict(pattern="4", mask="none"), "pattern='4' needs mask"),
     ],
 )
 def test_bad_sparse_cases_are_refused(kw, message):
@@ -196,7 +197,7 @@ def sparsity_run(tmp_path, series):
             case = Case(batch=1, heads=2, kv_heads=2, seq_q=n, seq_kv=n, head_dim=32,
                         mask="block_sparse", pattern=BIGBIRD)  # fmt: skip
             rows.append(
-                dict(run_id="sparse", impl=impl, **case.as_dict(), status="ok", time_ms=t,
+                dict(run_id="sparse", impl=impl, **case.columns(), status="ok", time_ms=t,
                      flops=4.0 * 2 * 32 * pairs, agrees=True, seed=0)
             )  # fmt: skip
     return read_results(synth.write_run(tmp_path, "sparse", rows))

@@ -11,6 +11,7 @@ from torchlog import own_lines
 
 from attnbench.case import Case, CaseError
 from attnbench.cli import main
+from attnbench.masks import Mask
 from attnbench.measure.reference import reference
 from attnbench.measure.roofline import roofline
 from attnbench.measure.timing import TimerConfig
@@ -48,7 +49,8 @@ def test_reference_bottom_right_follows_the_element_rule(Sq, Skv):
     q = torch.randn(2, 4, Sq, 8, generator=gen)
     k, v = (torch.randn(2, 2, Skv, 8, generator=gen) for _ in range(2))
     dout = torch.randn(2, 4, Sq, 8, generator=gen)
-    out, (dq, dk, dv) = reference(q, k, v, causal=True, scale=0.3, dout=dout, shift=Skv - Sq)
+    mask = Mask(align="bottom_right")  # query i at position i + Skv - Sq
+    out, (dq, dk, dv) = reference(q, k, v, causal=True, scale=0.3, dout=dout, mask=mask)
     assert torch.allclose(out, by_elements(q, k, v, Skv - Sq), atol=1e-12)
     if Sq > Skv:  # the first Sq - Skv queries see no key: zero output, zero gradient
         assert out[:, :, : Sq - Skv].abs().max() == 0
@@ -78,7 +80,7 @@ def test_case_pairs_and_flops_of_decode_rows_match_hand_counts():
 def test_alignment_needs_a_causal_or_window_mask():
     with pytest.raises(CaseError, match="causal_align=bottom_right"):
         Case(1, 1, 1, 4, 8, 16, causal=False, causal_align="bottom_right")
-    windowed = Case(1, 1, 1, 4, 8, 16, mask="window", window=2, causal_align="bottom_right")
+    windowed = Case(1, 1, 1, 4, 8, 16, mask="window", pattern="2", causal_align="bottom_right")
     # queries at positions 4..7 keep keys p-1..p+1 among the 8: 3 + 3 + 3 + 2 (no key 8)
     assert windowed.shift == 4 and windowed.pairs() == 11
 

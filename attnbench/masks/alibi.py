@@ -17,6 +17,7 @@ from attnbench.masks.scores import ScoreMod, register_mod
 @register_mod
 class Alibi(ScoreMod):
     name = "alibi"
+    short = "ali"
     meaning = "ALiBi: s - m_h |p - j|, slopes per head as BLOOM's"
     additive = True
 

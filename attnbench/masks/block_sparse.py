@@ -58,6 +58,7 @@ class BigBird(BlockLayout):
 class BlockSparse(BlockKind):
     name = "block_sparse"
     meaning = "BigBird's block-sparse pattern (--sparsity)"
+    short = "bsp"
     defaults = {"block": 64, "local": 3, "global": 1, "random": 2}
 
     def check_params(self, params):

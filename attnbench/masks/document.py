@@ -142,6 +142,7 @@ class Documents(Layout):
 class Document(MaskKind):
     name = "document"
     meaning = "packed documents (--docs)"
+    short = "doc"
     default_spec = DEFAULT_DOCS
     spec_flag = "--docs"
     self_only = True

@@ -1,12 +1,13 @@
-"""What the interval kinds (none, padding, window) share: their pair count, from rules.py's
-geometry (one interval of keys per query) and the case's window and key lengths."""
+"""What the interval kinds (none, padding, window, and any plugin of that shape) share: a
+layout whose kept keys are one interval per query (rules.py's geometry), its reference rule
+written out apart from that geometry, and its exact pair count."""
 
 from __future__ import annotations
 
 import torch
 
-from attnbench.masks.kind import MaskKind
-from attnbench.masks.rules import key_bounds
+from attnbench.masks.kind import Layout, MaskKind
+from attnbench.masks.rules import interval, key_bounds, reach
 
 
 def causal_pairs(seq_q: int, seq_kv: int, shift: int = 0) -> int:
@@ -25,17 +26,98 @@ def sum_range(a: int, b: int) -> int:
     return (b - a) * (a + b - 1) // 2 if b > a else 0
 
 
-class IntervalKind(MaskKind):
-    """A kind whose kept keys are one interval per query (rules.py)."""
+class Interval(Layout):
+    """Query i, at position p = i + shift among the keys, keeps the keys lo <= j < hi that the
+    window W (None: unbounded) and the valid key lengths kv_lens (B,) int64 (None: all Skv)
+    leave it, causal combined (rules.py). Cross-attention shapes (Sq != Skv) are allowed."""
 
-    def pairs(self, case, kv_lens, layout) -> int:
-        lo, hi = key_bounds(
-            torch.arange(case.seq_q),
-            case.seq_kv,
-            causal=case.causal,
-            window=case.window,
-            kv_lens=None if kv_lens is None else torch.tensor(kv_lens),
-            shift=case.shift,
+    kind = "interval"
+
+    def __init__(
+        self,
+        seq_q: int,
+        seq_kv: int,
+        batch: int,
+        shift: int = 0,
+        *,
+        window: int | None = None,
+        kv_lens: torch.Tensor | None = None,
+    ):
+        super().__init__(seq_q, batch)
+        self.seq_q, self.seq_kv, self.shift = seq_q, seq_kv, shift
+        self.window, self.kv_lens = window, kv_lens
+
+    @property
+    def rows(self) -> int:
+        return 1 if self.kv_lens is None else self.batch
+
+    def moved(self, delta: int = 0, widen: int = 0) -> Interval:
+        """The same keys with query positions moved by ``delta`` and the window widened by
+        ``widen`` (a diagnosis's near misses; the window's far edge stays where both match)."""
+        window = None if self.window is None else self.window + widen
+        return Interval(
+            self.seq_q,
+            self.seq_kv,
+            self.batch,
+            self.shift + delta,
+            window=window,
+            kv_lens=self.kv_lens,
         )
+
+    def bounds(self, rows: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """For query rows (n,): lo (1, n), hi (Bm, n) (rules.key_bounds)."""
+        return key_bounds(
+            rows,
+            self.seq_kv,
+            causal=causal,
+            window=self.window,
+            kv_lens=self.kv_lens,
+            shift=self.shift,
+        )
+
+    def rule(self, b, i, j, causal):
+        back, ahead = reach(causal, self.window)
+        lens = self.kv_lens
+        kv_len = torch.tensor(self.seq_kv) if lens is None else lens.to(i.device)[b]
+        lo, hi = interval(i + self.shift, back=back, ahead=ahead, kv_len=kv_len)
+        return (j >= lo) & (j < hi)
+
+    def hidden(self, i, j, causal):
+        p = i + self.shift  # (c, 1): the queries' positions among the keys
+        drop = torch.zeros(p.shape[0], j.shape[1], dtype=torch.bool, device=p.device)
+        if causal:
+            drop |= j > p
+        if self.window is not None:
+            drop |= (p - j >= self.window) if causal else ((p - j).abs() >= self.window)
+        if self.kv_lens is None:
+            return drop[None]
+        return drop | (j >= self.kv_lens.to(p.device)[:, None, None])  # (B, c, Skv)
+
+    def dense(self, causal, device) -> torch.Tensor:
+        make = lambda: self.keep(0, self.seq_q, 0, self.seq_kv, causal, device)[:, None]
+        return self.cached(("dense", causal, str(device)), make)
+
+    def draws(self) -> dict:
+        return {} if self.kv_lens is None else {"key_lengths": self.kv_lens.tolist()}
+
+    def pairs(self, causal: bool) -> int:
+        lo, hi = self.bounds(torch.arange(self.seq_q), causal)
         counts = (hi - lo).clamp(min=0).sum()  # over (Bm, Sq)
-        return int(counts) * (1 if kv_lens is not None else case.batch)
+        return int(counts) * (self.batch // self.rows)
+
+
+class IntervalKind(MaskKind):
+    """A kind whose kept keys are one interval per query: an ``Interval`` layout built from
+    the case (its alignment, and what ``limits`` adds: a window, key lengths)."""
+
+    def limits(self, case, seed: int) -> dict:
+        """The layout's window and kv_lens for ``case``, drawn from ``seed`` where drawn."""
+        return {}
+
+    def layout(self, case, seed):
+        return self.interval(case, **self.limits(case, seed))
+
+    @staticmethod
+    def interval(case, **limits) -> Interval:
+        """The case's ``Interval`` with ``limits`` (window=, kv_lens=)."""
+        return Interval(case.seq_q, case.seq_kv, case.batch, case.shift, **limits)

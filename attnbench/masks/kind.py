@@ -5,8 +5,8 @@ says how to fix a bad one), its checks on a case, the data it draws from the see
 its rules in its ``Layout``: ``rule`` (what impls run: dense, per tile, or as a FlexAttention
 mask_mod) and ``hidden`` (the float64 reference's rule, written out on its own, on purpose).
 
-The interval kinds (none, padding, window) have no layout: their geometry is rules.py's, which
-impls use directly, and the reference writes them out from the case's window and key lengths.
+The interval kinds (none, padding, window) share one layout (interval.py's ``Interval``): its
+keys are one interval per query, whose geometry (rules.py) impls may use directly.
 
 A kind is checked when it is registered (its name, every method taking what the harness
 passes: contract.py); ``try_kind`` runs a plugin's kind on a small case when its file loads.
@@ -23,6 +23,7 @@ from attnbench.masks.contract import (
     ContractError,
     attempt,
     check_calls,
+    check_defined,
     check_name,
     expect,
     tensor_of,
@@ -36,7 +37,7 @@ CALLS = {
     "check": (1, "check(self, case)"),
     "layout": (2, "layout(self, case, seed)"),
     "from_draws": (2, "from_draws(self, case, record)"),
-    "pairs": (3, "pairs(self, case, kv_lens, layout)"),
+    "pairs": (2, "pairs(self, case, layout)"),
     "label": (1, "label(self, case)"),
 }
 
@@ -46,11 +47,18 @@ class MaskKind:
 
     name = ""
     meaning = ""  # one phrase: --mask's help and the mask column's meaning (docs/columns.md)
-    default_spec: str | None = None  # the spec when none is given; None: the kind takes none
+    short = ""  # its name in the terminal's narrow tables (blank: the name)
+    default_spec: str | None = None  # the spec when none is given (None: see takes_spec)
     spec_flag = ""  # where its spec is given: its own option, else --mask KIND:SPEC
     self_only = False  # needs seq_q == seq_kv
     needs_causal = False  # only defined with causal true
     aligned = False  # the causal alignment places it (as it places a causal mask)
+
+    @property
+    def takes_spec(self) -> bool:
+        """Whether the kind takes a spec: those with a default; a kind whose spec must be
+        given (no default) sets this True."""
+        return self.default_spec is not None
 
     def canonical(self, spec: str | None) -> str | None:
         """The canonical spec (defaults filled in); ValueError saying how to fix a bad one."""
@@ -60,8 +68,6 @@ class MaskKind:
 
     def check(self, case) -> None:
         """ValueError naming the problem and the fix when ``case`` cannot have this mask."""
-        if case.window is not None:
-            raise ValueError(f"window={case.window} needs mask=window (mask={self.name})")
         if self.needs_causal and not case.causal:
             raise ValueError(f"mask {self.name} is causal: set causal true (--causal true)")
         if self.self_only and case.cross:
@@ -70,16 +76,18 @@ class MaskKind:
                 f"seq_kv={case.seq_kv} must be equal"
             )
 
-    def layout(self, case, seed: int) -> Layout | None:
-        """The case's mask data, drawn from ``seed`` where it draws any; None: rules.py's."""
-        return None
+    def layout(self, case, seed: int) -> Layout:
+        """The case's mask data, drawn from ``seed`` where it draws any."""
+        raise NotImplementedError(f"{type(self).__name__} defines no layout(self, case, seed)")
 
     def from_draws(self, case, record: dict) -> Layout | None:
         """The layout from a run's draws-file record (``Layout.draws``'s fields)."""
         return self.layout(case, 0)
 
-    def pairs(self, case, kv_lens: list[int] | None, layout: Layout | None) -> int:
+    def pairs(self, case, layout: Layout) -> int:
         """Kept (query, key) pairs per head, summed over the batch, exactly."""
+        if layout is None:
+            raise ValueError(f"mask={self.name}: the pair count needs the case's drawn layout")
         return layout.pairs(case.causal)
 
     def label(self, case) -> str:
@@ -95,6 +103,7 @@ def register_kind(kind: MaskKind) -> MaskKind:
         raise ContractError(f"register_kind takes a MaskKind instance{hint} ({GUIDE})")
     check_name("mask kind", kind.name, reserved="causal")
     check_calls(f"mask kind {kind.name!r}", type(kind), CALLS)
+    check_defined(f"mask kind {kind.name!r}", type(kind), MaskKind, {"layout": CALLS["layout"][1]})
     old = KINDS.get(kind.name)
     if old is not None and type(old) is not type(kind):
         raise ValueError(f"mask kind {kind.name!r} is already registered ({type(old).__name__})")
@@ -108,19 +117,18 @@ def try_kind(kind: MaskKind, case) -> None:
     (whether rule and hidden agree is the reference's to find, row by row)."""
     run = functools.partial(attempt, f"mask kind {kind.name!r}", type(kind))
     name, Sq, Skv, causal = type(kind).__name__, case.seq_q, case.seq_kv, case.causal
-    layout = run(f"{name}.layout", lambda: kind.layout(case, 0), _layout_or_none)
-    if layout is not None:
-        rows, shown = layout.rows, type(layout).__name__
-        i, j = torch.arange(Sq)[:, None], torch.arange(Skv)[None, :]  # (Sq, 1), (1, Skv)
-        keep = lambda: layout.keep(0, Sq, 0, Skv, causal, "cpu")
-        run(f"{shown}.rule", keep, tensor_of((rows, Sq, Skv), torch.bool))
-        run(f"{shown}.hidden", lambda: layout.hidden(i, j, causal), _hidden(rows, Sq, Skv))
-    run(f"{name}.pairs", lambda: kind.pairs(case, None, layout), _count)
+    layout = run(f"{name}.layout", lambda: kind.layout(case, 0), _a_layout)
+    rows, shown = layout.rows, type(layout).__name__
+    i, j = torch.arange(Sq)[:, None], torch.arange(Skv)[None, :]  # (Sq, 1), (1, Skv)
+    keep = lambda: layout.keep(0, Sq, 0, Skv, causal, "cpu")
+    run(f"{shown}.rule", keep, tensor_of((rows, Sq, Skv), torch.bool))
+    run(f"{shown}.hidden", lambda: layout.hidden(i, j, causal), _hidden(rows, Sq, Skv))
+    run(f"{name}.pairs", lambda: kind.pairs(case, layout), _count)
     run(f"{name}.label", lambda: kind.label(case), _text)
 
 
-def _layout_or_none(out) -> None:
-    expect(out is None or isinstance(out, Layout), f"returned {out!r}, expected a Layout or None")
+def _a_layout(out) -> None:
+    expect(isinstance(out, Layout), f"returned {out!r}, expected a Layout")
 
 
 def _hidden(rows: int, Sq: int, Skv: int):

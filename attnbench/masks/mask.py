@@ -6,31 +6,45 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnbench.masks.interval import Interval
 from attnbench.masks.kind import Layout
-from attnbench.masks.rules import block_keep, offset
+from attnbench.masks.rules import offset
 from attnbench.masks.scores import ScoreMod
 
 
 @dataclass
 class Mask:
-    """The kind (masks.KINDS), the window width (kind window), the valid key lengths kv_lens
-    (B,) int64 on the case's device (kind padding), the causal alignment ``align``
-    (rules.ALIGNS), the kind's ``pattern`` (a kind.Layout, for kinds that have one) and the
-    case's score modifier ``score_mod`` (a scores.ScoreMod, or None). Dense and block masks
-    are built once per row and cached here, outside the timed calls, as a model builds them
-    once for all its layers."""
+    """The kind (masks.KINDS), its drawn ``layout`` (a kind.Layout; None: no mask beyond
+    causal), the causal alignment ``align`` (rules.ALIGNS) and the case's score modifier
+    ``score_mod`` (a scores.ScoreMod, or None). Dense and block masks are built once per row
+    and cached here, outside the timed calls, as a model builds them once for all its layers.
+
+    What impls read of an interval kind (none, padding, window) they may read from the
+    geometry of rules.py: ``window`` (W, or None) and ``kv_lens`` ((B,) int64 on the case's
+    device, or None); ``pattern`` is the layout of any other kind (document, block_sparse,
+    a plugin's), else None."""
 
     kind: str = "none"
-    window: int | None = None
-    kv_lens: torch.Tensor | None = None  # (B,)
+    layout: Layout | None = None
     align: str = "top_left"
-    pattern: Layout | None = None  # kinds with a layout (document, block_sparse, ...)
     score_mod: ScoreMod | None = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def fresh(self) -> Mask:
         """The same mask with an empty cache (one per row: caches die with the row)."""
-        return Mask(self.kind, self.window, self.kv_lens, self.align, self.pattern, self.score_mod)
+        return Mask(self.kind, self.layout, self.align, self.score_mod)
+
+    @property
+    def window(self) -> int | None:
+        return self.layout.window if isinstance(self.layout, Interval) else None
+
+    @property
+    def kv_lens(self) -> torch.Tensor | None:
+        return self.layout.kv_lens if isinstance(self.layout, Interval) else None
+
+    @property
+    def pattern(self) -> Layout | None:
+        return None if isinstance(self.layout, Interval) else self.layout
 
     def masked(self, causal: bool) -> bool:
         """Whether any key is masked beyond nothing at all."""
@@ -42,23 +56,9 @@ class Mask:
 
     def keep(self, seq_q: int, seq_kv: int, causal: bool, device) -> torch.Tensor:
         """Dense boolean mask, True = attend: (Bm, 1, Sq, Skv), cached."""
-        key = ("keep", seq_q, seq_kv, causal, str(device))
-        if self.pattern is not None:
-            return self.cached(key, lambda: self.pattern.dense(causal, device))
+        layout = self.layout or Interval(seq_q, seq_kv, 1, self.shift(seq_q, seq_kv))
         return self.cached(
-            key,
-            lambda: block_keep(
-                0,
-                seq_q,
-                0,
-                seq_kv,
-                seq_kv,
-                causal=causal,
-                window=self.window,
-                kv_lens=self.kv_lens,
-                device=device,
-                shift=self.shift(seq_q, seq_kv),
-            )[:, None],
+            ("keep", seq_q, seq_kv, causal, str(device)), lambda: layout.dense(causal, device)
         )
 
     def positions(self, heads: int, seq_q: int, seq_kv: int, device):

@@ -8,7 +8,7 @@ class NoMask(IntervalKind):
     name = "none"
     meaning = "no mask beyond causal"
 
-    def pairs(self, case, kv_lens, layout) -> int:
+    def pairs(self, case, layout) -> int:
         if not case.causal:
             return case.batch * case.seq_q * case.seq_kv
         return case.batch * causal_pairs(case.seq_q, case.seq_kv, case.shift)

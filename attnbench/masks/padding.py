@@ -1,19 +1,28 @@
 """Mask padding (key padding): batch row b has ``kv_lens[b]`` valid keys, keys j >= kv_lens[b]
-are masked. The lengths are drawn from the seed (run/inputs.py key_lengths, stream
-"padding"), uniform in [1, Skv]; the reference hides j >= kv_lens[b] on its own."""
+are masked. The lengths are drawn from the seed (stream "padding"), uniform in [1, Skv] (never
+0: a row with every key masked has no softmax), apart from q, k, v; the layout's reference
+rule hides j >= kv_lens[b] on its own."""
+
+import torch
 
 from attnbench.masks.interval import IntervalKind
 from attnbench.masks.kind import register_kind
+from attnbench.seeds import generator
 
 
 class Padding(IntervalKind):
     name = "padding"
     meaning = "per-batch valid key lengths"
+    short = "pad"
 
-    def pairs(self, case, kv_lens, layout) -> int:
-        if kv_lens is None:
-            raise ValueError("mask=padding: the pair count needs kv_lens")
-        return super().pairs(case, kv_lens, layout)
+    def limits(self, case, seed):
+        gen = generator("padding", seed)
+        lens = torch.randint(1, case.seq_kv + 1, (case.batch,), generator=gen)
+        return {"kv_lens": lens.to(case.device)}
+
+    def from_draws(self, case, record):
+        lens = torch.tensor(record["key_lengths"], device=case.device)
+        return self.interval(case, kv_lens=lens)
 
 
 register_kind(Padding())

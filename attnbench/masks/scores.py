@@ -84,6 +84,7 @@ class ScoreMod:
 
     name = ""
     meaning = ""  # one phrase: --score-mod's help
+    short = ""  # its name in the terminal's narrow tables (blank: the name)
     default_arg: str | None = None  # the argument when none is given; None: takes none
     additive = False  # s + bias(h, p, j): expressible as a float attn_mask
 

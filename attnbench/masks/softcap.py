@@ -11,6 +11,7 @@ from attnbench.masks.scores import ScoreMod, register_mod
 @register_mod
 class Softcap(ScoreMod):
     name = "softcap"
+    short = "cap"
     meaning = "logit soft-capping, cap · tanh(s / cap) (softcap:CAP, default 50: Gemma 2)"
     default_arg = "50"
 

@@ -1,7 +1,7 @@
-"""Mask window (local attention, width W = the case's ``window``): query i at position p keeps
-keys |p - j| < W (2W - 1 keys around p), or with causal p - W < j <= p (a sliding window of W
-keys ending at p). The causal alignment places it (rules.py); docs/method.md maps W to other
-libraries' window conventions."""
+"""Mask window (local attention of width W, the kind's spec: ``--mask window:W``, or
+``--window W``): query i at position p keeps keys |p - j| < W (2W - 1 keys around p), or with
+causal p - W < j <= p (a sliding window of W keys ending at p). The causal alignment places it
+(rules.py); docs/method.md maps W to other libraries' window conventions."""
 
 from attnbench.masks.interval import IntervalKind
 from attnbench.masks.kind import register_kind
@@ -9,16 +9,25 @@ from attnbench.masks.kind import register_kind
 
 class Window(IntervalKind):
     name = "window"
-    meaning = "local attention of width W (--window)"
+    meaning = "local attention of width W (--window W or --mask window:W)"
+    short = "win"
     spec_flag = "--window"
+    takes_spec = True  # and has no default: the width must be given
     aligned = True
 
-    def check(self, case) -> None:
-        W = case.window
-        if isinstance(W, bool) or not isinstance(W, int) or W <= 0:
+    def canonical(self, spec):
+        text = "" if spec is None else str(spec).strip()
+        if not text.isdigit() or int(text) <= 0:
+            got = "none" if spec is None else repr(spec)
             raise ValueError(
-                f"mask=window needs a positive integer window (got {W!r}; set --window)"
+                f"needs the window width W, a positive integer (got {got}; e.g. --window 64 "
+                f"or --mask window:64)"
             )
+        return str(int(text))
+
+    def check(self, case) -> None:
+        super().check(case)
+        W = int(self.canonical(case.pattern))
         if case.seq_q + case.shift > case.seq_kv + W - 1:
             raise ValueError(
                 f"mask=window with window={W}: queries i >= seq_kv + window - 1 = "
@@ -26,8 +35,11 @@ class Window(IntervalKind):
                 f"window or more keys"
             )
 
+    def limits(self, case, seed):
+        return {"window": int(case.pattern)}
+
     def label(self, case) -> str:
-        return f" window{case.window}"
+        return f" window{case.pattern}"
 
 
 register_kind(Window())

@@ -28,7 +28,7 @@ import torch
 
 from attnbench.case import Case
 from attnbench.masks import offset
-from attnbench.masks.interval import IntervalKind
+from attnbench.masks.interval import Interval, IntervalKind
 from attnbench.measure import agreement
 from attnbench.measure.agreement import Truth, Verdict
 from attnbench.measure.reference import Magnitude, magnitude, reference
@@ -106,18 +106,12 @@ def _far(got: torch.Tensor, ref: torch.Tensor) -> bool:
 
 
 def _recomputed(case: Case, inputs, truth: Truth, k=None, v=None, **changed):
-    """The float64 reference of ``out`` with ``changed`` arguments (and k, v replaced where
-    given) and a function computing its magnitude, or None when they leave the reference as
-    it was."""
-    args = dict(
-        causal=case.causal,
-        scale=inputs.scale,
-        window=case.window,
-        kv_lens=inputs.mask.kv_lens,
-        shift=case.shift,
-        pattern=inputs.mask.pattern,
-        score_mod=inputs.mask.score_mod,
-    )
+    """The float64 reference of ``out`` with ``changed`` arguments (scale=, mask=; k, v
+    replaced where given) and a function computing its magnitude, or None when they leave the
+    reference as it was (or a changed mask is None: the case has no such neighbour)."""
+    if "mask" in changed and changed["mask"] is None:
+        return None
+    args = dict(causal=case.causal, scale=inputs.scale, mask=inputs.mask)
     args.update(changed)
     k = inputs.k if k is None else k
     v = inputs.v if v is None else v
@@ -127,10 +121,22 @@ def _recomputed(case: Case, inputs, truth: Truth, k=None, v=None, **changed):
     return ref, lambda: magnitude(inputs.q, k, v, **args)[0]
 
 
+def _moved(inputs, delta: int = 0, widen: int = 0, align: str | None = None):
+    """The case's mask with its interval's query positions moved by ``delta`` and its window
+    widened by ``widen`` (and, with ``align``, its score modifier's positions on that
+    alignment); None for a mask that is not one interval per query."""
+    mask = inputs.mask
+    if not isinstance(mask.layout, Interval):
+        return None
+    moved = mask.layout.moved(delta, widen)
+    return dataclasses.replace(mask, layout=moved, align=align or mask.align, _cache={})
+
+
 def _other_align(case, inputs, out, truth):
     other = "top_left" if case.causal_align == "bottom_right" else "bottom_right"
-    found = _recomputed(case, inputs, truth, shift=offset(other, case.seq_q, case.seq_kv))
-    what = "causal" if case.causal else "window"
+    delta = offset(other, case.seq_q, case.seq_kv) - case.shift
+    found = _recomputed(case, inputs, truth, mask=_moved(inputs, delta, align=other))
+    what = "causal" if case.causal else case.mask
     message = f"{HYPHEN[other]} {what}; declared {HYPHEN[case.causal_align]}"
     return None if found is None else (out, *found, message)
 
@@ -150,11 +156,11 @@ def _kv_head_mod(case, inputs, out, truth):
 
 def _window(delta: int):
     def alternative(case, inputs, out, truth):
-        width = case.window + delta
-        if width < 1:
+        declared = inputs.mask.window
+        if declared + delta < 1:
             return None
-        found = _recomputed(case, inputs, truth, window=width)
-        message = f"window {width}; declared window {case.window}"
+        found = _recomputed(case, inputs, truth, mask=_moved(inputs, widen=delta))
+        message = f"window {declared + delta}; declared window {declared}"
         return None if found is None else (out, *found, message)
 
     return alternative
@@ -168,10 +174,10 @@ def _diagonal(delta: int):
     over nothing): they are read as zero, the reference's value there, and the note says so."""
 
     def alternative(case, inputs, out, truth):
-        window = None if case.window is None else case.window + delta
-        if window is not None and window < 1:
+        declared = inputs.mask.window
+        if declared is not None and declared + delta < 1:
             return None
-        found = _recomputed(case, inputs, truth, shift=case.shift + delta, window=window)
+        found = _recomputed(case, inputs, truth, mask=_moved(inputs, delta, widen=delta))
         if found is None:
             return None
         ref, mag = found
@@ -232,7 +238,8 @@ def _scale(which: str):
 
 
 def _unmodified(case, inputs, out, truth):
-    found = _recomputed(case, inputs, truth, score_mod=None)
+    unmodified = dataclasses.replace(inputs.mask, score_mod=None, _cache={})
+    found = _recomputed(case, inputs, truth, mask=unmodified)
     message = f"without score_mod {case.score_mod}; declared {case.score_mod}"
     return None if found is None else (out, *found, message)
 

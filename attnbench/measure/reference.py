@@ -28,11 +28,7 @@ def reference(
     scale: float,
     dout=None,
     dtype=torch.float64,
-    window: int | None = None,
-    kv_lens: torch.Tensor | None = None,
-    shift: int = 0,
-    pattern=None,
-    score_mod=None,
+    mask=None,
 ):
     """Attention by the textbook formula in ``dtype``, one batch element and one query chunk
     at a time, so neither the score matrix nor a widened copy of k and v is ever whole (a
@@ -40,12 +36,11 @@ def reference(
     ``(dq, dk, dv)`` when ``dout`` is given.
 
     q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D); dout (B, Hq, Sq, D). Results are in ``dtype``
-    (dk/dv accumulated over chunks in at least float32). Masks, written out element by
-    element (query i at position p = i + shift among the keys, key j, batch b): causal masks
-    j > p; ``window`` W masks |p - j| >= W, or with causal p - j >= W; ``kv_lens`` (B,) masks
-    j >= kv_lens[b] (key padding); a mask kind's ``pattern`` (a masks.Layout) by its own
-    ``hidden`` rule, causal included. ``score_mod`` (a masks.ScoreMod) changes the scaled
-    scores by its ``reference`` rule before the mask. A query with every key masked has
+    (dk/dv accumulated over chunks in at least float32). ``mask`` (a masks.Mask; None: none):
+    its layout's ``hidden`` rule, causal included, written out element by element apart from
+    the rule impls run (without a layout, causal alone: query i at position p = i + shift
+    among the keys does not see j > p); its score modifier's ``reference`` rule changes the
+    scaled scores of query position p before the mask. A query with every key masked has
     output zero and gradients zero."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
@@ -57,6 +52,7 @@ def reference(
     dk = torch.empty(k.shape, dtype=dtype, device=q.device) if grad else None
     dv = torch.empty_like(dk) if grad else None
     step = _chunk_rows(Hq, Skv, dtype)
+    shift, score_mod = _shift(mask, Sq, Skv), None if mask is None else mask.score_mod
     j = torch.arange(Skv, device=q.device)[None, :]  # (1, Skv)
     # the query head of each (kv head, group member): h = kv · group + g, (Hkv, group, 1, 1)
     heads = torch.arange(Hq, device=q.device).reshape(Hkv, group, 1, 1)
@@ -73,10 +69,10 @@ def reference(
             qc.requires_grad_(grad)
             with torch.enable_grad() if grad else torch.no_grad():
                 s = (qc @ kb.transpose(-1, -2)) * scale  # (Hkv, group, c, Skv)
-                p = torch.arange(rows.start, rows.stop, device=q.device)[:, None] + shift
+                i = torch.arange(rows.start, rows.stop, device=q.device)[:, None]  # (c, 1)
                 if score_mod is not None:
-                    s = score_mod.reference(s, heads, p, j)
-                drop = _dropped(p, j, b, causal, window, kv_lens, shift, pattern)  # (c, Skv)
+                    s = score_mod.reference(s, heads, i + shift, j)
+                drop = _hidden(mask, i, j, b, causal, shift)  # (c, Skv)
                 empty = drop.all(dim=-1, keepdim=True)  # (c, 1): no key at all
                 s = s.masked_fill(drop, float("-inf")).masked_fill(empty, 0.0)
                 oc = s.softmax(dim=-1).masked_fill(empty, 0.0) @ vb  # (Hkv, group, c, D)
@@ -92,20 +88,19 @@ def reference(
     return out, ((dq, dk, dv) if grad else None)
 
 
-def _dropped(p, j, b, causal, window, kv_lens, shift, pattern) -> torch.Tensor:
-    """True where key j is hidden from the query at position p in batch row b: (c, Skv) for
-    p (c, 1) and j (1, Skv), each rule written out element by element."""
-    if pattern is not None:  # the kind's own rule, causal included: (Bm, c, Skv)
-        hidden = pattern.hidden(p - shift, j, causal)
+def _shift(mask, seq_q: int, seq_kv: int) -> int:
+    """Position of query 0 among the keys: the mask's alignment (0 without a mask)."""
+    return 0 if mask is None else mask.shift(seq_q, seq_kv)
+
+
+def _hidden(mask, i, j, b, causal, shift) -> torch.Tensor:
+    """True where key j is hidden from query i in batch row b: (c, Skv) for i (c, 1) and
+    j (1, Skv): the mask layout's own rule, causal included (Bm, c, Skv), else causal alone."""
+    layout = None if mask is None else mask.layout
+    if layout is not None:
+        hidden = layout.hidden(i, j, causal)
         return hidden[b if hidden.shape[0] > 1 else 0]
-    drop = torch.zeros(p.shape[0], j.shape[1], dtype=torch.bool, device=p.device)
-    if causal:
-        drop |= j > p
-    if window is not None:
-        drop |= (p - j >= window) if causal else ((p - j).abs() >= window)
-    if kv_lens is not None:
-        drop |= j >= kv_lens[b].to(p.device)
-    return drop
+    return (j > i + shift) if causal else torch.zeros_like(i + j, dtype=torch.bool)
 
 
 @dataclass(frozen=True)
@@ -133,11 +128,7 @@ def magnitude(
     causal: bool,
     scale: float,
     dout=None,
-    window: int | None = None,
-    kv_lens: torch.Tensor | None = None,
-    shift: int = 0,
-    pattern=None,
-    score_mod=None,
+    mask=None,
 ) -> list[Magnitude]:
     """The magnitudes of ``[out]`` or ``[out, dq, dk, dv]`` (docs/method.md has the formulas),
     for q, k, v (and dout) in the case dtype, whose smallest normal number sets ``under``.
@@ -150,8 +141,8 @@ def magnitude(
             v[b : b + 1],
             scale=scale,
             dout=None if dout is None else dout[b : b + 1],
-            mask=dict(causal=causal, window=window, kv_lens=kv_lens, shift=shift, pattern=pattern),
-            score_mod=score_mod,
+            causal=causal,
+            mask=mask,
             batch=b,
         )
         for b in range(q.shape[0])
@@ -225,7 +216,7 @@ class _Walk:
         return [self.out, self.dq, per_kv(self.k2).sqrt(), per_kv(self.v2).sqrt()]
 
 
-def _magnitude(q, k, v, *, scale, dout, mask, score_mod, batch) -> list[Magnitude]:
+def _magnitude(q, k, v, *, scale, dout, causal, mask, batch) -> list[Magnitude]:
     B, Hq, Sq, D = q.shape
     Hkv, Skv, G = k.shape[1], k.shape[2], Hq // k.shape[1]
     f64, grads = torch.float64, dout is not None
@@ -243,11 +234,12 @@ def _magnitude(q, k, v, *, scale, dout, mask, score_mod, batch) -> list[Magnitud
     c = _Chunk(vv.square(), kk2=kk.square() if grads else None)
     step = max(1, CHUNK_BYTES // max(B * Hq * Skv * 8, 1))  # query rows per chunk
     j = torch.arange(Skv, device=q.device)[None, :]
+    shift = _shift(mask, Sq, Skv)
     for start in range(0, Sq, step):
         rows = slice(start, min(start + step, Sq))
         c.qc = q[:, :, rows]
-        i = torch.arange(rows.start, rows.stop, device=q.device)[:, None] + mask["shift"]
-        s, size, change, g = _scores(c.qc, kk, i, j, scale, mask, score_mod, batch)
+        i = torch.arange(rows.start, rows.stop, device=q.device)[:, None]
+        s, size, change, g = _scores(c.qc, kk, i, j, scale, mask, (causal, shift, batch))
         kept, p = _probabilities(s)
         out[:, :, rows] = p @ vv
         n_q[:, :, rows] = kept.sum(-1, keepdim=True).to(f64)
@@ -280,23 +272,26 @@ def _magnitude(q, k, v, *, scale, dout, mask, score_mod, batch) -> list[Magnitud
     ]
 
 
-def _scores(qc, kk, i, j, scale, mask, score_mod, batch):
+def _scores(qc, kk, i, j, scale, mask, where):
     """Scores of query chunk qc (1, Hq, c, D) against kk (1, Hq, Skv, D), modified and masked
     (-inf), the size that sets their rounding error (|s|, or with a modifier |s| + |change|),
     the modifier's change (None without one) and d(modified)/d(s) (1 without a modifier):
-    (1, Hq, c, Skv) each. i (c, 1): the queries' positions among the keys; j (1, Skv)."""
+    (1, Hq, c, Skv) each. i (c, 1): the queries; j (1, Skv); ``where``: (causal, shift,
+    batch row)."""
+    causal, shift, batch = where
     s = (qc @ kk.transpose(-1, -2)) * scale  # (1, Hq, c, Skv)
     size, change, g = s.abs(), None, 1.0
+    score_mod = None if mask is None else mask.score_mod
     if score_mod is not None:
         heads = torch.arange(s.shape[1], device=s.device)[None, :, None, None]
         raw = s.detach().requires_grad_()
         with torch.enable_grad():
-            modded = score_mod.reference(raw, heads, i, j)
+            modded = score_mod.reference(raw, heads, i + shift, j)
             (g,) = torch.autograd.grad(modded.sum(), raw)
         s = modded.detach()
         change = s - raw.detach()
         size = raw.detach().abs() + change.abs()
-    return s.masked_fill(_dropped(i, j, batch, **mask), -math.inf), size, change, g
+    return s.masked_fill(_hidden(mask, i, j, batch, causal, shift), -math.inf), size, change, g
 
 
 def _probabilities(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

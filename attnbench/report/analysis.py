@@ -160,8 +160,8 @@ def _label_parts(r, shown: set[str]) -> list[str]:
 
 def series_labels(series: pd.DataFrame, always=()) -> pd.Series:
     """A label per series (rows carrying SERIES_KEY): mode, causal, dtype, B, H, D and the
-    length relation, plus every other key column that varies between the rows (mask, pattern,
-    window, model, phase, ...) and those in ``always``, so that no two series of one impl
+    length relation, plus every other key column that varies between the rows (mask, its
+    spec, model, phase, ...) and those in ``always``, so that no two series of one impl
     share a label."""
     if series.empty:
         return pd.Series([], index=series.index, dtype="string")

@@ -27,7 +27,7 @@ import seaborn as sns  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
 
-from attnbench.dims import DIMS  # noqa: E402
+from attnbench.dims import DIMS, SPEC_COLUMNS  # noqa: E402
 from attnbench.measure.timing import NOISY_SPREAD  # noqa: E402
 from attnbench.report import analysis  # noqa: E402
 
@@ -104,10 +104,10 @@ def title(what: str, df: pd.DataFrame, device_name: str | None) -> str:
     if len(df) and (df["kv_heads"] == df["heads"]).all():
         skip.add("kv_heads")  # plain multi-head attention: Hkv = H says nothing
     if len(df) and (df["mask"] == "none").all() and (df["level"] == "op").all():
-        skip |= {"mask", "window", "level"}  # the defaults say nothing either
+        skip |= {"mask", "level", *SPEC_COLUMNS}  # the defaults say nothing either
     if "causal_align" in df and (df["causal_align"].fillna("top_left") == "top_left").all():
         skip.add("causal_align")
-    held = (  # a value held fixed at "missing" (W of a mask without a window) says nothing
+    held = (  # a value held fixed at "missing" (a spec of a kind without one) says nothing
         ", ".join(
             f"{CONFIG_LABELS[c]}{df[c].iloc[0]}"
             for c in fixed

@@ -31,9 +31,6 @@ def _bwd(impl) -> str:
     return ",".join(impl.backward)
 
 
-# mask names in the table, as the legend spells them out
-MASK_SHORT = {"padding": "pad", "window": "win", "document": "doc", "block_sparse": "bsp"}
-MOD_SHORT = {"softcap": "cap", "alibi": "ali"}  # score modifiers, likewise
 NEED_SHORT = {"additive": "add", "grad": "all*"}  # what an impl needs of every modifier
 
 
@@ -53,19 +50,25 @@ def _compact(values, every=(), short=None) -> str:
     return ",".join((short or {}).get(v, str(v)) for v in values)
 
 
+def _short_mod(name: str) -> str:
+    """A score modifier's name in the table: its ``short``, else its name."""
+    return getattr(MODS.get(name), "short", "") or name
+
+
 def _masks(impl) -> str:
     """The masks beyond none ('-': none alone; '!' after them: it needs one of them)."""
     if ANY[0] in impl.masks:
         return "all"
     extra = [m for m in impl.masks if m != "none"]
-    shown = _compact(extra, MASKS[1:], MASK_SHORT) if extra else "-"
+    short = {k.name: k.short for k in KINDS.values() if k.short}
+    shown = _compact(extra, MASKS[1:], short) if extra else "-"
     return shown if "none" in impl.masks else shown + "!"
 
 
 def _mods(impl) -> str:
     """The score modifiers an impl takes, for attnbench list's sm column."""
     if ANY[0] not in impl.score_mods:
-        return ",".join(MOD_SHORT.get(m, m) for m in impl.score_mods) or "-"
+        return ",".join(_short_mod(m) for m in impl.score_mods) or "-"
     return "+".join(NEED_SHORT[n] for n in impl.score_mod_needs) or "all"
 
 

@@ -32,33 +32,12 @@ class Inputs:
     seed: int = 0  # what they were drawn from (a paged KV cache's page order too)
 
 
-def key_lengths(case: Case, seed: int) -> list[int] | None:
-    """Valid key lengths per batch for mask=padding, uniform in [1, seq_kv] (never 0: a row
-    with every key masked has no softmax), drawn from ``seed`` apart from q, k, v."""
-    if case.mask != "padding":
-        return None
-    gen = generator("padding", seed)
-    return torch.randint(1, case.seq_kv + 1, (case.batch,), generator=gen).tolist()
-
-
-def pattern(case: Case, seed: int) -> Layout | None:
-    """The mask kind's layout (masks.Layout), its data drawn from ``seed`` apart from q, k,
-    v where it draws any; None for the interval kinds (none, padding, window)."""
-    return case.kind.layout(case, seed)
-
-
 def draws(case: Case, seed: int, paged: bool = False) -> dict | None:
     """What ``case`` draws beyond q, k, v, as stored in a run's draws file (JSON-ready), or
     None when it draws nothing: the seed, the offsets of the streams used (seeds.py), and
     ``key_lengths`` (padding), ``doc_lens`` (document), ``random_blocks`` (block_sparse,
     -1 where fewer were left) and, with ``paged``, ``page_order`` (the block table)."""
-    out = {}
-    lens = key_lengths(case, seed)
-    if lens is not None:
-        out["key_lengths"] = lens
-    drawn = pattern(case, seed)
-    if drawn is not None:
-        out |= drawn.draws()
+    out = case.kind.layout(case, seed).draws()
     if paged and case.level == "op":
         out["page_order"] = page_order(case.batch, case.seq_kv, seed).tolist()
     if not out:
@@ -66,7 +45,7 @@ def draws(case: Case, seed: int, paged: bool = False) -> dict | None:
     used = [s for s, k in DRAWN_BY.items() if k in out]
     return {
         "case": case.label(),
-        **case.as_dict(),
+        **case.columns(),
         "seed": seed,
         "streams": {s: STREAMS[s] for s in used},
         **out,
@@ -82,18 +61,13 @@ DRAWN_BY = {
 }
 
 
-def from_draws(record: dict) -> tuple[Case, list[int] | None, Layout | None, torch.Tensor | None]:
-    """A draws-file record back to its case, key lengths, layout and block table (each None
-    where the case does not draw it), without the seed."""
+def from_draws(record: dict) -> tuple[Case, Layout, torch.Tensor | None]:
+    """A draws-file record back to its case, its mask's layout and its block table (None
+    where the case has none), without the seed."""
     case = Case.from_row(record)
-    drawn = case.kind.from_draws(case, record)
     table = record.get("page_order")
-    return (
-        case,
-        record.get("key_lengths"),
-        drawn,
-        None if table is None else torch.tensor(table, dtype=torch.int32),
-    )
+    table = None if table is None else torch.tensor(table, dtype=torch.int32)
+    return case, case.kind.from_draws(case, record), table
 
 
 def make_inputs(case: Case, seed: int) -> Inputs:
@@ -111,15 +85,7 @@ def make_inputs(case: Case, seed: int) -> Inputs:
             return t.to(device=case.device, dtype=case.torch_dtype)
         return draw_large(shape, std, int(torch.randint(2**62, (1,), generator=gen)), case)
 
-    lens = key_lengths(case, seed)
-    mask = Mask(
-        case.mask,
-        case.window,
-        None if lens is None else torch.tensor(lens, device=case.device),
-        case.causal_align,
-        pattern(case, seed),
-        case.modifier(),
-    )
+    mask = Mask(case.mask, case.kind.layout(case, seed), case.causal_align, case.modifier())
     if case.level == "layer":
         dm, dkv = case.d_model, Hkv * D
         x = draw(B, case.seq_q, dm)

@@ -116,10 +116,10 @@ def layer_reference(
     dout=None,
     dtype=torch.float64,
     parts: Parts | None = None,
-    **mask,
+    mask=None,
 ):
     """The layer with ``parts`` (None: the plain block) in ``dtype`` around
-    reference.reference (``mask``: its window, kv_lens, pattern, score_mod). Returns ``(out,
+    reference.reference (``mask``: a masks.Mask, or None). Returns ``(out,
     grads)``; grads is ``(dx, dwq, dwk, dwv, dwo)`` and then the gradient of each of
     ``parts.extras`` in EXTRAS order but the UNCHECKED, when ``dout`` (B, S, d_model) is
     given."""
@@ -141,7 +141,14 @@ def layer_reference(
     if da is not None and order is not None:
         da = da.index_select(1, order.to(da.device))
     attn, grads = reference(
-        q.detach(), k.detach(), v.detach(), causal=causal, scale=scale, dout=da, dtype=dtype, **mask
+        q.detach(),
+        k.detach(),
+        v.detach(),
+        causal=causal,
+        scale=scale,
+        dout=da,
+        dtype=dtype,
+        mask=mask,
     )
     if order is not None:  # back to the layer's own head order
         attn = attn.index_select(1, order.argsort().to(attn.device))

@@ -81,24 +81,12 @@ class Prepared:
 def ground_truth(case: Case, inputs: Inputs, parts: Parts | None = None) -> Truth:
     """The case's float64 reference and what its rule needs; at level layer of the layer with
     ``parts`` (run/layer.py; None: the plain block)."""
-    args = dict(
-        causal=case.causal,
-        scale=inputs.scale,
-        dout=inputs.dout,
-        window=case.window,
-        kv_lens=inputs.mask.kv_lens,
-    )
-    if inputs.mask.pattern is not None:
-        args["pattern"] = inputs.mask.pattern
-    if inputs.mask.score_mod is not None:
-        args["score_mod"] = inputs.mask.score_mod
+    args = dict(causal=case.causal, scale=inputs.scale, dout=inputs.dout, mask=inputs.mask)
     try:
         if case.level == "layer":  # the legacy rule: the magnitude is defined for the op only
             return layer_truth(case, inputs, parts, **args)
-        out, grads = reference(
-            inputs.q, inputs.k, inputs.v, dtype=torch.float64, shift=case.shift, **args
-        )
-        mag = magnitude(inputs.q, inputs.k, inputs.v, shift=case.shift, **args)
+        out, grads = reference(inputs.q, inputs.k, inputs.v, dtype=torch.float64, **args)
+        mag = magnitude(inputs.q, inputs.k, inputs.v, **args)
         return Truth([out, *(grads or ())], mag=mag)
     except (torch.OutOfMemoryError, MemoryError) as exc:
         release(case)
@@ -202,8 +190,7 @@ def finish(checked: Checked, slices: list[Slice], settings: Settings) -> Measure
         if row["recompiled"]:
             notes.append(RECOMPILED_NOTE)
         notes.extend(timing.notes())
-        kv_lens = None if inputs.mask.kv_lens is None else inputs.mask.kv_lens.tolist()
-        flops = case.flops(kv_lens, inputs.mask.pattern)
+        flops = case.flops(inputs.mask.layout)
         row.update(timing.columns(), cuda_graph=settings.timer.cuda_graph)
         row.update(rates(flops, case.bytes_moved(), timing.median_ms))
         row["work_flops"] = work_flops(impl, case, call)

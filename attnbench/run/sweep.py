@@ -54,7 +54,7 @@ def run_sweep(
     is present, so that no scaling series mixes devices."""
     families = _families(cases, impls, done)
     if len(executors) > 1:  # the costliest first, so that the last family to finish is short
-        families.sort(key=lambda f: -sum(c.flops() * len(ims) for c, ims in f))
+        families.sort(key=lambda f: -sum(_unmasked_work(c) * len(ims) for c, ims in f))
     names = {ex.device_name for ex in executors}
     started = _started_on(cases, impls, done) if group_by_device_name else {}
     pins = [started.get(family_key(f[0][0])) for f in families]
@@ -200,6 +200,12 @@ def _families(cases: list[Case], impls: list[Impl], done: set[tuple]) -> list[Fa
         if todo:
             families.setdefault(family_key(case), []).append((case, todo))
     return [sorted(f, key=lambda ci: (ci[0].seq_q, ci[0].seq_kv)) for f in families.values()]
+
+
+def _unmasked_work(case: Case) -> int:
+    """A case's cost for ordering the work: its score matrix times D, as if nothing were
+    masked (a mask's exact count needs its drawn layout)."""
+    return case.batch * case.heads * case.seq_q * case.seq_kv * case.head_dim
 
 
 def family_key(case: Case) -> tuple:
