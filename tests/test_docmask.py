@@ -111,7 +111,7 @@ def test_pairs_and_flops_sum_over_documents(causal, pairs):
     assert pattern.doc_lens == [[7, 3, 9, 4]] * 2
     assert case.pairs(layout=pattern) == 2 * pairs
     assert case.flops(layout=pattern) == 3.5 * 4 * 2 * (2 * pairs) * 8
-    with pytest.raises(ValueError, match="needs the drawn layout"):
+    with pytest.raises(ValueError, match="needs the case's drawn layout"):
         case.pairs()
 
 
@@ -219,7 +219,7 @@ def test_xformers_block_diagonal_bias_is_the_document_rule():
         (dict(pattern="uniform:9-3"), "--docs 'uniform:9-3' is not a documents spec"),
         (dict(pattern="fixed:0"), "is not a documents spec"),
         (dict(seq_kv=64), "mask=document is self-attention"),
-        (dict(mask="padding"), "needs mask document or block_sparse or strided"),
+        (dict(mask="padding"), "needs mask window or document or block_sparse or strided"),
     ],
 )
 def test_bad_document_cases_are_refused(kw, message):

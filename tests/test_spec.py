@@ -71,7 +71,7 @@ def test_bottom_right_alignment_with_nothing_to_align_is_refused(tmp_path, capsy
     from attnbench.cli import main
 
     spec = Spec.from_preset("smoke", "cpu", causal=[False], causal_align=["bottom_right"])
-    with pytest.raises(CaseError, match="no case of this grid is causal or has a window"):
+    with pytest.raises(CaseError, match="no case of this grid is causal or has a mask it places"):
         spec.cases()
     args = ["sweep", "--device", "cpu", "--preset", "smoke", "--causal", "false"]
     args += ["--causal-align", "bottom_right", "--results-dir", str(tmp_path / "res")]

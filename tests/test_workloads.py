@@ -82,7 +82,7 @@ def test_alignment_needs_a_causal_or_window_mask():
         Case(1, 1, 1, 4, 8, 16, causal=False, causal_align="bottom_right")
     windowed = Case(1, 1, 1, 4, 8, 16, mask="window", pattern="2", causal_align="bottom_right")
     # queries at positions 4..7 keep keys p-1..p+1 among the 8: 3 + 3 + 3 + 2 (no key 8)
-    assert windowed.shift == 4 and windowed.pairs() == 11
+    assert windowed.shift == 4 and windowed.pairs(windowed.kind.layout(windowed, 0)) == 11
 
 
 def test_a_low_ceiling_cannot_flip_a_bound():
@@ -228,7 +228,7 @@ def test_flags_override_the_model_and_the_length_flags_go_to_their_phase():
 
 def test_gemma_alternates_window_and_global_layers():
     cases = Spec.from_preset("cpu", "cpu", model=["gemma2-9b"], phase=["prefill"]).cases()
-    assert {(c.mask, c.window) for c in cases} == {("window", 4096), ("none", None)}
+    assert {(c.mask, c.pattern) for c in cases} == {("window", "4096"), ("none", None)}
 
 
 def test_a_model_typo_is_one_line_naming_the_closest(tmp_path, capsys):
