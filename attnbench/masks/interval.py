@@ -51,10 +51,12 @@ class Interval(Layout):
     def rows(self) -> int:
         return 1 if self.kv_lens is None else self.batch
 
-    def moved(self, delta: int = 0, widen: int = 0) -> Interval:
+    def moved(self, delta: int = 0, widen: int = 0) -> Interval | None:
         """The same keys with query positions moved by ``delta`` and the window widened by
-        ``widen`` (a diagnosis's near misses; the window's far edge stays where both match)."""
+        ``widen`` (a diagnosis's near misses); None where the window would be empty."""
         window = None if self.window is None else self.window + widen
+        if window is not None and window < 1:
+            return None
         return Interval(
             self.seq_q,
             self.seq_kv,

@@ -90,6 +90,15 @@ class MaskKind:
             raise ValueError(f"mask={self.name}: the pair count needs the case's drawn layout")
         return layout.pairs(case.causal)
 
+    # the conventions next to this kind's that an impl may have taken by mistake, by name
+    # (measure/diagnose.py tries each on an output that disagrees): see ``near_miss``
+    near_misses: tuple[str, ...] = ()
+
+    def near_miss(self, name: str, layout: Layout) -> tuple[Layout, str] | None:
+        """The layout the near miss ``name`` would have used instead of ``layout``, and what
+        it is in a note ("window 5; declared window 4"); None where it would change nothing."""
+        return None
+
     def label(self, case) -> str:
         """Its part of the case label, leading space included (it never changes for a case)."""
         return f" {self.name}" + (f" {case.pattern}" if case.pattern else "")

@@ -38,6 +38,13 @@ class Window(IntervalKind):
     def limits(self, case, seed):
         return {"window": int(case.pattern)}
 
+    near_misses = ("window_minus_1", "window_plus_1")  # W - 1 and W + 1: off-by-one widths
+
+    def near_miss(self, name, layout):
+        delta = -1 if name == "window_minus_1" else 1
+        near = layout.moved(widen=delta)
+        return near and (near, f"window {near.window}; declared window {layout.window}")
+
     def label(self, case) -> str:
         return f" window{case.pattern}"
 

@@ -8,7 +8,8 @@ impl.
 
 Then the few neighbouring conventions users get wrong are tried on the same output, and each
 one it matches within the rule's bound gives the row a one-line note, e.g. "out matches
-bottom-right causal; declared top-left". Each convention is a row of ``CONVENTIONS``: its
+bottom-right causal; declared top-left". Each convention is a row of ``conventions()`` (a
+mask kind declares its own: ``MaskKind.near_misses``): its
 name, whether it applies to the case, and ``alternative`` (case, inputs, out, truth) -> (out',
 ref', magnitude' or a function making it, message), or None where it changes nothing.
 Alternatives are the float64 reference (measure/reference.py) with changed arguments, or a
@@ -27,7 +28,7 @@ from typing import NamedTuple
 import torch
 
 from attnbench.case import Case
-from attnbench.masks import offset
+from attnbench.masks import KINDS, offset
 from attnbench.masks.interval import Interval, IntervalKind
 from attnbench.measure import agreement
 from attnbench.measure.agreement import Truth, Verdict
@@ -81,7 +82,7 @@ def explain(case: Case, inputs, out: torch.Tensor, truth: Truth) -> list[str]:
     """The notes of the conventions ``out`` (the call's forward output) matches. Out of
     memory stops the search with a note (the row's verdict stands)."""
     notes = []
-    for convention in CONVENTIONS:
+    for convention in conventions():
         if not convention.applies(case):
             continue
         try:
@@ -122,13 +123,13 @@ def _recomputed(case: Case, inputs, truth: Truth, k=None, v=None, **changed):
 
 
 def _moved(inputs, delta: int = 0, widen: int = 0, align: str | None = None):
-    """The case's mask with its interval's query positions moved by ``delta`` and its window
-    widened by ``widen`` (and, with ``align``, its score modifier's positions on that
-    alignment); None for a mask that is not one interval per query."""
+    """The case's mask with its interval's query positions moved by ``delta`` and its far
+    edge widened by ``widen`` (and, with ``align``, its score modifier's positions on that
+    alignment); None for a mask that is not one interval per query, or an empty interval."""
     mask = inputs.mask
-    if not isinstance(mask.layout, Interval):
+    moved = mask.layout.moved(delta, widen) if isinstance(mask.layout, Interval) else None
+    if moved is None:
         return None
-    moved = mask.layout.moved(delta, widen)
     return dataclasses.replace(mask, layout=moved, align=align or mask.align, _cache={})
 
 
@@ -154,13 +155,16 @@ def _kv_head_mod(case, inputs, out, truth):
     return None if found is None else (out, *found, message)
 
 
-def _window(delta: int):
+def _near_miss(name: str):
+    """A near miss the case's mask kind declares (masks.MaskKind.near_miss)."""
+
     def alternative(case, inputs, out, truth):
-        declared = inputs.mask.window
-        if declared + delta < 1:
+        found = case.kind.near_miss(name, inputs.mask.layout)
+        if found is None:
             return None
-        found = _recomputed(case, inputs, truth, mask=_moved(inputs, widen=delta))
-        message = f"window {declared + delta}; declared window {declared}"
+        layout, message = found
+        near = dataclasses.replace(inputs.mask, layout=layout, _cache={})
+        found = _recomputed(case, inputs, truth, mask=near)
         return None if found is None else (out, *found, message)
 
     return alternative
@@ -169,14 +173,11 @@ def _window(delta: int):
 def _diagonal(delta: int):
     """The causal diagonal moved by ``delta`` (``triu(2)`` or ``triu(0)`` where the mask is
     ``triu(1)``): query i at position p sees keys j <= p + delta. As the reference's query
-    positions moved by ``delta`` (shift), with a window widened by ``delta`` so that its far
-    edge stays. Rows the move leaves with no key (delta -1) may be NaN in ``out`` (a softmax
-    over nothing): they are read as zero, the reference's value there, and the note says so."""
+    positions moved by ``delta`` (shift), with the interval's far edge kept where it has one.
+    Rows the move leaves with no key (delta -1) may be NaN in ``out`` (a softmax over
+    nothing): they are read as zero, the reference's value there, and the note says so."""
 
     def alternative(case, inputs, out, truth):
-        declared = inputs.mask.window
-        if declared is not None and declared + delta < 1:
-            return None
         found = _recomputed(case, inputs, truth, mask=_moved(inputs, delta, widen=delta))
         if found is None:
             return None
@@ -256,12 +257,12 @@ def _masked(case: Case) -> bool:
 
 
 def _plain_causal(case: Case) -> bool:
-    """Causal, its mask an interval kind (none, padding, window), no score modifier: the
+    """Causal, its mask an interval kind (none, padding, ...), no score modifier: the
     cases whose diagonal the reference's shift moves alone."""
     return case.causal and isinstance(case.kind, IntervalKind) and not case.score_mod
 
 
-CONVENTIONS = (
+GEOMETRY = (
     Convention(
         "causal_align",
         lambda c: (c.causal or c.kind.aligned) and c.seq_q != c.seq_kv,
@@ -270,8 +271,8 @@ CONVENTIONS = (
     Convention("kv_head_mod", lambda c: c.gqa, _kv_head_mod),
     Convention("diagonal_plus_1", _plain_causal, _diagonal(+1)),
     Convention("diagonal_minus_1", _plain_causal, _diagonal(-1)),
-    Convention("window_minus_1", lambda c: c.mask == "window", _window(-1)),
-    Convention("window_plus_1", lambda c: c.mask == "window", _window(+1)),
+)
+OTHERS = (
     Convention("keyless_uniform", _masked, _keyless("uniform")),
     Convention("keyless_nan", _masked, _keyless("nan")),
     Convention("scale_1", lambda c: True, _scale("1")),
@@ -279,3 +280,14 @@ CONVENTIONS = (
     Convention("transpose", lambda c: c.heads > 1 and c.seq_q > 1, _transposed),
     Convention("score_mod_missing", lambda c: bool(c.score_mod), _unmodified),
 )
+
+
+def conventions() -> list[Convention]:
+    """Every convention tried, in order: the geometry's, those each registered mask kind
+    declares (its ``near_misses``), the others."""
+    kinds = [
+        Convention(name, lambda c, k=kind.name: c.mask == k, _near_miss(name))
+        for kind in KINDS.values()
+        for name in kind.near_misses
+    ]
+    return [*GEOMETRY, *kinds, *OTHERS]
