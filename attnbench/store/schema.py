@@ -4,7 +4,7 @@ columns come from the case dimensions (dims.py); this module places them in the 
 
 from __future__ import annotations
 
-from attnbench.dims import DIM, DIMS
+from attnbench.dims import DIM, DIMS, SPEC_COLUMNS
 
 
 def _case(*names: str) -> dict[str, tuple[str, str]]:
@@ -105,7 +105,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
         "time_ms is inflated, and reason says so; blank on CUDA",
     ),
     "seed": ("Int64", "seed of the inputs"),
-    **_case("mask", "window", "pattern"),
+    **_case("mask", *SPEC_COLUMNS),  # the mask and the columns of its spec
     "work_flops": (
         "Float64",
         "FLOPs of the (query, key) pairs the impl's computation covers, masked ones "
