@@ -49,6 +49,7 @@ import torch.nn.functional as F
 
 from attnbench import registry
 from attnbench.case import Case
+from attnbench.dims import DIMS
 from attnbench.masks import ALIGNS, ANY, MODS, ScoreMod, register_mod
 from attnbench.measure import agreement
 from attnbench.measure.agreement import checked_names
@@ -394,7 +395,7 @@ def case_rows(case: Case, seed: int, impls: dict) -> list[dict]:
     u = agreement.unit_roundoff(dt)
     todo = [(impls[n], None) for n in CORRECT if n in impls and not impls[n].reasons(case)]
     todo += [(_impl(n, b.fn), b) for n, b in BUGS.items() if b.applies(case)]
-    rows, key = [], dict(case.as_dict(), seed=seed)
+    rows, key = [], dict(case.columns(), seed=seed)
     for impl, bug in todo:
         out, grads = Call.prepare(impl, case, inputs).check()
         got = [out, *(grads or ())]
@@ -470,23 +471,8 @@ def population(shapes, seeds, dtypes, device, progress=True) -> pd.DataFrame:
 
 
 # --- the tables --------------------------------------------------------------------------------
-CASE_COLS = [
-    "dtype",
-    "batch",
-    "heads",
-    "kv_heads",
-    "seq_q",
-    "seq_kv",
-    "head_dim",
-    "causal",
-    "causal_align",
-    "mask",
-    "window",
-    "mode",
-    "score_mod",
-    "seed",
-    "impl",
-]
+CASE_COLS = [*(d.name for d in DIMS), "seed", "impl"]  # a row's case: every dimension (dims.py)
+BLANKS = {"window": -1, "pattern": ""}  # a blank spec column, as a key that merges and groups
 SHAPE_COLS = [c for c in CASE_COLS if c not in ("dtype", "seed", "impl")]
 
 
@@ -495,7 +481,7 @@ def with_detectable(df: pd.DataFrame) -> pd.DataFrame:
     DETECTABLE times the worst correct impl's error on the same case, seed and tensor, in the
     norm, at its worst element (n-free measure) or along the reference. Correct rows: False."""
     key = [c for c in CASE_COLS if c != "impl"] + ["tensor"]
-    df = df.fillna({"window": -1})
+    df = df.fillna(BLANKS)
     cols = ["dnorm_u", "prev_elem_u", "bias_u"]
     correct = df[~df.bug].groupby(key, dropna=False)[cols].max()
     worst = df.merge(correct, left_on=key, right_index=True, how="left", suffixes=("", "_correct"))
@@ -515,7 +501,7 @@ def verdicts(df: pd.DataFrame, fwd: bool) -> pd.DataFrame:
     agg = {"p": "any", "o": "any"}
     if "detectable" in g:
         agg["detectable"] = "any"
-    return g.fillna({"window": -1}).groupby(CASE_COLS, dropna=False).agg(agg).reset_index()
+    return g.fillna(BLANKS).groupby(CASE_COLS, dropna=False).agg(agg).reset_index()
 
 
 def population_table(shapes, seeds: int) -> list[str]:
