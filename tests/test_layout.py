@@ -188,3 +188,23 @@ def test_run_folder_file_names_are_spelled_only_in_rundir():
         for name in names:
             spelled = [c for c in code if c == name or c == f"/{name}"]
             assert not spelled, f"{path.relative_to(PACKAGE)} spells {name!r}: use RunDir"
+
+
+def _files_saying(word: str) -> set[str]:
+    """The package's modules outside masks/ and impls/ whose text has ``word``."""
+    return {
+        path.relative_to(PACKAGE).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        if not path.relative_to(PACKAGE).as_posix().startswith(("masks/", "impls/"))
+        and word in path.read_text()
+    }
+
+
+def test_mask_kinds_follow_one_protocol():
+    """Every mask kind is a layout passed as one Mask: no module outside masks/ and impls/
+    handles key padding's lengths, and a window is named only where it is data: its column
+    (dims.py), its --window alias (options.py, and the grid field it fills in spec.py), model
+    presets that have one (models.py) and the conformance grid (testing.py)."""
+    assert _files_saying("kv_lens") == set()
+    allowed = {"dims.py", "options.py", "spec.py", "models.py", "testing.py"}
+    assert _files_saying("window") <= allowed, _files_saying("window") - allowed
