@@ -13,6 +13,8 @@ from collections.abc import Callable
 
 import torch
 
+from attnbench.errors import one_line
+
 GUIDE = "docs/plugins.md: A mask kind or a score modifier of your own"
 
 
@@ -80,7 +82,7 @@ def attempt(
         check(out)
         return out
     except Exception as exc:  # noqa: BLE001 - whatever a plugin raises, said in one line
-        error = " ".join(f"{type(exc).__name__}: {exc}".split())
+        error = one_line(f"{type(exc).__name__}: {exc}")
         raise ContractError(
             f"{what} ({origin(cls)}): {call} failed on a small case ({error}) ({GUIDE})"
         ) from None

@@ -28,6 +28,7 @@ from typing import NamedTuple
 import torch
 
 from attnbench.case import Case
+from attnbench.errors import one_line
 from attnbench.masks import KINDS, offset
 from attnbench.masks.interval import Interval, IntervalKind
 from attnbench.measure import agreement
@@ -70,8 +71,8 @@ def eager_note(case: Case, eager, truth: Truth) -> str:
     try:
         out, grads = eager()
     except Exception as exc:  # noqa: BLE001 - a failed diagnosis is a note, never the row's
-        text = " ".join(f"{type(exc).__name__}: {exc}".split())
-        return f"eager not checked: {text[:EAGER_ERROR_CHARS]}"
+        text = one_line(f"{type(exc).__name__}: {exc}", EAGER_ERROR_CHARS)
+        return f"eager not checked: {text}"
     compiler = f"torch.compile, torch {torch.__version__}"
     if agreement.judge(case, [out, *(grads or ())], truth).agrees:
         return f"eager agrees: the compiled output is wrong ({compiler})"
