@@ -34,10 +34,14 @@ def label(kw):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kw", MASKS, ids=label)
-def test_flex_forward_agrees_under_every_mask(impls, kw):
+def test_flex_forward_agrees_under_every_mask_or_blames_the_compiler(impls, kw):
+    """Its eager form agrees under every mask; compiled, torch's CPU FlexAttention is wrong at
+    some shapes on some CPUs (docs/method.md, "Third-party bugs found"), and the row then
+    says so, by the same rule, instead of agreeing."""
     row = run_row(impls["flex"], Case(**SHAPE, **kw))
     assert row["status"] == "ok", row["reason"]
-    assert row["agrees"] is True, row["reason"]
+    compiler = "eager agrees: the compiled output is wrong (torch.compile"
+    assert row["agrees"] is True or compiler in row["reason"], row["reason"]
     assert row["recompiled"] is False
     assert row["compile_ms"] >= 0
 
