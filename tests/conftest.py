@@ -10,14 +10,34 @@ import torch
 if "PYTEST_XDIST_WORKER" in os.environ or "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnbench-inductor-")
 
+
+def _threads_per_worker() -> int | None:
+    """Parallel test processes (pytest-xdist) share the cores: each gets cores // workers torch
+    threads, at least one (None outside xdist, or where OMP_NUM_THREADS is set already). Two
+    workers each running two OpenMP threads on two cores spin-wait on one another: small CPU
+    calls then take ten to twenty times as long."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 2 or "OMP_NUM_THREADS" in os.environ:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // workers)
+
+
+# the sweeps, worker processes and Ray actors the tests start inherit it (this process's own
+# torch is set in pytest_configure)
+if (_threads := _threads_per_worker()) is not None:
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
+
 from attnbench import registry, testing  # noqa: E402
 from attnbench.run import heap  # noqa: E402
 
 
 def pytest_configure(config):
-    """The built-ins loaded and the heap frozen once per test process, as a worker process
-    does (run/heap.py): each row's garbage collection then skips torch and the impls'
-    libraries."""
+    """The test process's torch threads (``_threads_per_worker``); the built-ins loaded and the
+    heap frozen once per test process, as a worker process does (run/heap.py): each row's
+    garbage collection then skips torch and the impls' libraries."""
+    if _threads is not None:
+        torch.set_num_threads(_threads)
     registry.discover()
     heap.freeze_startup()
 
