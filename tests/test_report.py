@@ -102,6 +102,16 @@ def test_report_warns_about_a_busy_machine(tmp_path, stub_figures):
     assert "machine was busy when the sweep started** (load 3.4 on 2 cores)" in text
 
 
+def test_a_run_of_one_length_draws_no_figure_against_n_and_says_why(tmp_path, stub_figures):
+    run = write_run(tmp_path / "results", "one", smoke_rows("one", seqs=(64,)))
+    path = report.write_report(run, tmp_path / "reports")
+    text = path.read_text()
+    assert "Every ok row has N = 64: the figures against N (time per call, peak memory" in text
+    drawn = {p.stem for p in path.parent.glob("*.png")}
+    assert drawn == {f.stem for f in report.FIGURES if not f.over_n}
+    assert all(f"]({stem}.png)" in text for stem in drawn)
+
+
 @pytest.mark.slow
 def test_report_from_a_real_smoke_sweep(tmp_path, capsys):
     assert (

@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from attnbench.report import plots
+import pandas as pd
+
+from attnbench.report import analysis, plots
 
 
 class Figure(NamedTuple):
@@ -16,6 +18,7 @@ class Figure(NamedTuple):
     caption: str
     draw: Callable  # DeviceAnalysis -> matplotlib Figure (plots.plot_*, looked up when drawn)
     needs_baseline: bool = False  # left out of a run without a baseline impl
+    over_n: bool = False  # drawn against N: left out where the ok rows have one N (lengths_line)
 
 
 FIGURES = (
@@ -26,6 +29,7 @@ FIGURES = (
         "log-log axes; the band is the p20–p80 range of the samples. The legend gives the "
         "fitted exponent (≥: overhead-limited, a lower bound).",
         lambda a: plots.plot_time_vs_seq(a.frame, a.fits, device_name=a.name, colors=a.colors),
+        over_n=True,
     ),
     Figure(
         "memory_vs_seq",
@@ -33,12 +37,14 @@ FIGURES = (
         "Peak memory above what was allocated before the call. "
         "An impl that materialises the score matrix grows ~N^2, a tiled one ~N.",
         lambda a: plots.plot_memory_vs_seq(a.frame, a.fits, device_name=a.name, colors=a.colors),
+        over_n=True,
     ),
     Figure(
         "tflops_vs_seq",
         "Throughput",
         "Matmul FLOPs of the unmasked (query, key) pairs divided by the median time.",
         lambda a: plots.plot_tflops_vs_seq(a.frame, device_name=a.name, colors=a.colors),
+        over_n=True,
     ),
     Figure(
         "speedup_vs_seq",
@@ -51,6 +57,7 @@ FIGURES = (
             a.frame, a.baseline, device_name=a.name, colors=a.colors, speedups=a.speedups
         ),
         needs_baseline=True,
+        over_n=True,
     ),
     Figure(
         "error_vs_seq",
@@ -58,6 +65,7 @@ FIGURES = (
         "Worst relative error against the float64 reference; "
         "the dashed line is the agreement bound each row was held to. Circled points disagree.",
         lambda a: plots.plot_error_vs_seq(a.frame, device_name=a.name, colors=a.colors),
+        over_n=True,
     ),
     Figure(
         "support_matrix",
@@ -76,6 +84,15 @@ FIGURES = (
         ),
     ),
 )
+
+
+def one_n(frame: pd.DataFrame) -> int | None:
+    """The one N of a device's ok rows (None where they have two or more, or none): a figure
+    against N would then be one column of points, whose markers hide the impls' colours; the
+    tables hold those numbers."""
+    ns = analysis.ok_rows(frame)["seq_n"].unique()
+    return int(ns[0]) if len(ns) == 1 else None
+
 
 RUN_FIGURES = (
     Figure(

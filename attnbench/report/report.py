@@ -9,7 +9,7 @@ import pandas as pd
 
 from attnbench.report import checks, plots, sections
 from attnbench.report.analyse import DeviceAnalysis, RunAnalysis, analyse
-from attnbench.report.figures import FIGURES, RUN_FIGURES
+from attnbench.report.figures import FIGURES, RUN_FIGURES, one_n
 from attnbench.report.header import borrowed_lines, counts_line, header_lines
 from attnbench.report.patterns import sections as pattern_sections
 from attnbench.report.rounds import Anchor, Rounds
@@ -76,8 +76,14 @@ def _device_part(a: DeviceAnalysis, out_dir: Path, svg: bool, level: str) -> lis
     lines += pattern_sections(a.frame, level, waste=a.waste, fits=a.sparsity)
     lines += sections.disagreement_section(a)
     lines += [f"{level} Plots", ""]
-    for fig in FIGURES:
-        if fig.needs_baseline and not a.baseline:
+    n = one_n(a.frame)
+    figures = [f for f in FIGURES if a.baseline or not f.needs_baseline]
+    if n is not None:
+        against = ", ".join(f.heading.lower() for f in figures if f.over_n)
+        lines += [f"Every ok row has N = {n}: the figures against N ({against}) need two or more "
+                  "lengths; the tables above hold this run's numbers.", ""]  # fmt: skip
+    for fig in figures:
+        if fig.over_n and n is not None:
             continue
         stem = f"{fig.stem}{a.suffix}"
         plots.save_figure(fig.draw(a), out_dir / stem, svg=svg)
