@@ -8,8 +8,9 @@ a one-element array; fixed in triton 3.7). The interpreted tests then skip with 
 rather than fail for the interpreter's bug (the kernels are unaffected on a GPU); the module's
 other tests still run.
 
-``run_child(path)``: the module again in a subprocess with TRITON_INTERPRET=1, for a process in
-which triton was already imported without it (or a GPU is visible). A child whose whole module
+``run_child(path)``: the module's ``interpreted`` tests again in a subprocess with
+TRITON_INTERPRET=1, for a process in which triton was already imported without it (or a GPU is
+visible). A child whose whole module
 skipped itself (pytest's exit code 5: no test ran) is a skip here with the child's reason."""
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def broken_reason() -> str | None:
 def run_child(path: str) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "ATTNBENCH_INTERPRET_CHILD": "1"}
     cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-n", "0", "-p", "no:cacheprovider"]
+    cmd += ["-m", "interpreted and not slow"]  # the module's other tests ran in the parent
     proc = subprocess.run(
         [*cmd, path], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
     )

@@ -229,7 +229,12 @@ DEFAULT_SWEEPS = ("--plugin my_attn.py", "--score-mod")
 
 
 def _documented_runs(which: str) -> list[Documented]:
-    lines = [d for d in documented() if not d.why_not_run()]
+    """The lines to run: a line documented on several pages runs once."""
+    unique: dict[str, Documented] = {}
+    for d in documented():
+        if not d.why_not_run():
+            unique.setdefault(d.line, d)
+    lines = list(unique.values())
     if which == "compiled":  # only the commands whose impls the other runs leave out
         impls = lambda d: _value(d.argv, "--impls", "").split(",")  # noqa: E731
         return [d for d in lines if any(_compiles(n) for n in impls(d))]

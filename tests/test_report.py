@@ -301,7 +301,7 @@ def test_no_two_series_share_a_label(tmp_path, stub_figures):
     assert table.count("pts, Skv 2048–8192)") == 4  # decode: time and memory vs the cache
 
 
-def test_a_run_written_before_a_metric_existed_is_still_reported(tmp_path):
+def test_a_run_written_before_a_metric_existed_is_still_reported(tmp_path, stub_figures):
     """A run made before the speed anchor has no speed_compute or speed_memory columns: they
     read back blank, and its report is written (it crashed in the measurement checks)."""
     import csv

@@ -54,10 +54,15 @@ else:
     tf = None
     _BROKEN = None
 
-interpreted = pytest.mark.skipif(
-    not _IN_PROCESS or _BROKEN is not None,
-    reason=_BROKEN or "run by test_interpreted_in_subprocess",
-)
+
+def interpreted(test):
+    """A kernel test: run where this process interprets, else by the child that
+    ``test_interpreted_in_subprocess`` starts (which runs only these)."""
+    skip = pytest.mark.skipif(
+        not _IN_PROCESS or _BROKEN is not None,
+        reason=_BROKEN or "run by test_interpreted_in_subprocess",
+    )
+    return pytest.mark.interpreted(skip(test))
 
 
 @pytest.mark.skipif(_IN_PROCESS, reason="kernel tests run in this process")
