@@ -254,7 +254,7 @@ def _documented_runs(which: str) -> list[Documented]:
         pytest.param("compiled", marks=pytest.mark.slow),  # with their torch.compile impls
     ],
 )
-def test_every_documented_command_runs(which, tmp_path, monkeypatch, capfd):
+def test_every_documented_command_runs(which, tmp_path, monkeypatch, capfd, registered):
     """In one folder, as a user would type them (results/ and reports/ under it): the sweeps
     in document order, then the commands that read runs (report, compare, repro, list)."""
     monkeypatch.chdir(tmp_path)

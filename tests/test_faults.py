@@ -203,25 +203,29 @@ def test_an_error_from_another_process_starts_with_that_processs_cause():
     assert "f29.py" in full
 
 
-def test_hang_is_a_timeout_and_the_next_row_gets_a_fresh_worker(tmp_path):
+def test_hang_is_a_timeout_and_the_next_row_gets_a_fresh_worker(tmp_path, registered):
     """Only the hanging impl runs, so no healthy row can hit the short timeout."""
-    proc = sweep(
-        *GRID[:7],
-        "64,128",
-        *GRID[8:],
-        "--impls",
-        "f_hang",
-        "--plugin",
-        str(PLUGINS / "faulty.py"),
-        "--timeout",
-        "2",
-        "--results-dir",
-        str(tmp_path),
-        "--run-id",
-        "hang",
-        "--no-report",
+    code = main(
+        [
+            "sweep",
+            "--no-progress",
+            *GRID[:7],
+            "64,128",
+            *GRID[8:],
+            "--impls",
+            "f_hang",
+            "--plugin",
+            str(PLUGINS / "faulty.py"),
+            "--timeout",
+            "2",
+            "--results-dir",
+            str(tmp_path),
+            "--run-id",
+            "hang",
+            "--no-report",
+        ]
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert code == 0
     rows = read_results(tmp_path / "hang")
     assert list(rows["status"]) == ["timeout", "timeout"]
     assert rows["reason"].str.contains("no result after 2 s").all()

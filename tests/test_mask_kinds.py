@@ -77,6 +77,7 @@ def test_flex_runs_the_kinds_rule_and_the_modifier_as_its_mask_and_score_mod():
     assert r["agrees"] is True, r["reason"]
 
 
+@pytest.mark.slow  # a compile of its own; test_diagnose.py plants the same fault cheaply
 def test_compiled_flex_at_a_known_bad_length_is_blamed_on_the_compiler():
     """Where torch's compiled CPU FlexAttention is wrong (AVX2 CPUs, torch 2.13, S40 D8:
     docs/method.md, "Third-party bugs found"), the row disagrees and its reason says that the

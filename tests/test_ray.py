@@ -6,11 +6,13 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,6 +20,7 @@ from attnbench.cli import main
 from attnbench.errors import UsageError
 from attnbench.run.row import failed
 from attnbench.run.sweep import run_sweep
+from attnbench.run.worker import WorkerSpec
 from attnbench.spec import Spec
 from attnbench.store.results import read_results, row_key
 from attnbench.store.schema import LOST
@@ -273,13 +276,24 @@ def test_a_cluster_that_wants_a_token_names_the_cause_and_the_fix(
     assert not (tmp_path / "res").exists()
 
 
-@pytest.mark.ray
-def test_one_actor_is_one_actor(cluster, tmp_path, capsys):
-    args = [*SMOKE, "--impls", "naive", "--mode", "fwd", "--causal", "false"]
-    args += ["--executor", "ray", "--ray-address", cluster, "--ray-actors", "1"]
-    assert _sweep(*args, "--results-dir", str(tmp_path), "--no-report") == 0
-    out = capsys.readouterr().out
-    assert "ray: 1 actor up in " in out, out[:500]
+def test_one_actor_is_one_actor(monkeypatch):
+    """--ray-actors 1 asks Ray for one actor and says 'ray: 1 actor up' (the actors' start
+    itself is the fixture's two-actor run)."""
+    from attnbench.run import executors, ray_executor
+
+    asked = []
+
+    def start(address, spec, actors, command):
+        asked.append(actors)
+        return [SimpleNamespace(device_name="AMD EPYC", host="vm", close=lambda: None)]
+
+    monkeypatch.setattr(ray_executor, "start", start)
+    plan = SimpleNamespace(worker=WorkerSpec(), ray=(None, 1), command="attnbench sweep")
+    pool = executors.start("ray", plan)
+    pool._leave = None  # no cluster was joined
+    with pool:
+        assert asked == [1] and len(pool.executors) == 1
+        assert re.fullmatch(r"ray: 1 actor up in \d+\.\d s \(AMD EPYC@vm\)", pool.started)
 
 
 class _Losing(_Fake):

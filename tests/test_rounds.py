@@ -125,7 +125,7 @@ def faulty_case():
     """A real worker process: g_abort aborts and g_hang hangs inside the first timing round;
     naive and sdpa, timed in the same rounds, finish. The hang's timeout is generous: no
     healthy step of this tiny case comes near it."""
-    spec = WorkerSpec(plugins=(str(PLUGINS / "round_faults.py"),), settings=FAST, timeout_s=10.0)
+    spec = WorkerSpec(plugins=(str(PLUGINS / "round_faults.py"),), settings=FAST, timeout_s=5.0)
     worker = Worker(spec, Subprocess(spec))
     impls = [_impl(n) for n in ("naive", "g_abort", "sdpa", "g_hang")]
     try:
@@ -144,7 +144,7 @@ def test_an_abort_inside_the_rounds_is_one_crash_row(faulty_case):
 def test_a_hang_inside_the_rounds_is_one_timeout_row(faulty_case):
     row = faulty_case["g_hang"].row
     assert row["status"] == "timeout" and row["time_ms"] is None
-    assert row["reason"].startswith("no result after 10 s; the worker process was killed")
+    assert row["reason"].startswith("no result after 5 s; the worker process was killed")
 
 
 def test_the_other_impls_of_the_case_finish_every_round(faulty_case):
