@@ -203,7 +203,10 @@ def test_terminal_summary_marks_contended_and_noisy_times(tmp_path):
     assert header.index("naive") < header.index("tiled")
 
 
-def test_the_report_shows_intervals_and_the_speed_over_time(tmp_path):
+def test_the_report_shows_intervals_and_the_speed_over_time(tmp_path, monkeypatch):
+    from attnbench.report import report
+
+    monkeypatch.setattr(report, "FIGURES", ())  # test_report.py draws those; this the run's
     run = write_rounds_run(
         tmp_path / "results", "r", smoke_rows("r", seqs=SEQS), slowness=ramp(1.2)
     )

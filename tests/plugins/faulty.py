@@ -39,6 +39,9 @@ def f_oom(q, k, v, *, causal, scale):
 
 @register("f_abort")
 def f_abort(q, k, v, *, causal, scale):
+    """Aborts its process at seq_q 128 alone: the lengths after it run in a fresh worker."""
+    if q.shape[2] != 128:
+        return _ok(q, k, v, causal, scale)
     os.write(2, b"planted abort in f_abort\n")
     os.abort()
 
