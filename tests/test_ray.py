@@ -10,6 +10,8 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -294,6 +296,40 @@ def test_one_actor_is_one_actor(monkeypatch):
     with pool:
         assert asked == [1] and len(pool.executors) == 1
         assert re.fullmatch(r"ray: 1 actor up in \d+\.\d s \(AMD EPYC@vm\)", pool.started)
+
+
+class _Probe:
+    """An executor that answers the device questions: ``device`` once its peer asks too (the
+    actors start their worker processes at once), ``ceilings`` saying which thread asked."""
+
+    def __init__(self, together: threading.Barrier, threads: list):
+        self.together, self.threads = together, threads
+        self.device_name, self.where, self.used = "AMD EPYC", {}, None
+
+    def ask(self, what, *args):
+        if what == "device":
+            self.together.wait()  # times out (BrokenBarrierError) when asked one at a time
+            return {"device_name": self.device_name, "host": "vm"}
+        self.threads.append(threading.current_thread())
+        return {"matmul_tflops": {"float32": 1.0}, "copy_gb_s": 10.0, "contended": False}
+
+    def use_ceilings(self, ceilings):
+        self.used = ceilings
+
+
+def test_actors_start_at_once_and_measure_a_shared_cpu_one_after_another(tmp_path):
+    from attnbench.run.executors import Pool
+
+    threads: list = []
+    together = threading.Barrier(2, timeout=30)
+    plan = SimpleNamespace(device="cpu", packages=(), dtypes=("float32",), quick=True)
+    with Pool(plan, tempfile.TemporaryDirectory()) as pool:
+        pool.executors = [_Probe(together, threads), _Probe(together, threads)]
+        env = pool.measure_devices()
+        assert env["devices"]["AMD EPYC"]["actors"] == 2
+        assert all(p.used == env["ceilings"] for p in pool.executors)
+        pool.executors = []
+    assert threads == [threading.main_thread()] * 2  # the CPU's ceilings: one after another
 
 
 class _Losing(_Fake):

@@ -40,19 +40,20 @@ class Pool:
     def measure_devices(self) -> dict:
         """env.json's ``ceilings`` (the driver's device) and ``devices`` ({device_name: {hosts,
         actors, where (each executor's host, Ray node and actor, GPU index and UUID),
-        versions, ceilings}}): each executor measures its device (at once on GPUs,
-        one after another on CPUs, which share a machine's memory bandwidth), per device name
-        the best of its executors is kept (a ceiling is what the device can do), and each
-        executor then reads pct_peak and bound against its device's."""
-        plan = self.plan
-        ask = lambda w: (w.ask("device", plan.packages), w.ask("ceilings", plan.dtypes, plan.quick))  # noqa: E731
-        if plan.device.startswith("cuda") and len(self.executors) > 1:
-            with ThreadPoolExecutor(len(self.executors)) as threads:
-                measured = list(threads.map(ask, self.executors))
-        else:  # in this thread: a worker process started by a thread dies with it (PDEATHSIG)
-            measured = [ask(w) for w in self.executors]
+        versions, ceilings}}): each executor describes its device (Ray's actors all at once:
+        each starts its worker process) and measures it (at once on GPUs, one after another
+        on CPUs, which share a machine's memory bandwidth), per device name the best of its
+        executors is kept (a ceiling is what the device can do), and each executor then reads
+        pct_peak and bound against its device's."""
+        plan, executors = self.plan, self.executors
+        # Ray's actors at once (the local executor is one worker: a worker process started by
+        # another thread would die with that thread, PDEATHSIG)
+        many = len(executors) > 1
+        entries = _each(executors, lambda w: w.ask("device", plan.packages), many)
+        measure = lambda w: w.ask("ceilings", plan.dtypes, plan.quick)  # noqa: E731
+        measured = _each(executors, measure, many and plan.device.startswith("cuda"))
         devices: dict[str, dict] = {}
-        for worker, (entry, ceilings) in zip(self.executors, measured):
+        for worker, entry, ceilings in zip(executors, entries, measured):
             name, host = entry.pop("device_name"), entry.pop("host")
             worker.gpu = {k: entry.pop(k, None) for k in GPU_WHERE}  # each of its rows says it
             device = devices.setdefault(name, {"hosts": [], "actors": 0, "where": [], **entry})
@@ -61,7 +62,7 @@ class Pool:
             device["actors"] += 1
             device["where"].append({"host": host, **worker.where})
             device["ceilings"] = _best(device.get("ceilings"), ceilings)
-        for worker in self.executors:
+        for worker in executors:
             worker.use_ceilings(devices[worker.device_name]["ceilings"])
         from attnbench.store.env import device_name
 
@@ -90,6 +91,14 @@ class Pool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _each(executors: list[Worker], ask, at_once: bool) -> list:
+    """``ask(executor)`` for each executor: in threads, all at once, or one after another."""
+    if not at_once:
+        return [ask(w) for w in executors]
+    with ThreadPoolExecutor(len(executors)) as threads:
+        return list(threads.map(ask, executors))
 
 
 def _best(a: dict | None, b: dict) -> dict:
