@@ -8,6 +8,8 @@ a one-element array; fixed in triton 3.7). The interpreted tests then skip with 
 rather than fail for the interpreter's bug (the kernels are unaffected on a GPU); the module's
 other tests still run.
 
+``kernel_tests(in_process, broken)``: the decorator of those tests (``interpreted`` marker).
+
 ``run_child(path)``: the module's ``interpreted`` tests again in a subprocess with
 TRITON_INTERPRET=1, for a process in which triton was already imported without it (or a GPU is
 visible). A child whose whole module
@@ -58,6 +60,17 @@ def broken_reason() -> str | None:
         f"under numpy {np.__version__} (a Triton bug fixed in triton 3.7; the kernels "
         f"themselves are unaffected on a GPU): {problem}"
     )
+
+
+def kernel_tests(in_process: bool, broken: str | None):
+    """The decorator of a module's kernel tests: run where this process interprets
+    (``in_process``), else skipped here and run by ``run_child``'s child, which selects them
+    by their ``interpreted`` marker; skipped with ``broken`` where the interpreter cannot."""
+    skip = pytest.mark.skipif(
+        not in_process or broken is not None,
+        reason=broken or "run by test_interpreted_in_subprocess",
+    )
+    return lambda test: pytest.mark.interpreted(skip(test))
 
 
 def run_child(path: str) -> None:

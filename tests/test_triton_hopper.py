@@ -47,6 +47,8 @@ sys.path.insert(0, str(ROOT))
 
 pytest.importorskip("triton")
 
+from interpreter import kernel_tests  # noqa: E402
+
 from attnbench import registry  # noqa: E402
 from attnbench.case import Case  # noqa: E402
 from attnbench.measure.agreement import rule  # noqa: E402
@@ -62,14 +64,7 @@ else:
     _BROKEN = None
 
 
-def interpreted(test):
-    """A kernel test: run where this process interprets, else by the child that
-    ``test_interpreted_in_subprocess`` starts (which runs only these)."""
-    skip = pytest.mark.skipif(
-        not _IN_PROCESS or _BROKEN is not None,
-        reason=_BROKEN or "run by test_interpreted_in_subprocess",
-    )
-    return pytest.mark.interpreted(skip(test))
+interpreted = kernel_tests(_IN_PROCESS, _BROKEN)
 
 
 @pytest.mark.skipif(_IN_PROCESS, reason="kernel tests run in this process")
