@@ -15,13 +15,10 @@ import torch.nn.functional as F
 
 from attnbench import registry
 from attnbench.case import Case
-from attnbench.measure.timing import TimerConfig
 from attnbench.module_layout import LayerModule
 from attnbench.run.call import Call
 from attnbench.run.inputs import make_inputs
-from attnbench.run.row import Settings, ground_truth, measure
-
-FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
+from attnbench.testing import run_row
 
 
 def case(**kw) -> Case:
@@ -72,17 +69,12 @@ def register(monkeypatch):
     return make
 
 
-def row(impl, c: Case) -> dict:
-    inputs = make_inputs(c, 0)
-    return measure(impl, c, inputs, ground_truth(c, inputs), FAST).row
-
-
 @pytest.mark.parametrize(
     "c", [case(), case(causal=False, mode="fwd"), case(dtype="bfloat16")], ids=Case.label
 )
 def test_a_hosted_module_runs_with_the_seeded_weights_and_agrees(register, c):
     impl = register()
-    r = row(impl, c)
+    r = run_row(impl, c)
     assert r["status"] == "ok" and r["agrees"] is True, r["reason"]
     assert r["time_ms"] > 0
     inputs = make_inputs(c, 0)
@@ -98,20 +90,20 @@ def test_a_hosted_module_runs_with_the_seeded_weights_and_agrees(register, c):
     "bug, mode", [("scale", "fwd_bwd"), ("no_o_proj", "fwd")], ids=["scale", "no_o_proj"]
 )
 def test_a_planted_bug_in_the_module_disagrees(register, bug, mode):
-    r = row(register(f"tiny_{bug}", bug=bug), case(mode=mode))
+    r = run_row(register(f"tiny_{bug}", bug=bug), case(mode=mode))
     assert r["status"] == "ok" and r["agrees"] is False, r["reason"]
     assert "disagrees with the float64 reference" in r["reason"]
 
 
 def test_a_module_with_biases_runs_as_it_is_and_agrees(register):
-    r = row(register("tiny_bias", bias=True), case())
+    r = run_row(register("tiny_bias", bias=True), case())
     assert r["status"] == "ok" and r["agrees"] is True, r["reason"]
 
 
 def test_a_learned_part_its_layout_does_not_declare_is_unsupported(register):
     impl = register("tiny_gate")
     gated = registry.Impl(name="gated", fn=lambda c, m: gate(impl.fn(c, m)), module=True)
-    r = row(gated, case())
+    r = run_row(gated, case())
     assert r["status"] == "unsupported" and r["time_ms"] is None
     assert r["reason"].startswith("module parameters gate (supported: the learned parts its")
 
@@ -126,7 +118,7 @@ def test_a_module_in_another_dtype_is_an_error_never_a_number(register):
     impl = register()
     c = case(dtype="bfloat16")
     wrong = registry.Impl(name="fp32_module", fn=lambda cc, m: impl.fn(case(), m), module=True)
-    r = row(wrong, c)
+    r = run_row(wrong, c)
     assert r["status"] == "error" and r["time_ms"] is None and r["agrees"] is None
     assert "q_proj.weight is (32, 32) torch.float32 on cpu, expected" in r["reason"]
 
@@ -148,7 +140,7 @@ def test_a_module_impl_runs_at_level_layer_only(register):
 def test_transformers_llama_attention_agrees(impls, c):
     pytest.importorskip("transformers", reason="transformers is not installed (pip install .[hf])")
     for name in ("hf_llama_eager", "hf_llama_sdpa"):
-        r = row(impls[name], c)
+        r = run_row(impls[name], c)
         assert r["status"] == "ok" and r["agrees"] is True, (name, r["reason"])
 
 
@@ -159,5 +151,5 @@ def test_the_plugin_guide_module_example_agrees(register, tmp_path):
     path.write_text(block)
     registry._load_file(path)
     for c in (case(), case(causal=False, mode="fwd")):
-        r = row(registry._IMPLS["my_module"], c)
+        r = run_row(registry._IMPLS["my_module"], c)
         assert r["status"] == "ok" and r["agrees"] is True, r["reason"]

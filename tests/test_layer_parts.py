@@ -16,14 +16,12 @@ import torch.nn.functional as F
 
 from attnbench import registry
 from attnbench.case import Case
-from attnbench.measure.timing import TimerConfig
 from attnbench.module_layout import LayerModule, ModuleLayout, QKNorm
 from attnbench.run.call import Call
 from attnbench.run.inputs import layer_parts, make_inputs
 from attnbench.run.layer import EXTRAS, UNCHECKED, Parts, layer_reference
-from attnbench.run.row import Settings, ground_truth, measure
+from attnbench.testing import run_row
 
-FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 NORMS = ModuleLayout(q_norm=QKNorm("q_norm"), k_norm=QKNorm("k_norm"))
 HEAD_MOD = "out matches kv head h % Hkv for query head h (head_order='interleaved')"
 
@@ -31,11 +29,6 @@ HEAD_MOD = "out matches kv head h % Hkv for query head h (head_order='interleave
 def case(**kw) -> Case:
     base = dict(batch=2, heads=4, kv_heads=2, seq_q=12, seq_kv=12, head_dim=8, level="layer")
     return Case(**{**base, "causal": True, "mode": "fwd_bwd", **kw})
-
-
-def row(impl, c: Case) -> dict:
-    inputs = make_inputs(c, 0)
-    return measure(impl, c, inputs, ground_truth(c, inputs), FAST).row
 
 
 @pytest.fixture
@@ -145,7 +138,7 @@ def torch_mha(register, tmp_path):
     ids=["fwd", "fwd-bf16", "fwd_bwd"],
 )
 def test_pytorch_multihead_attention_runs_as_it_is_and_agrees(torch_mha, c, path):
-    r = row(torch_mha, c)
+    r = run_row(torch_mha, c)
     assert r["status"] == "ok" and r["agrees"] is True, r["reason"]
     assert f"nn.MultiheadAttention ran its {path}" in r["reason"]
     inputs = make_inputs(c, 0)
@@ -162,7 +155,7 @@ def test_pytorch_multihead_attention_runs_as_it_is_and_agrees(torch_mha, c, path
 
 def test_a_fused_weight_of_the_wrong_size_is_an_error_never_a_number(torch_mha):
     gqa = registry.Impl(name="torch_mha_gqa", fn=torch_mha.fn, module=True)
-    r = row(gqa, case())  # Hkv 2: no nn.MultiheadAttention has that
+    r = run_row(gqa, case())  # Hkv 2: no nn.MultiheadAttention has that
     assert r["status"] == "error" and r["time_ms"] is None and r["agrees"] is None
     assert "the fused qkv weight has 96 out_features, expected 64 = Hq·D + 2·Hkv·D" in r["reason"]
 
@@ -173,7 +166,7 @@ def test_a_fused_weight_of_the_wrong_size_is_an_error_never_a_number(torch_mha):
     ids=Case.label,
 )
 def test_a_module_with_biases_and_qk_norms_agrees(register, c):
-    r = row(register("block", blocks(), module=True), c)
+    r = run_row(register("block", blocks(), module=True), c)
     assert r["status"] == "ok" and r["agrees"] is True, r["reason"]
 
 
@@ -182,7 +175,9 @@ def test_a_module_with_biases_and_qk_norms_agrees(register, c):
     [("drop_q_bias", "float32"), ("skip_q_norm", "float32"), ("drop_q_bias", "bfloat16")],
 )
 def test_a_dropped_bias_or_a_skipped_norm_disagrees(register, bug, dtype):
-    r = row(register(f"block_{bug}", blocks(bug=bug), module=True), case(dtype=dtype, mode="fwd"))
+    r = run_row(
+        register(f"block_{bug}", blocks(bug=bug), module=True), case(dtype=dtype, mode="fwd")
+    )
     assert r["status"] == "ok" and r["agrees"] is False, r["reason"]
     assert "disagrees with the float64 reference (legacy rule): out rel" in r["reason"]
 
@@ -193,7 +188,7 @@ def test_a_norm_of_another_scope_than_declared_is_an_error(register):
     def factory(c, mask):
         return LayerModule.of(blocks()(c, mask).module, lambda x: x, wrong)
 
-    r = row(register("block_scope", factory, module=True), case())
+    r = run_row(register("block_scope", factory, module=True), case())
     assert r["status"] == "error" and r["time_ms"] is None
     assert "q_norm.weight is (8,) torch.float32 on cpu, expected (32,)" in r["reason"]
 
@@ -213,7 +208,7 @@ def test_transformers_modules_with_biases_and_qk_norms_agree(register, family):
         [case(), case(mode="fwd", dtype="bfloat16")] if family in ("qwen2", "qwen3") else [case()]
     )
     for c in cases:
-        r = row(impl, c)
+        r = run_row(impl, c)
         assert r["status"] == "ok" and r["agrees"] is True, (c.label(), r["reason"])
 
 
@@ -229,20 +224,20 @@ def test_gpt2_attention_with_its_transposed_fused_weight_agrees(register):
         layout = ModuleLayout(qkv="c_attn", o="c_proj", transposed=True)  # Conv1D: (in, out)
         return LayerModule.of(module, lambda x: module(x)[0], layout)
 
-    r = row(register("gpt2", gpt2, module=True, gqa=False), case(kv_heads=4))
+    r = run_row(register("gpt2", gpt2, module=True, gqa=False), case(kv_heads=4))
     assert r["status"] == "ok" and r["agrees"] is True, r["reason"]
 
 
 def test_an_interleaved_module_agrees_once_declared_and_is_named_when_not(register):
     xt = blocks(norm=False, order="interleaved")
-    undeclared = row(register("xt_undeclared", xt, module=True), case(mode="fwd"))
+    undeclared = run_row(register("xt_undeclared", xt, module=True), case(mode="fwd"))
     assert undeclared["status"] == "ok" and undeclared["agrees"] is False
     assert HEAD_MOD in undeclared["reason"], undeclared["reason"]
     declared = register("xt", xt, module=True, head_order="interleaved")
-    r = row(declared, case())
+    r = run_row(declared, case())
     assert r["status"] == "ok" and r["agrees"] is True, r["reason"]
     wrong = register("grouped", blocks(norm=False), module=True, head_order="interleaved")
-    grouped = row(wrong, case(mode="fwd"))
+    grouped = run_row(wrong, case(mode="fwd"))
     assert grouped["agrees"] is False  # a wrong declaration is caught too
     assert "out matches kv head h // (Hq/Hkv) for query head h" in grouped["reason"]
 
@@ -257,9 +252,9 @@ def interleaved(q, k, v, *, causal, scale):
 @pytest.mark.parametrize("level", ["op", "layer"])
 def test_an_interleaved_impl_agrees_once_declared_and_is_named_when_not(register, level):
     c = case(level=level, seq_q=16, seq_kv=16)
-    r = row(register("xt_op", interleaved, head_order="interleaved"), c)
+    r = run_row(register("xt_op", interleaved, head_order="interleaved"), c)
     assert r["status"] == "ok" and r["agrees"] is True, r["reason"]
-    r = row(register("xt_op_undeclared", interleaved), c)
+    r = run_row(register("xt_op_undeclared", interleaved), c)
     assert r["status"] == "ok" and r["agrees"] is False
     said = 'declares head_order="interleaved"' if level == "op" else HEAD_MOD
     assert said in r["reason"], r["reason"]

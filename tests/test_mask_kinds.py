@@ -13,14 +13,10 @@ import torch
 from attnbench import masks, registry
 from attnbench.case import Case, CaseError
 from attnbench.masks import KINDS, MODS
-from attnbench.measure.timing import TimerConfig
 from attnbench.options import OPTIONS
-from attnbench.run.inputs import make_inputs
-from attnbench.run.row import Settings, ground_truth, measure
 from attnbench.spec import Spec
-from attnbench.testing import registered
+from attnbench.testing import registered, run_row
 
-FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 BASE = dict(batch=2, heads=4, kv_heads=2, seq_q=40, seq_kv=40, head_dim=8)
 CASES = {
     "prefix_lm": Case(**BASE, causal=True, mask="prefix_lm", pattern="13"),
@@ -36,11 +32,6 @@ CASES = {
 }
 
 
-def row(impl, case):
-    inputs = make_inputs(case, 0)
-    return measure(impl, case, inputs, ground_truth(case, inputs), FAST).row
-
-
 def impl(name):
     return registry.discover()[name]
 
@@ -49,7 +40,7 @@ def impl(name):
 @pytest.mark.parametrize("impl_name", ["naive", "tiled", "sdpa"])
 def test_new_kinds_and_modifiers_agree_or_are_refused_with_a_reason(impl_name, name):
     case = CASES[name]
-    r = row(impl(impl_name), case)
+    r = run_row(impl(impl_name), case)
     if impl_name == "sdpa" and case.score_mod.startswith("softcap"):
         assert r["status"] == "unsupported"
         assert r["reason"] == (
@@ -66,7 +57,9 @@ def flex_row(seq_len: int) -> dict:
     """flex's row of the alibi prefix_lm case at ``seq_len`` (one compile: flex has no
     backward on the CPU)."""
     case = CASES["alibi prefix_lm"].as_dict()
-    return row(impl("flex"), Case(**{**case, "seq_q": seq_len, "seq_kv": seq_len, "mode": "fwd"}))
+    return run_row(
+        impl("flex"), Case(**{**case, "seq_q": seq_len, "seq_kv": seq_len, "mode": "fwd"})
+    )
 
 
 def test_flex_runs_the_kinds_rule_and_the_modifier_as_its_mask_and_score_mod():
@@ -143,8 +136,8 @@ def register(monkeypatch):
 def test_planted_bugs_in_the_new_kinds_and_modifiers_are_caught(register, bug):
     case = BUGS[bug]
     case = Case(**{**case.as_dict(), "mode": "fwd"})
-    assert row(register(None), case)["agrees"] is True  # the planted impl without its bug
-    r = row(register(bug), case)
+    assert run_row(register(None), case)["agrees"] is True  # the planted impl without its bug
+    r = run_row(register(bug), case)
     assert r["status"] == "ok"
     assert r["agrees"] is False
     assert "disagrees" in r["reason"]
@@ -225,7 +218,7 @@ def test_a_gemma2_preset_row_soft_caps_at_50():
     assert cases and {c.score_mod for c in cases} == {"softcap:50"}
     small = Case(**{**cases[0].as_dict(), "seq_q": 48, "seq_kv": 48, "pattern": "16",
                     "heads": 2, "kv_heads": 1, "head_dim": 16})  # fmt: skip
-    r = row(impl("naive"), small)
+    r = run_row(impl("naive"), small)
     assert r["status"] == "ok" and r["agrees"] is True
     assert r["score_mod"] == "softcap:50"
 
@@ -272,9 +265,9 @@ def test_a_plugin_adds_a_mask_kind_in_one_file(tmp_path, monkeypatch):
     assert case.label() == "B2 H4/2 S40 D8 float32 causal dilated2 fwd"
     assert case.pairs(layout=case.kind.layout(case, 0)) == 2 * sum(i // 2 + 1 for i in range(40))
     for name in ("naive", "tiled", "sdpa"):
-        r = row(impl(name), case)
+        r = run_row(impl(name), case)
         assert r["status"] == "ok" and r["agrees"] is True, (name, r["reason"])
-    assert "mask=dilated2 (supported:" in row(impl("hf_eager"), case)["reason"]
+    assert "mask=dilated2 (supported:" in run_row(impl("hf_eager"), case)["reason"]
 
 
 def test_a_sliding_window_with_sinks_is_one_plugin_file():
@@ -291,6 +284,9 @@ def test_a_sliding_window_with_sinks_is_one_plugin_file():
         kept = sum(min(i + 1, 8) + min(max(i + 1 - 8, 0), 2) for i in range(64))
         assert case.pairs(case.kind.layout(case, 0)) == 2 * kept
         for name in ("naive", "tiled", "sdpa", "flex"):
-            r = row(impl(name), case)
+            r = run_row(impl(name), case)
             assert r["status"] == "ok" and r["agrees"] is True, (name, r["reason"])
-        assert "mask=sliding_window_with_sinks (supported:" in row(impl("hf_eager"), case)["reason"]
+        assert (
+            "mask=sliding_window_with_sinks (supported:"
+            in run_row(impl("hf_eager"), case)["reason"]
+        )

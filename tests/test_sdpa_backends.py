@@ -11,23 +11,15 @@ from attnbench.case import Case
 from attnbench.impls import sdpa
 from attnbench.masks import Mask
 from attnbench.measure import backends
-from attnbench.measure.timing import TimerConfig
 from attnbench.registry import Unsupported
-from attnbench.run.inputs import make_inputs
-from attnbench.run.row import Settings, ground_truth, measure
+from attnbench.testing import run_row
 
-FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 CASE = Case(batch=1, heads=2, kv_heads=2, seq_q=32, seq_kv=32, head_dim=16, causal=True)
-
-
-def run(impl, case=CASE):
-    inputs = make_inputs(case, 0)
-    return measure(impl, case, inputs, ground_truth(case, inputs), FAST).row
 
 
 def test_cuda_only_backends_are_unsupported_on_the_cpu_with_a_reason(impls):
     for name in ("sdpa_efficient", "sdpa_cudnn"):
-        row = run(impls[name])
+        row = run_row(impls[name], CASE)
         assert row["status"] == "unsupported"
         assert row["reason"] == "device=cpu (supported: cuda)"
         assert row["backend"] is None and row["time_ms"] is None
@@ -57,7 +49,7 @@ def test_pytorchs_warnings_become_the_reason(impls, monkeypatch):
         raise RuntimeError("No available kernel. Aborting execution.")
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", refuse)
-    row = run(impls["sdpa_flash"])
+    row = run_row(impls["sdpa_flash"], CASE)
     assert row["status"] == "unsupported"
     assert row["reason"] == (
         "PyTorch's flash backend refused: Flash attention requires q,k,v to have the same "
@@ -72,7 +64,7 @@ def test_other_runtime_errors_stay_errors(impls, monkeypatch):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", broken)
-    row = run(impls["sdpa_flash"])
+    row = run_row(impls["sdpa_flash"], CASE)
     assert row["status"] == "error" and "illegal memory access" in row["reason"]
 
 
@@ -84,7 +76,7 @@ def test_auto_sdpa_row_names_the_backend_that_ran_on_the_cpu(impls, mask, causal
     case = Case(
         batch=2, heads=2, kv_heads=2, seq_q=32, seq_kv=32, head_dim=16, causal=causal, mask=mask
     )
-    row = run(impls["sdpa"], case)
+    row = run_row(impls["sdpa"], case)
     assert row["status"] == "ok" and row["agrees"]
     assert row["backend"] == backend
 
@@ -127,11 +119,11 @@ def test_forced_backends_on_cuda_run_or_say_why(impls, name):
         device="cuda",
         mode="fwd_bwd",
     )
-    row = run(impls[name], case)
+    row = run_row(impls[name], case)
     assert row["status"] in ("ok", "unsupported"), row["reason"]
     if row["status"] == "ok":
         assert row["agrees"] and row["backend"] == name.split("_")[1]
-    auto = run(impls["sdpa"], case)
+    auto = run_row(impls["sdpa"], case)
     assert auto["backend"] in ("flash", "efficient", "cudnn", "math")
 
 
@@ -150,10 +142,10 @@ def test_a_causal_mask_that_hides_no_key_is_passed_as_no_mask(impls, monkeypatch
     decode = Case(1, 4, 2, 1, 64, 16, causal=True, causal_align="bottom_right")
     for name in ("sdpa", "sdpa_math"):
         seen.clear()
-        row = run(impls[name], decode)
+        row = run_row(impls[name], decode)
         assert row["status"] == "ok" and row["agrees"], row["reason"]
         assert seen and all(s == (True, False) for s in seen), seen
     seen.clear()
     two = Case(1, 4, 2, 2, 64, 16, causal=True, causal_align="bottom_right")
-    row = run(impls["sdpa_math"], two)
+    row = run_row(impls["sdpa_math"], two)
     assert row["status"] == "ok" and row["agrees"] and not any(s[0] for s in seen)

@@ -14,14 +14,12 @@ from attnbench.case import Case, CaseError
 from attnbench.cli import main
 from attnbench.masks import Mask
 from attnbench.measure import reference
-from attnbench.measure.timing import TimerConfig
 from attnbench.report.patterns import sparsity_fits
 from attnbench.run.inputs import make_inputs
-from attnbench.run.row import Settings, ground_truth, measure
 from attnbench.spec import Spec
 from attnbench.store.results import read_results
+from attnbench.testing import run_row
 
-FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 BIGBIRD = "block=8:local=3:global=1:random=2"
 
 
@@ -58,11 +56,6 @@ def loop_keep(pattern, seq, causal):
                 )
             keep[0, 0, i, j] = kept and (j <= i or not causal)
     return keep
-
-
-def run(impl, case):
-    inputs = make_inputs(case, 0)
-    return measure(impl, case, inputs, ground_truth(case, inputs), FAST).row
 
 
 def test_random_blocks_are_seeded_and_outside_window_and_globals():
@@ -133,7 +126,7 @@ def test_impls_agree_under_sparse_patterns(impls, monkeypatch, name, mask, spec,
     monkeypatch.setitem(globals_, "BLOCK_Q", 8)  # tiles of the pattern's size: empty ones
     monkeypatch.setitem(globals_, "BLOCK_K", 8)  # skipped
     case = sparse_case(mask, spec, seq=60, causal=causal, mode="fwd_bwd", heads=4, kv_heads=2)
-    row = run(impls[name], case)
+    row = run_row(impls[name], case)
     assert row["status"] == "ok", row["reason"]
     assert row["agrees"] is True, row["reason"]
     if name == "tiled":  # tiles of the pattern's blocks: it visits the kept ones only
@@ -168,7 +161,7 @@ def test_ignoring_global_tokens_disagrees(tmp_path):
     """)
     )
     impl = registry.discover([str(path)], builtin=False, entry_points=False)["no_globals"]
-    row = run(impl, sparse_case("block_sparse", "block=8:local=3:global=1:random=1", seq=64))
+    row = run_row(impl, sparse_case("block_sparse", "block=8:local=3:global=1:random=1", seq=64))
     assert row["status"] == "ok" and row["agrees"] is False
     assert "disagrees with the float64 reference" in row["reason"]
 
