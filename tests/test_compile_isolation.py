@@ -9,9 +9,9 @@ import torch._dynamo
 from attnbench import registry
 from attnbench.case import Case
 from attnbench.measure import compiling
-from attnbench.measure.timing import TimerConfig
 from attnbench.run.inputs import make_inputs
-from attnbench.run.row import Settings, ground_truth, measure
+from attnbench.run.row import ground_truth, measure
+from attnbench.testing import FAST
 
 FLEX_COPY = """
 from torch.nn.attention.flex_attention import flex_attention
@@ -50,7 +50,6 @@ def test_a_compiled_flex_plugin_after_flex_compiles_its_own_code_and_agrees(tmp_
     plugin = tmp_path / "flex_copy.py"
     plugin.write_text(textwrap.dedent(FLEX_COPY))
     impls = registry.discover([str(plugin)], entry_points=False)
-    settings = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
     for case in (
         Case(1, 2, 1, 128, 128, 16, causal=True),
         Case(1, 2, 1, 128, 128, 16, mask="window", pattern="32", causal=True),
@@ -58,7 +57,7 @@ def test_a_compiled_flex_plugin_after_flex_compiles_its_own_code_and_agrees(tmp_
         inputs = make_inputs(case, 0)
         truth = ground_truth(case, inputs)
         for name in ("flex", "flex_copy"):
-            row = measure(impls[name], case, inputs, truth, settings).row
+            row = measure(impls[name], case, inputs, truth, FAST).row
             assert row["status"] == "ok" and row["agrees"] is True, (name, row["reason"])
             # its first call compiled: it did not run the code flex compiled just before
             assert row["compile_ms"] > 0 and "reused code" not in (row["reason"] or "")
