@@ -208,3 +208,16 @@ def test_mask_kinds_follow_one_protocol():
     assert _files_saying("kv_lens") == set()
     allowed = {"dims.py", "options.py", "spec.py", "models.py", "testing.py"}
     assert _files_saying("window") <= allowed, _files_saying("window") - allowed
+
+
+def test_only_the_plan_reads_the_raw_options():
+    """The options dict (cli's resolve_options) is read once, by the plan: cli.py hands it to
+    Target and Plan, which turn it into typed fields; nothing below them takes ``opts``."""
+    readers = set()
+    for path in PACKAGE.rglob("*.py"):
+        if path.relative_to(PACKAGE).parts[0] == "impls":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.arg) and node.arg == "opts":
+                readers.add(path.relative_to(PACKAGE).as_posix())
+    assert readers == {"run/plan.py", "run/target.py"}, readers
