@@ -12,8 +12,8 @@ other tests still run.
 
 ``run_child(path)``: the module's ``interpreted`` tests again in a subprocess with
 TRITON_INTERPRET=1, for a process in which triton was already imported without it (or a GPU is
-visible). A child whose whole module
-skipped itself (pytest's exit code 5: no test ran) is a skip here with the child's reason."""
+visible). A child whose whole module skipped itself (pytest's exit code 5: no test ran) is a
+skip here with the child's reason."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ class Figure(NamedTuple):
     caption: str
     draw: Callable  # DeviceAnalysis -> matplotlib Figure (plots.plot_*, looked up when drawn)
     needs_baseline: bool = False  # left out of a run without a baseline impl
-    over_n: bool = False  # drawn against N: left out where the ok rows have one N (lengths_line)
+    over_n: bool = False  # drawn against N: left out where the ok rows have one N (one_n)
 
 
 FIGURES = (

@@ -80,8 +80,8 @@ def _device_part(a: DeviceAnalysis, out_dir: Path, svg: bool, level: str) -> lis
     figures = [f for f in FIGURES if a.baseline or not f.needs_baseline]
     if n is not None:
         against = ", ".join(f.heading.lower() for f in figures if f.over_n)
-        lines += [f"Every ok row has N = {n}: the figures against N ({against}) need two or more "
-                  "lengths; the tables above hold this run's numbers.", ""]  # fmt: skip
+        why = "need two or more lengths; the tables above hold this run's numbers."
+        lines += [f"Every ok row has N = {n}: the figures against N ({against}) {why}", ""]
     for fig in figures:
         if fig.over_n and n is not None:
             continue

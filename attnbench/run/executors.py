@@ -46,9 +46,8 @@ class Pool:
         executors is kept (a ceiling is what the device can do), and each executor then reads
         pct_peak and bound against its device's."""
         plan, executors = self.plan, self.executors
-        # Ray's actors at once (the local executor is one worker: a worker process started by
-        # another thread would die with that thread, PDEATHSIG)
-        many = len(executors) > 1
+        many = len(executors) > 1  # Ray's actors; the local executor stays in this thread: a
+        # worker process started by another thread would die with that thread (PDEATHSIG)
         entries = _each(executors, lambda w: w.ask("device", plan.packages), many)
         measure = lambda w: w.ask("ceilings", plan.dtypes, plan.quick)  # noqa: E731
         measured = _each(executors, measure, many and plan.device.startswith("cuda"))
