@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.case import MODES, Case, CaseError
-from attnbench.dims import FAMILY_PARTS, LEGEND_PARTS
+from attnbench.dims import DIM, FAMILY_PARTS, LABEL_PARTS, LEGEND_PARTS
 from attnbench.store.schema import CASE_KEY
 
 SEQ_COLUMNS = ("seq_q", "seq_kv")
@@ -176,6 +176,26 @@ def series_labels(series: pd.DataFrame, always=()) -> pd.Series:
     if clash.any():  # a format that hides a difference: spell the key out
         labels[clash] = [" ".join(f"{c}={r[c]}" for c in key) for _, r in series[clash].iterrows()]
     return labels.astype("string")
+
+
+# the case dimensions in the case label's order, then those without a part of their own
+LABEL_ORDER = tuple(dict.fromkeys([*(d.name for d in LABEL_PARTS), *CASE_COLUMNS]))
+
+
+def dim_text(name: str, value) -> str:
+    """One dimension's value in a table: 'B=4', 'Skv=4096', 'bfloat16', 'causal=True'."""
+    return f"{DIM[name].title_prefix}{value}" if name in DIM else f"{name}={value}"
+
+
+def case_labels(df: pd.DataFrame) -> pd.Series:
+    """Each row's case by the case dimensions that vary among the rows of ``df`` (the cases
+    one table lists), e.g. 'B=1 Sq=4 Skv=4096': two cases of one table never share a label,
+    and what every row shares is left to the table's heading."""
+    vary = [c for c in LABEL_ORDER if c in df and df[c].nunique(dropna=False) > 1]
+    if {"seq_q", "seq_kv"} <= set(df) and df["seq_kv"].eq(df["seq_q"]).all():
+        vary = [c for c in vary if c != "seq_kv"]  # self-attention: Skv says nothing more
+    labels = [" ".join(dim_text(c, r[c]) for c in vary) for _, r in df[vary].iterrows()]
+    return pd.Series(labels, index=df.index, dtype="string")
 
 
 def case_family(df: pd.DataFrame) -> pd.Series:

@@ -10,6 +10,7 @@ from attnbench.measure.timing import NOISY_SPREAD, PAGE_FAULTS_FLAG
 from attnbench.report import analysis
 from attnbench.report.header import case_label
 from attnbench.report.markdown import table
+from attnbench.report.reasons import short_reason
 
 FAILURE_ORDER = {
     s: i for i, s in enumerate(("crash", "lost", "error", "timeout", "oom", "unsupported"))
@@ -34,28 +35,41 @@ def failures_section(df: pd.DataFrame, not_run: dict | None = None) -> list[str]
         ]
     if bad.empty:
         return lines + ["Every row is ok.", ""]
-    bad = bad.assign(
-        case=[case_label(r) for _, r in bad.iterrows()],
-        _o=bad["status"].map(lambda s: FAILURE_ORDER.get(s, -1)),
-    )
-    bad = bad.sort_values(["_o", "impl"], kind="stable")
-    lines += [f"{len(bad)} rows. Their metrics are blank and never enter a table, fit or plot.", ""]
-    cols = {"impl": "impl", "case": "case", "status": "status", "reason": "reason"}
+    lines += [
+        f"{len(bad)} rows. Their metrics are blank and never enter a table, fit or plot. One "
+        "line per impl and cause (sizes and paths left out: each row's `reason` has the "
+        "full text, and errors.log in the run folder the whole error).",
+        "",
+    ]
     gaps = bad["status"].eq("unsupported").fillna(False).astype(bool)
     lines += [f"### Failures ({int((~gaps).sum())})", ""]
-    lines += [table(bad[~gaps], cols) if (~gaps).any() else "None.\n"]
+    lines += [_by_cause(bad[~gaps]) if (~gaps).any() else "None.\n"]
     lines += [f"### Unsupported: capability gaps, not run ({int(gaps.sum())})", ""]
-    if gaps.any():
-        grouped = (
-            bad[gaps]
-            .groupby(["impl", "reason"], sort=True, dropna=False)
-            .size()
-            .reset_index(name="rows")
+    return lines + [_by_cause(bad[gaps]) if gaps.any() else "None.\n"]
+
+
+SHOWN_CASES = 4  # a cause lists this many of its cases, then how many more
+
+
+def _by_cause(bad: pd.DataFrame) -> str:
+    """A table of one line per (impl, status, cause) with its row count and cases."""
+    bad = bad.assign(
+        cause=bad["reason"].map(short_reason),
+        case=analysis.case_labels(bad),
+        _o=bad["status"].map(lambda s: FAILURE_ORDER.get(s, -1)),
+    )
+    rows = []
+    for (_, impl, status, cause), g in bad.groupby(
+        ["_o", "impl", "status", "cause"], sort=True, dropna=False
+    ):
+        cases = list(g["case"])
+        more = len(cases) - SHOWN_CASES
+        shown = "; ".join(cases[:SHOWN_CASES]) + (f"; and {more} more" if more > 0 else "")
+        rows.append(
+            {"impl": impl, "status": status, "cause": cause, "rows": len(g), "cases": shown}
         )
-        lines += [table(grouped, {"impl": "impl", "reason": "reason", "rows": "rows"})]
-    else:
-        lines += ["None.\n"]
-    return lines
+    cols = {"impl": "impl", "status": "status", "cause": "cause", "rows": "rows", "cases": "cases"}
+    return table(pd.DataFrame(rows), cols)
 
 
 def checks_section(df: pd.DataFrame) -> list[str]:

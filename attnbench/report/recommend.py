@@ -1,104 +1,227 @@
-"""Which impl to use per model preset and phase (rows from --model only)."""
+"""Which impl to use per model preset, phase and workload (rows from --model only).
+
+One pick per phase hides losses: in decode, one new token against a long cache and four new
+tokens at batch 1 favour different kernels by up to 5x. So a phase's cases are split where
+the best pick changes: a group keeps one pick only while that pick is within ``TOLERANCE``
+of the fastest agreeing impl in *every* case of the group; otherwise the group is split by
+the workload dimension (new tokens, batch, cache length, ...) that needs the fewest groups.
+Each pick states its worst loss in its group and where."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import pandas as pd
 
+from attnbench.dims import DIM
 from attnbench.models import ATTN_IMPLEMENTATIONS
 from attnbench.report.analysis import CASE_COLUMNS, agreeing
+from attnbench.report.contestants import kernel_of
+from attnbench.report.reasons import short_reason
 from attnbench.report.rounds import Rounds
-from attnbench.report.verdicts import fastest_agreeing
+from attnbench.report.verdicts import fastest_agreeing, seq_spans
+
+TOLERANCE = 1.25  # a pick may be at most this much slower than the best in any case of its group
+# the dimensions a group is split along, first tried first; any other varying one after
+SPLIT_ORDER = ("seq_q", "batch", "seq_kv")
+COLUMNS = [
+    "model",
+    "phase",
+    "workload",
+    "cases",
+    "impl",
+    "same_kernel",
+    "wins",
+    "worst_loss",
+    "worst_at",
+    "margin",
+    "runner_up",
+    "time_ms",
+    "peak_mem_mib",
+    "attn_implementation",
+    "attn_worst_loss",
+    "ties",
+    "marks",
+    "not_run",
+]
+
+
+@dataclass(frozen=True)
+class Pick:
+    impl: str | None  # None: no impl agrees in some case of the group
+    worst: float  # the pick's largest time / best time over the group's cases
+    worst_at: int | None  # the case id where that loss is
 
 
 def recommendations(df: pd.DataFrame, rounds: Rounds | None = None) -> pd.DataFrame:
-    """Per (model, phase) of the rows from model presets: the impl that is fastest (and
-    agrees with the reference) in the most cases, its wins, its median margin over the
-    runner-up and median peak memory in the cases it won, and every other impl that was
-    not ok or disagreed somewhere, with why. Ties in wins go to the lower median time.
-
-    ``attn_implementation``: among the rows of transformers' attention functions (the hf_*
-    impls, models.ATTN_IMPLEMENTATIONS), the transformers setting whose function wins the
-    most cases by the same rule, and ``attn_wins`` its wins among them (NA without such
-    rows)."""
-    columns = [
-        "model",
-        "phase",
-        "cases",
-        "impl",
-        "wins",
-        "margin",
-        "time_ms",
-        "peak_mem_mib",
-        "runner_up",
-        "attn_implementation",
-        "attn_wins",
-        "attn_ties",
-        "attn_marks",
-        "ties",
-        "marks",
-        "not_run",
-    ]
+    """One row per (model, phase, workload group): the pick, its worst loss in the group and
+    where (``worst_loss``, ``worst_at``), the cases where it (or an impl that ran its kernel)
+    is the fastest, its median margin over the fastest *other kernel* and which one that
+    mostly is, its median time and peak memory, the transformers ``attn_implementation``
+    picked the same way among the hf_* rows, and (per model and phase) the impls that failed
+    or disagreed somewhere."""
     rows_of_models = df[df["model"].fillna("").astype(str) != ""]
-    if rows_of_models.empty:
-        return pd.DataFrame(columns=columns)
-    winners = fastest_agreeing(rows_of_models, rounds)
-    hf_rows = rows_of_models[rows_of_models["impl"].isin(ATTN_IMPLEMENTATIONS)]
-    hf_winners = fastest_agreeing(hf_rows, rounds)
     out = []
     for (model, phase), g in rows_of_models.groupby(["model", "phase"], dropna=False, sort=False):
-        row = {"model": model, "phase": phase if isinstance(phase, str) else ""}
-        row["cases"] = int(g[list(CASE_COLUMNS)].drop_duplicates().shape[0])
-        hf_best, hf_counts = _most_wins(_of(hf_winners, model, phase))
-        if hf_best is not None:
+        g = g.assign(_case=g.groupby(list(CASE_COLUMNS), dropna=False, sort=True).ngroup())
+        phase = phase if isinstance(phase, str) else ""
+        out += _phase_rows(g, model, phase, rounds)
+    return pd.DataFrame(out, columns=COLUMNS)
+
+
+def _phase_rows(g: pd.DataFrame, model, phase: str, rounds) -> list[dict]:
+    cases = g.drop_duplicates("_case").set_index("_case").sort_index()[list(CASE_COLUMNS)]
+    good = g[agreeing(g) & (g["time_ms"] > 0).fillna(False).astype(bool)]
+    times = good.pivot_table(index="_case", columns="impl", values="time_ms", aggfunc="min")
+    times = times.reindex(cases.index)
+    kernels = good.assign(_k=kernel_of(good)).pivot_table(
+        index="_case", columns="impl", values="_k", aggfunc="first"
+    )
+    winners = fastest_agreeing(g.drop(columns="_case"), rounds)  # in case id order
+    hf = [c for c in times.columns if c in ATTN_IMPLEMENTATIONS]
+    vary = [c for c in SPLIT_ORDER if cases[c].nunique() > 1]
+    vary += [c for c in CASE_COLUMNS if c not in vary and cases[c].nunique(dropna=False) > 1]
+    if cases["seq_kv"].eq(cases["seq_q"]).all():  # self-attention: Skv says nothing more
+        vary = [c for c in vary if c != "seq_kv"]
+    rows = []
+    for idx in _groups(times, kernels, cases, list(cases.index), vary):
+        sub = times.loc[idx]
+        pick = _pick(sub, kernels.loc[idx])
+        row = {
+            "model": model,
+            "phase": phase,
+            "workload": _workload(cases, idx, vary),
+            "cases": len(idx),
+        }
+        if pick.impl is not None:
+            row.update(_about(pick, sub, kernels.loc[idx], g, winners.iloc[idx], cases, vary))
+        attn = _pick(sub[hf], kernels.loc[idx, hf]) if hf else None
+        if attn is not None and attn.impl is not None:
             row.update(
-                attn_implementation=ATTN_IMPLEMENTATIONS[hf_best],
-                attn_wins=int(hf_counts.loc[hf_best, "wins"]),
-                **_evidence(_of(hf_winners, model, phase), hf_best, "attn_"),
+                attn_implementation=ATTN_IMPLEMENTATIONS[attn.impl], attn_worst_loss=attn.worst
             )
-        w = _of(winners, model, phase)
-        best, counts = _most_wins(w)
-        if best is not None:
-            won = w[w["impl"] == best]
-            mem = g[(g["impl"] == best) & agreeing(g)]["peak_mem_mib"].dropna()
-            row.update(
-                impl=best,
-                wins=int(counts.loc[best, "wins"]),
-                margin=float(won["margin"].median()) if won["margin"].notna().any() else None,
-                time_ms=float(won["time_ms"].median()),
-                peak_mem_mib=float(mem.median()) if len(mem) else None,
-                runner_up=won["runner_up"].dropna().mode().iloc[0]
-                if won["runner_up"].notna().any()
-                else None,
-                **_evidence(w, best),
-            )
-        row["not_run"] = _not_run(g)
-        out.append(row)
-    return pd.DataFrame(out, columns=columns)
+        rows.append(row)
+    if rows:
+        rows[0]["not_run"] = _not_run(g)
+    return rows
 
 
-def _of(winners: pd.DataFrame, model, phase) -> pd.DataFrame:
-    """The won cases (impl not NA) of one model and phase."""
-    if winners.empty:
-        return winners
-    w = winners[(winners["model"] == model) & (winners["phase"].fillna("") == (phase or ""))]
-    return w[w["impl"].notna()]
+def _losses(times: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFrame:
+    """case × impl: the impl's time / the fastest time of itself and the impls that ran
+    *another* kernel (an alias running the same kernel is noise, not a loss)."""
+    out = {}
+    for c in times.columns:
+        other = kernels.ne(kernels[c], axis=0).fillna(True).astype(bool)
+        other[c] = True
+        out[c] = times[c] / times.where(other).min(axis=1)
+    return pd.DataFrame(out, index=times.index)
 
 
-def _most_wins(w: pd.DataFrame) -> tuple[str | None, pd.DataFrame | None]:
-    """The impl winning the most cases of ``w`` (ties: the lower median time), and the wins
-    and median time of each impl."""
-    if w.empty:
-        return None, None
-    counts = w.groupby("impl").agg(wins=("impl", "size"), time=("time_ms", "median"))
-    return counts.sort_values(["wins", "time"], ascending=[False, True]).index[0], counts
+def _pick(times: pd.DataFrame, kernels: pd.DataFrame) -> Pick:
+    """The impl that runs (agreeing) in every case of ``times`` (case × impl) with the
+    smallest worst loss; ties: the smaller median loss, then the name."""
+    loss = _losses(times, kernels)
+    full = loss.loc[:, loss.notna().all()]
+    if full.empty or times.min(axis=1).isna().any():
+        return Pick(None, np.inf, None)
+    order = pd.DataFrame({"worst": full.max(), "median": full.median(), "name": full.columns})
+    impl = order.sort_values(["worst", "median", "name"]).index[0]
+    return Pick(str(impl), float(full[impl].max()), int(full[impl].idxmax()))
 
 
-def _evidence(won: pd.DataFrame, impl: str, prefix: str = "") -> dict:
-    """How many of ``impl``'s wins are ties, and the caveats of the others."""
-    mine = won[won["impl"] == impl]
-    ties = mine["tie"].astype(bool)
-    marks = {p for c in mine.loc[~ties, "caveat"].fillna("") for p in str(c).split(", ") if p}
-    return {f"{prefix}ties": int(ties.sum()), f"{prefix}marks": ", ".join(sorted(marks))}
+def _groups(times, kernels, cases, idx: list, vary: list) -> list[list]:
+    """The workload groups of ``idx``: itself when one pick is within TOLERANCE everywhere,
+    else the split (along one varying dimension, recursively) with the fewest groups."""
+    pick = _pick(times.loc[idx], kernels.loc[idx])
+    here = [d for d in vary if cases.loc[idx, d].nunique(dropna=False) > 1]
+    if pick.worst <= TOLERANCE or not here:
+        return [idx]
+    best = None
+    for d in here:
+        parts = []
+        for _, part in cases.loc[idx].groupby(d, dropna=False, sort=True):
+            parts.append(_groups(times, kernels, cases, list(part.index), vary))
+        split = _merge_neighbours(times, kernels, parts)
+        if best is None or len(split) < len(best):
+            best = split
+    return best
+
+
+def _merge_neighbours(times, kernels, parts: list[list[list]]) -> list[list]:
+    """Flatten the groups of each value of a split, merging neighbouring values that were not
+    split further when one pick still holds over both."""
+    out: list[list] = []
+    for groups in parts:
+        both = out[-1] + groups[0] if out else []
+        if (
+            out
+            and len(groups) == 1
+            and _pick(times.loc[both], kernels.loc[both]).worst <= TOLERANCE
+        ):
+            out[-1] = out[-1] + groups[0]
+        else:
+            out += groups
+    return out
+
+
+def _about(pick: Pick, times, kernels, g, winners, cases, vary) -> dict:
+    """What the table says of a group's pick (see recommendations)."""
+    mine = kernels[pick.impl]
+    same = [
+        c for c in kernels.columns if c != pick.impl and kernels[c].eq(mine).fillna(False).all()
+    ]
+    others = times.drop(columns=[pick.impl, *same])
+    other_best = others.min(axis=1)
+    ran = g[(g["impl"] == pick.impl) & g["_case"].isin(times.index)]
+    won = winners[winners["impl"].isin([pick.impl, *same])]
+    ties = won["tie"].astype(bool)
+    marks = {p for c in won.loc[~ties, "caveat"].fillna("") for p in str(c).split(", ") if p}
+    margin = (other_best / times[pick.impl]).dropna()
+    return {
+        "impl": pick.impl,
+        "same_kernel": ", ".join(same),
+        "wins": len(won),
+        "worst_loss": pick.worst,
+        "worst_at": _case_text(cases, pick.worst_at, vary),
+        "margin": float(margin.median()) if len(margin) else None,
+        "runner_up": others.idxmin(axis=1).dropna().mode().iloc[0] if len(margin) else None,
+        "time_ms": float(times[pick.impl].median()),
+        "peak_mem_mib": float(ran["peak_mem_mib"].median())
+        if ran["peak_mem_mib"].notna().any()
+        else None,
+        "ties": int(ties.sum()),
+        "marks": ", ".join(sorted(marks)),
+    }
+
+
+def _text(d: str, values) -> str:
+    """One dimension's values: 'Sq=1', 'B=1,32', 'Skv=4096–131072' (spans of the values)."""
+    values = sorted({v for v in values if not pd.isna(v)})
+    if values and all(isinstance(v, (int, np.integer)) for v in values):
+        said = seq_spans(values, values).replace(", ", ",") if len(values) > 2 else None
+        said = ",".join(map(str, values)) if said is None or "–" not in said else said
+    else:
+        said = ",".join(map(str, values))
+    return f"{DIM[d].title_prefix}{said}"
+
+
+def _workload(cases, idx: list, vary: list) -> str:
+    """A group's workload: the values of each varying dimension that the group holds, for the
+    dimensions where it does not hold them all ('all' when it holds every case)."""
+    parts = [
+        _text(d, cases.loc[idx, d])
+        for d in vary
+        if cases.loc[idx, d].nunique(dropna=False) < cases[d].nunique(dropna=False)
+    ]
+    return " ".join(parts) or "all"
+
+
+def _case_text(cases, case_id, vary: list) -> str:
+    """One case by its varying dimensions: 'Sq=1 B=1 Skv=131072'."""
+    if case_id is None:
+        return ""
+    return " ".join(_text(d, [cases.loc[case_id, d]]) for d in vary)
 
 
 def _not_run(g: pd.DataFrame) -> str:
@@ -108,7 +231,7 @@ def _not_run(g: pd.DataFrame) -> str:
     for impl, rows in bad.groupby("impl", sort=True):
         first = rows.iloc[0]
         status = first["status"] if first["status"] != "ok" else "disagrees"
-        reason = str(first["reason"]).split(";")[0] if not pd.isna(first["reason"]) else ""
+        reason = short_reason(first["reason"])
         n = f" in {len(rows)}/{len(g[g['impl'] == impl])} cases"
         parts.append(f"{impl}: {status}{n}" + (f" ({reason})" if reason else ""))
     return "; ".join(parts)

@@ -9,42 +9,46 @@ import pandas as pd
 from attnbench.report import analysis
 from attnbench.report.header import borrowed_kernels, case_label
 from attnbench.report.markdown import MISSING, table
+from attnbench.report.recommend import TOLERANCE
 
 
 def recommendations_section(rec: pd.DataFrame) -> list[str]:
-    """Which impl for which model and phase (recommend.recommendations: rows from --model)."""
+    """Which impl for which model, phase and workload (recommend.recommendations)."""
     if rec.empty:
         return []
     lines = [
         "## Recommendations",
         "",
-        "Per model preset and phase: the impl that is fastest, among those agreeing with the "
-        "float64 reference, in the most of its cases; its margin over the runner-up (median "
-        "of runner-up time / its time over the cases it won) and its median peak memory; "
-        "then every impl that failed or disagreed somewhere, with its first reason. "
-        "Measured on this run's device only. A pick is marked where its wins are ties (the "
-        "runner-up is within the noise: who wins where) or rest on contended rows or wide "
-        "intervals: it is then not a measured difference.",
+        "Per model preset, phase and workload: the impl to use, among those agreeing with the "
+        "float64 reference. A phase is split into workloads (new tokens, batch, cache "
+        f"length, ...) where one pick would lose more than {TOLERANCE:g}x somewhere: every "
+        "pick below is within its *worst loss* (its time / the fastest agreeing impl's, ratio "
+        "of medians) in every case of its workload, and says where that worst case is. "
+        "Fastest in: the cases it (or an impl that ran the same kernel) wins. Margin: median "
+        "of the fastest *other kernel*'s time / its time (below 1: another kernel is faster "
+        "there, by less than the worst loss). Measured on this run's device only. A pick is "
+        "marked where its wins are ties (within the noise) or rest on contended rows or wide "
+        "intervals.",
         "",
     ]
     labels = {
         "model": "model",
         "phase": "phase",
+        "workload": "workload",
         "impl": "use",
+        "loss": "worst loss (where)",
         "wins": "fastest in",
         "margin": "margin",
-        "runner_up": "runner-up",
+        "runner_up": "next kernel",
         "time_ms": "median ms",
         "peak_mem_mib": "peak MiB",
         "attn_implementation": "attn_implementation",
-        "not_run": "could not run / disagreed",
     }
     if rec["attn_implementation"].notna().any():
         lines += [
             "attn_implementation: for transformers users, the `attn_implementation` to set "
-            "for that model and phase on this machine: the one whose attention function "
-            "(the hf_* rows, called as a model calls it) is fastest, agreeing, in the most "
-            "cases, and in how many.",
+            "for that workload on this machine: the one whose attention function (the hf_* "
+            "rows, called as a model calls it) has the smallest worst loss among them.",
             "",
         ]
     else:
@@ -52,21 +56,20 @@ def recommendations_section(rec: pd.DataFrame) -> list[str]:
     rec = rec.assign(
         wins=["" if pd.isna(w) else f"{int(w)}/{c}" for w, c in zip(rec["wins"], rec["cases"])],
         impl=[
-            "no impl agrees" if pd.isna(i) else f"**{i}**" + _doubt(t, w, m)
-            for i, t, w, m in zip(rec["impl"], rec["ties"], rec["wins"], rec["marks"])
-        ],
-        attn_implementation=[
-            "" if pd.isna(a) else f"`{a}` ({int(n)}/{c})" + _doubt(t, n, m)
-            for a, n, c, t, m in zip(
-                rec["attn_implementation"],
-                rec["attn_wins"],
-                rec["cases"],
-                rec["attn_ties"],
-                rec["attn_marks"],
+            "no impl agrees everywhere"
+            if pd.isna(i)
+            else f"**{i}**" + _doubt(t, w, m, f"same kernel as {k}" if k else "")
+            for i, k, t, w, m in zip(
+                rec["impl"], rec["same_kernel"], rec["ties"], rec["wins"], rec["marks"]
             )
         ],
+        loss=[_loss(w, at) for w, at in zip(rec["worst_loss"], rec["worst_at"])],
+        attn_implementation=[
+            "" if pd.isna(a) else f"`{a}` ({_loss(w, None)})"
+            for a, w in zip(rec["attn_implementation"], rec["attn_worst_loss"])
+        ],
     )
-    return lines + [
+    lines += [
         table(
             rec,
             labels,
@@ -74,11 +77,24 @@ def recommendations_section(rec: pd.DataFrame) -> list[str]:
         ),
         "",
     ]
+    for r in rec[rec["not_run"].fillna("").astype(bool)].itertuples():
+        lines += [f"Could not run or disagreed, {r.model} {r.phase}: {r.not_run}.", ""]
+    return lines
 
 
-def _doubt(ties, wins, marks) -> str:
-    """What a recommendation's wins rest on: ' (tie)', ' (2 of 3 wins ties)', its caveats."""
-    notes = []
+def _loss(worst, where) -> str:
+    """A pick's worst loss: 'fastest everywhere', or '1.08x (B=32 Sq=4 Skv=4096)'."""
+    if pd.isna(worst):
+        return ""
+    if worst <= 1.0 + 1e-9:
+        return "none: fastest everywhere"
+    return f"{worst:.2f}x" + (f" ({where})" if isinstance(where, str) and where else "")
+
+
+def _doubt(ties, wins, marks, first: str = "") -> str:
+    """What a recommendation's wins rest on: ' (tie)', ' (2 of 3 wins ties)', its caveats
+    (after ``first``, e.g. the impls that ran the same kernel)."""
+    notes = [first] if first else []
     if not pd.isna(ties) and ties:
         notes.append("tie" if ties == wins else f"{int(ties)} of {int(wins)} wins ties")
     if isinstance(marks, str) and marks:
@@ -94,8 +110,10 @@ def winners_section(a) -> list[str]:
         "",
         "Fastest impl per case among the ok rows that agree with the reference, counted "
         "per case family (N: the lengths it won, a–b where it won every length between; "
-        "margin: median of runner-up time / winner time; ties: wins within the noise of the "
-        "runner-up, "
+        "margin: median of runner-up time / winner time, the runner-up being the fastest "
+        "*other kernel*: impls that ran the winner's kernel (the backend column: `sdpa` "
+        "dispatching to cuDNN) are one contestant, named as the same kernel; ties: wins "
+        "within the noise of the runner-up, "
         + (
             "whose time over the winner's, paired per round, has a 95% interval containing 1; "
             if a.rounds is not None
@@ -116,6 +134,7 @@ def winners_section(a) -> list[str]:
             ("**{}**" if i == 0 else "{}").format(
                 r.impl + (" (PyTorch's kernels)" if r.impl in borrowed else "")
             )
+            + (f" (same kernel as {r.same_kernel})" if r.same_kernel else "")
             + f" {r.wins}/{r.cases} (N {r.spans}"
             + (f"; {r.ties} tie{'s' if r.ties > 1 else ''}" if r.ties else "")
             + (f"; {r.marked} marked: {r.marks}" if r.marked else "")
@@ -201,10 +220,7 @@ def speedup_section(a) -> list[str]:
         int(cases[k]["caveat"].fillna("").astype(bool).sum())
         for k in zip(agg["impl"], agg["family"])
     ]
-    agg["each"] = [
-        "; ".join(_speedup_text(r) for _, r in cases[k].sort_values("seq_n").iterrows())
-        for k in zip(agg["impl"], agg["family"])
-    ]
+    agg["each"] = [_each(cases[k]) for k in zip(agg["impl"], agg["family"])]
     order = {f: i for i, f in enumerate(a.families)}
     agg = agg.sort_values(
         ["impl", "family"], key=lambda c: c.map(order) if c.name == "family" else c
@@ -219,7 +235,7 @@ def speedup_section(a) -> list[str]:
         "max": "max",
         "ties": "ties",
         "marked": "marked",
-        "each": "each case (N: speedup [95% interval])",
+        "each": "each case (what varies: speedup [95% interval])",
     }
     if not paired:
         del columns["ties"], columns["each"]
@@ -232,9 +248,16 @@ def _ties(sp: pd.DataFrame) -> pd.Series:
     return (sp["speedup_lo"].le(1) & sp["speedup_hi"].ge(1)).fillna(False).astype(bool)
 
 
-def _speedup_text(r) -> str:
-    """One case's speedup: 'S1024 1.32x [1.25, 1.40]', and 'tie' or its caveat after."""
-    text = f"{r['seq_n']}: {r['speedup']:.2f}x"
+def _each(sp: pd.DataFrame) -> str:
+    """One (impl, family)'s cases in order of N, each labelled by what varies among them."""
+    sp = sp.sort_values("seq_n")
+    labels = analysis.case_labels(sp)
+    return "; ".join(_speedup_text(r, labels[i]) for i, r in sp.iterrows())
+
+
+def _speedup_text(r, label: str) -> str:
+    """One case's speedup: 'B=1 Sq=4: 1.32x [1.25, 1.40]', and 'tie' or its caveat after."""
+    text = f"{label or r['seq_n']}: {r['speedup']:.2f}x"
     if not pd.isna(r["speedup_lo"]):
         text += f" [{r['speedup_lo']:.2f}, {r['speedup_hi']:.2f}]"
         if r["speedup_lo"] <= 1 <= r["speedup_hi"]:

@@ -19,6 +19,7 @@ from attnbench.report.analysis import (
     noisy,
     ok_rows,
 )
+from attnbench.report.contestants import contestants
 from attnbench.report.rounds import Rounds
 
 
@@ -81,7 +82,8 @@ def fastest_agreeing(df: pd.DataFrame, rounds: Rounds | None = None) -> pd.DataF
     With rounds (the run's samples), the margin is paired by round and the win is a tie when
     its interval contains 1; without, when the two rows' p20-p80 ranges overlap (equal
     medians for rows without them). Cases where no impl agrees are kept with impl NA and a
-    reason."""
+    reason. A kernel is one contestant (contestants.py): impls that ran the winner's kernel
+    are its ``same_kernel``, and the runner-up is the best *different* kernel."""
     columns = [
         *CASE_COLUMNS,
         "family",
@@ -98,6 +100,7 @@ def fastest_agreeing(df: pd.DataFrame, rounds: Rounds | None = None) -> pd.DataF
         "n_agreeing",
         "n_rows",
         "reason",
+        "same_kernel",
     ]
     if df.empty:
         return pd.DataFrame(columns=columns)
@@ -124,11 +127,14 @@ def fastest_agreeing(df: pd.DataFrame, rounds: Rounds | None = None) -> pd.DataF
             "paired": False,
             "caveat": "",
             "reason": pd.NA,
+            "same_kernel": "",
         }
         if cand.empty:
             row["reason"] = "no impl is ok and agrees"
         else:
-            row.update(_win(cand, rounds))
+            kept, aliases = contestants(cand)
+            row.update(_win(kept, rounds))
+            row["same_kernel"] = ", ".join(aliases[row["impl"]])
         rows.append(row)
     out = pd.DataFrame(rows, columns=columns)
     for c in ("time_ms", "runner_up_time_ms", "margin", "margin_lo", "margin_hi"):
@@ -200,7 +206,7 @@ def wins_by_family(winners: pd.DataFrame) -> pd.DataFrame:
     (``spans``), how many of the wins are ties (within the noise of the runner-up), and how
     many that are not rest on doubtful evidence (``marked``, and their caveats, ``marks``)."""
     columns = ["family", "impl", "wins", "cases", "seq_min", "seq_max", "spans", "ties"]
-    columns += ["marked", "marks"]
+    columns += ["marked", "marks", "same_kernel"]
     if winners.empty:
         return pd.DataFrame(columns=columns)
     cases = winners.groupby("family").size().rename("cases")
@@ -226,6 +232,19 @@ def wins_by_family(winners: pd.DataFrame) -> pd.DataFrame:
                         (won["family"] == f) & (won["impl"] == i) & won["_marked"], "caveat"
                     ]
                     for p in str(c).split(", ")
+                }
+            )
+        )
+        for f, i in zip(agg["family"], agg["impl"])
+    ]
+    agg["same_kernel"] = [
+        ", ".join(
+            sorted(
+                {
+                    a
+                    for c in won.loc[(won["family"] == f) & (won["impl"] == i), "same_kernel"]
+                    for a in str(c).split(", ")
+                    if a
                 }
             )
         )

@@ -1,0 +1,140 @@
+"""Recommendations per workload, a kernel as one contestant, and case labels that tell the
+cases of a table apart."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from synth import ok_row
+
+from attnbench.case import Case
+from attnbench.report import verdicts
+from attnbench.report.recommend import TOLERANCE, recommendations
+
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
+
+
+def decode(batch, new_tokens, cache):
+    return Case(batch, 32, 8, new_tokens, cache, 128, dtype="bfloat16", causal=True,
+                causal_align="bottom_right", model="llama3-8b", phase="decode")  # fmt: skip
+
+
+def decode_rows(time_of):
+    """Decode rows over B {1, 32} x new tokens {1, 4} x cache {4096, 32768}; time_of(impl,
+    case) gives each impl's time."""
+    rows = []
+    for b in (1, 32):
+        for sq in (1, 4):
+            for skv in (4096, 32768):
+                case = decode(b, sq, skv)
+                rows += [ok_row("r", i, case, time_of(i, case), 1.0) for i in ("one", "four")]
+    return pd.DataFrame(rows)
+
+
+def test_a_phase_whose_winner_changes_with_new_tokens_is_split_there():
+    # "one" is best for one new token, 3x slower for four; "four" the other way round
+    def time_of(impl, c):
+        fast = (impl == "one") == (c.seq_q == 1)
+        return c.batch * c.seq_kv * (1.0 if fast else 3.0)
+
+    rec = recommendations(decode_rows(time_of))
+    assert list(rec["workload"]) == ["Sq=1", "Sq=4"]
+    assert list(rec["impl"]) == ["one", "four"]
+    assert (rec["worst_loss"] == 1.0).all() and (rec["wins"] == 4).all()
+
+
+def test_a_pick_that_loses_somewhere_says_where_and_never_by_more_than_the_tolerance():
+    # "one" wins everywhere but at B32 Sq4 Skv32768, where it is 1.2x slower: one pick, with
+    # its loss and where; at 1.6x there the phase is split instead
+    def time_of(slower):
+        def t(impl, c):
+            worst = c.batch == 32 and c.seq_q == 4 and c.seq_kv == 32768
+            if impl == "one":
+                return slower if worst else 1.0
+            return 1.0 if worst else 2.0
+
+        return t
+
+    rec = recommendations(decode_rows(time_of(1.2)))
+    assert len(rec) == 1 and rec.loc[0, "impl"] == "one" and rec.loc[0, "workload"] == "all"
+    assert rec.loc[0, "worst_loss"] == pytest.approx(1.2)
+    assert rec.loc[0, "worst_at"] == "Sq=4 B=32 Skv=32768"
+    split = recommendations(decode_rows(time_of(1.6)))
+    assert len(split) > 1 and (split["worst_loss"] <= TOLERANCE).all()
+    assert "four" in set(split["impl"]) and "one" in set(split["impl"])
+
+
+def alias_rows():
+    rows = []
+    for n in (1024, 4096):
+        case = Case(1, 16, 16, n, n, 128, dtype="bfloat16", device="cuda", model="llama3-8b",
+                    phase="prefill")  # fmt: skip
+        for impl, backend, t in (
+            ("sdpa", "cudnn", 1.00),
+            ("sdpa_cudnn", "cudnn", 0.99),  # the same kernel, a hair faster by noise
+            ("sdpa_flash", "flash", 1.60),
+            ("triton_flash", None, 1.50),
+        ):
+            rows.append({**ok_row("r", impl, case, t, 1.0), "backend": backend})
+    return pd.DataFrame(rows)
+
+
+def test_an_alias_is_one_contestant_and_the_margin_is_over_the_next_kernel():
+    w = verdicts.fastest_agreeing(alias_rows())
+    assert (w["impl"] == "sdpa").all() and (w["same_kernel"] == "sdpa_cudnn").all()
+    assert (w["runner_up"] == "triton_flash").all()
+    assert w["margin"].to_numpy() == pytest.approx([1.5, 1.5])
+    rec = recommendations(alias_rows()).iloc[0]
+    assert rec["impl"] == "sdpa" and rec["same_kernel"] == "sdpa_cudnn"
+    assert rec["worst_loss"] == 1.0  # sdpa_cudnn's 1% is the same kernel's noise, not a loss
+    assert rec["margin"] == pytest.approx(1.5) and rec["runner_up"] == "triton_flash"
+
+
+def tables(text: str) -> list[list[dict]]:
+    """Every markdown table of a report as a list of {header: cell} rows."""
+    out, lines = [], text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("|---") and i > 0 and lines[i - 1].startswith("|"):
+            head = [h.strip() for h in lines[i - 1].strip("|").split(" | ")]
+            rows = []
+            for row in lines[i + 1 :]:
+                if not row.startswith("|"):
+                    break
+                rows.append(dict(zip(head, (c.strip() for c in row.strip("|").split(" | ")))))
+            out.append(rows)
+    return out
+
+
+def label_clashes(text: str) -> list[str]:
+    """Case labels that two cases of one table share: within a cell that lists cases, and
+    within a column of cases for one impl."""
+    clashes = []
+    for rows in tables(text):
+        for col in rows[0] if rows else {}:
+            if col not in ("case", "cases") and not col.startswith("each case"):
+                continue
+            seen = set()
+            for r in rows:
+                impl = r.get("impl", "")
+                listed = [re.sub(r":.*$", "", p) for p in r[col].split("; ") if "more" not in p]
+                if len(listed) != len(set(listed)):
+                    clashes.append(f"{col}: {r[col][:120]}")
+                if col == "case" and (impl, r[col]) in seen:
+                    clashes.append(f"{col}: {impl} {r[col]}")
+                seen.add((impl, r[col]))
+    return clashes
+
+
+@pytest.mark.parametrize("report", sorted(REPORTS.glob("*/report.md")), ids=lambda p: p.parent.name)
+def test_every_case_label_in_every_committed_report_is_unique_within_its_table(report):
+    text = report.read_text()
+    assert tables(text), "the parser found no table"
+    assert label_clashes(text) == []
+
+
+def test_the_label_check_catches_a_table_whose_labels_hide_a_dimension():
+    text = "| impl | each case |\n|---|---|\n| sdpa | 4096: 0.39x; 4096: 0.47x |\n"
+    assert label_clashes(text) == ["each case: 4096: 0.39x; 4096: 0.47x"]
