@@ -11,7 +11,7 @@ from attnbench.report import checks, plots, report
 def stub_figures(monkeypatch):
     """Skip drawing (seconds per report) in tests about the report's text and files."""
 
-    def save(fig, stem, svg=True):
+    def save(fig, stem, svg=True, crop=True):
         stem.with_suffix(".png").write_bytes(b"png")
         return [stem.with_suffix(".png")]
 

@@ -23,14 +23,14 @@ def kernel_of(df: pd.DataFrame) -> pd.Series:
     return backend.where(backend.fillna("").str.len() > 0, df["impl"].astype("string"))
 
 
-def contestants(cand: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, list[str]]]:
-    """One row per kernel of one case's agreeing rows (``cand``, sorted fastest first), named
-    by the first impl name of the kernel in sort order (``sdpa`` before ``sdpa_cudnn``: the
-    impl that needs no forcing), and per kept impl the other impls that ran its kernel."""
-    kernel = kernel_of(cand)
-    kept, aliases = [], {}
-    for _, g in cand.groupby(kernel, sort=False):
-        names = sorted(g["impl"].astype(str))
-        kept.append(g[g["impl"] == names[0]].index[0])
-        aliases[names[0]] = names[1:]
+def contestants(cand: pd.DataFrame, kernels: pd.Series) -> tuple[pd.DataFrame, dict]:
+    """One row per kernel of one case's agreeing rows (``cand``, sorted fastest first;
+    ``kernels``: kernel_of its rows), named by the first impl name of the kernel in sort
+    order (``sdpa`` before ``sdpa_cudnn``: the impl that needs no forcing), and per kept impl
+    the other impls that ran its kernel."""
+    names: dict[str, list] = {}
+    for i, impl, kernel in zip(cand.index, cand["impl"].astype(str), kernels.loc[cand.index]):
+        names.setdefault(kernel, []).append((impl, i))
+    kept = [min(pairs)[1] for pairs in names.values()]
+    aliases = {min(p)[0]: sorted(n for n, _ in p)[1:] for p in names.values()}
     return cand.loc[kept].sort_values(["time_ms", "impl"]), aliases

@@ -19,6 +19,9 @@ class Figure(NamedTuple):
     draw: Callable  # DeviceAnalysis -> matplotlib Figure (plots.plot_*, looked up when drawn)
     needs_baseline: bool = False  # left out of a run without a baseline impl
     over_n: bool = False  # drawn against N: left out where the ok rows have one N (one_n)
+    # cropped to its contents when saved (one more drawing: for one-panel figures whose labels
+    # and legend may be wider than grid's slot)
+    crop: bool = False
 
 
 FIGURES = (
@@ -72,6 +75,7 @@ FIGURES = (
         "Support matrix",
         "Rows per status for each impl and case family.",
         lambda a: plots.plot_support_matrix(a.frame, device_name=a.name),
+        crop=True,
     ),
     Figure(
         "roofline",
@@ -82,6 +86,7 @@ FIGURES = (
         lambda a: plots.plot_roofline(
             a.frame, a.env.get("ceilings") or {}, device_name=a.name, colors=a.colors
         ),
+        crop=True,
     ),
 )
 
@@ -108,5 +113,6 @@ RUN_FIGURES = (
                 run.anchor.series, device_name=", ".join(d.name for d in run.devices)
             )
         ),
+        crop=True,
     ),
 )

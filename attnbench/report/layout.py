@@ -37,6 +37,10 @@ FACET_COLUMNS = ("mode", "causal")
 CONFIG_LABELS = {d.name: d.title_prefix for d in DIMS} | {"seq_kv_rule": "", "batch_rule": ""}
 CONFIG_COLUMNS = tuple(c for c in analysis.SERIES_KEY if c not in ("impl", *FACET_COLUMNS))
 PANEL_W_IN, PANEL_H_IN = 7.4, 3.9  # width includes the legend beside the axes
+# a panel's slot, in inches: the y axis' labels left of the axes, the legend right of them,
+# the panel's title above and the x axis' labels below; the figure's title over all panels.
+# Placed once (no layout engine: each of its passes drew the whole figure again)
+LEFT_IN, LEGEND_IN, ABOVE_IN, BELOW_IN, SUPTITLE_IN = 0.85, 3.0, 0.4, 0.85, 0.9
 DPI = 130
 MAX_COLS = 2  # panels are wide: the legend sits beside each one
 
@@ -65,14 +69,16 @@ def run_colors(env: dict, impls=()) -> dict[str, object]:
     return {name: colour for name, (colour, _) in impl_style(names, declared).items()}
 
 
-def save_figure(fig, stem: Path, svg: bool = False) -> list[Path]:
-    """Write ``stem``.png (and .svg when asked) and close the figure."""
+def save_figure(fig, stem: Path, svg: bool = False, crop: bool = True) -> list[Path]:
+    """Write ``stem``.png (and .svg when asked) and close the figure; ``crop``: to its
+    contents, which draws it once more (a figure laid out by ``grid`` needs no crop)."""
     stem = Path(stem)
     paths = [stem.with_suffix(".png")]
-    fig.savefig(paths[0], dpi=DPI, bbox_inches="tight")
+    bbox = "tight" if crop else None
+    fig.savefig(paths[0], dpi=DPI, bbox_inches=bbox)
     if svg:
         paths.append(stem.with_suffix(".svg"))
-        fig.savefig(paths[1], bbox_inches="tight")
+        fig.savefig(paths[1], bbox_inches=bbox)
     plt.close(fig)
     return paths
 
@@ -140,15 +146,20 @@ def grid(n_panels: int, title: str, extra_h: float = 0.0):
         key=lambda c: -(-n_panels // c) * c - n_panels,
     )
     nrows = max(1, math.ceil(n_panels / ncols))
-    fig, axes = plt.subplots(
-        nrows,
-        ncols,
-        figsize=(PANEL_W_IN * ncols, PANEL_H_IN * nrows + 0.9 + extra_h),
-        squeeze=False,
+    width, height = PANEL_W_IN * ncols, PANEL_H_IN * nrows + SUPTITLE_IN + extra_h
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False)
+    ax_w, ax_h = PANEL_W_IN - LEFT_IN - LEGEND_IN, PANEL_H_IN - ABOVE_IN - BELOW_IN
+    fig.subplots_adjust(
+        left=LEFT_IN / width,
+        right=1 - LEGEND_IN / width,
+        bottom=BELOW_IN / height,
+        top=1 - (SUPTITLE_IN + extra_h + ABOVE_IN) / height,
+        wspace=(LEGEND_IN + LEFT_IN) / ax_w,
+        hspace=(ABOVE_IN + BELOW_IN) / ax_h,
     )
     for ax in axes.flat[n_panels:]:
         ax.set_visible(False)
-    fig.suptitle(title, fontsize=11)
+    fig.suptitle(title, fontsize=11, y=1 - 0.1 / height, va="top")
     return fig, list(axes.flat[:n_panels])
 
 
@@ -193,10 +204,10 @@ def ratio_axis(ax, suffix: str = "") -> None:
 
 
 def _fail_note(g: pd.DataFrame) -> str:
-    failed = g[~analysis.is_ok(g)]
+    failed = g.loc[~g["_ok"], "status"]
     if failed.empty:
         return ""
-    counts = failed["status"].fillna("missing").value_counts()
+    counts = failed.fillna("missing").value_counts()
     return " (" + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")"
 
 
@@ -230,13 +241,13 @@ def line_figure(
 ):
     """One panel per facet, one line per impl of ``y`` vs the series' length over ok rows."""
     df = analysis.with_series(df)
+    df = df.assign(_ok=analysis.is_ok(df))  # once: panels and impls filter by it
     fig_title = title(what, df, device_name)
-    ok = analysis.ok_rows(df)
-    ok = ok[ok[y].notna()]
+    ok = df[df["_ok"] & df[y].notna()]
     if ok.empty:
         return empty_figure(fig_title, f"no ok rows with {y}: nothing to plot")
     style = impl_style(df["impl"].unique(), colors)
-    shown = [(t, g) for t, g in panels(df) if analysis.ok_rows(g)[y].notna().any()]
+    shown = [(t, g) for t, g in panels(df) if (g["_ok"] & g[y].notna()).any()]
     fig, axes = grid(len(shown), fig_title)
     for ax, (ptitle, g) in zip(axes, shown):
         marks = _Marks()
@@ -254,16 +265,15 @@ def line_figure(
         ax.set_ylabel(ylabel)
         ax.set_title(ptitle, fontsize=10)
         _legend(ax, marks)
-    fig.tight_layout()
     absent = sorted(set(df["impl"].dropna()) - set(ok["impl"]))
     if absent:
         fig.text(
             0.01,
-            0.0,
+            0.005,
             f"not shown, no ok rows with {y}: {', '.join(absent)} (see the support matrix)",
             fontsize=8,
             ha="left",
-            va="top",
+            va="bottom",
         )
     return fig
 
@@ -278,8 +288,7 @@ class _Marks:
 def _draw_impl(ax, gi, y, style, label, drawn, band, marks: _Marks) -> None:
     """One impl's line on a panel: its ok points vs seq_n, dashed when it repeats a line
     drawn before it, noisy points grey, the band, disagreeing points circled in red."""
-    pts = analysis.ok_rows(gi)
-    pts = pts[pts[y].notna()].sort_values("seq_n")
+    pts = gi[gi["_ok"] & gi[y].notna()].sort_values("seq_n")
     if pts.empty:
         return
     colour, marker = style

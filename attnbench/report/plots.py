@@ -21,23 +21,28 @@ def _slope_suffix(fits: pd.DataFrame | None, metric: str):
     if fits is None or fits.empty:
         return None
     f = fits[fits["metric"] == metric]
+    key = [c for c in analysis.SERIES_KEY if c != "impl"]
+    by_series = {
+        (impl, *map(_cell, rest)): m
+        for (impl, *rest), m in zip(f[["impl", *key]].itertuples(index=False), f.to_dict("records"))
+    }
 
     def suffix(impl, gi) -> str:
         first = gi.iloc[0]  # a panel holds one series per impl; seq_kv_rule already set
-        match = f[f["impl"] == impl]
-        for c in analysis.SERIES_KEY:
-            if c != "impl":
-                same = match[c].isna() if pd.isna(first[c]) else match[c].eq(first[c])
-                match = match[same.fillna(False).astype(bool)]
-        if match.empty or pd.isna(match["slope"].iloc[0]):
+        m = by_series.get((impl, *(_cell(first[c]) for c in key)))
+        if m is None or pd.isna(m["slope"]):
             return "  (no fit)"
-        m = match.iloc[0]
         bound = "≥" if analysis.flag(m["overhead_limited"]) else ""
         n_busy = m.get("n_contended")
         busy = f", {n_busy} contended pts" if not pd.isna(n_busy) and n_busy else ""
         return f"  slope {bound}{m['slope']:.2f} ± {m['slope_se']:.2f}{busy}"
 
     return suffix
+
+
+def _cell(value):
+    """A series key cell as a dict key: every blank alike."""
+    return None if pd.isna(value) else value
 
 
 # the support matrix's family names: wrapped at this many characters (a 1.7 in column at

@@ -62,7 +62,7 @@ def _speed_part(run: RunAnalysis, out_dir: Path, svg: bool) -> list[str]:
         drawn = fig.draw(run)
         if drawn is None:
             continue
-        plots.save_figure(drawn, out_dir / fig.stem, svg=svg)
+        plots.save_figure(drawn, out_dir / fig.stem, svg=svg, crop=fig.crop)
         lines += [f"## {fig.heading}", "", fig.caption, "", f"![{fig.heading}]({fig.stem}.png)", ""]
     return lines
 
@@ -86,7 +86,7 @@ def _device_part(a: DeviceAnalysis, out_dir: Path, svg: bool, level: str) -> lis
         if fig.over_n and n is not None:
             continue
         stem = f"{fig.stem}{a.suffix}"
-        plots.save_figure(fig.draw(a), out_dir / stem, svg=svg)
+        plots.save_figure(fig.draw(a), out_dir / stem, svg=svg, crop=fig.crop)
         lines += [f"{level}# {fig.heading}", "", fig.caption, "", f"![{fig.heading}]({stem}.png)"]
         lines += [""]
     return lines

@@ -19,7 +19,7 @@ from attnbench.report.analysis import (
     noisy,
     ok_rows,
 )
-from attnbench.report.contestants import contestants
+from attnbench.report.contestants import contestants, kernel_of
 from attnbench.report.rounds import Rounds
 
 
@@ -106,6 +106,7 @@ def fastest_agreeing(df: pd.DataFrame, rounds: Rounds | None = None) -> pd.DataF
         return pd.DataFrame(columns=columns)
     fam = case_family(df)
     good = agreeing(df) & (df["time_ms"] > 0).fillna(False).astype(bool)
+    kernels = kernel_of(df)
     rows = []
     for key, g in df.assign(family=fam, _good=good).groupby(
         list(CASE_COLUMNS), dropna=False, sort=True
@@ -132,7 +133,7 @@ def fastest_agreeing(df: pd.DataFrame, rounds: Rounds | None = None) -> pd.DataF
         if cand.empty:
             row["reason"] = "no impl is ok and agrees"
         else:
-            kept, aliases = contestants(cand)
+            kept, aliases = contestants(cand, kernels)
             row.update(_win(kept, rounds))
             row["same_kernel"] = ", ".join(aliases[row["impl"]])
         rows.append(row)
