@@ -103,6 +103,7 @@ PRESETS: dict[str, dict] = {
             "sdpa_cudnn",
             "xformers",
         ],
+        baseline="sdpa_flash",
     ),
 }
 
@@ -148,6 +149,9 @@ class Spec:
     tokens: int | None = None  # B x N fixed: batch = tokens // seq_len (overrides batch)
     hidden: int | None = None  # Hq x D fixed: heads = hidden // head_dim (overrides heads)
     impls: list[str] | None = None  # the preset's impls when none are named
+    # the impl speedups are relative to, where the run has it (else the registered baseline):
+    # the race has no sdpa, and races against PyTorch's FlashAttention-2
+    baseline: str | None = None
     causal_align: list[str] = field(default_factory=lambda: ["top_left"])
     model: list[str] | None = None  # model presets (models.py): set the shapes
     phase: list[str] | None = None  # prefill, decode, train: set mode and lengths

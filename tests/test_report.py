@@ -5,6 +5,7 @@ from synth import env, smoke_rows, write_run
 
 from attnbench.cli import main
 from attnbench.report import checks, plots, report
+from attnbench.store.results import read_results
 
 
 @pytest.fixture
@@ -319,3 +320,46 @@ def test_a_run_written_before_a_metric_existed_is_still_reported(tmp_path, stub_
         writer.writerows(rows)
     assert main(["report", str(run), "--reports-dir", str(tmp_path / "r")]) == 0
     assert (tmp_path / "r" / "old" / "report.md").is_file()
+
+
+def test_a_row_over_the_copy_ceiling_is_explained_by_reads_and_set_against_published_peaks(
+    tmp_path,
+):
+    """Decode reads its cache: it can pass a copy's bandwidth (a read and a write per byte);
+    the report says so, not "measured low", and states the device's published peaks."""
+    from synth import ok_row
+
+    from attnbench.case import Case
+
+    case = Case(32, 32, 8, 1, 4096, 128, dtype="bfloat16", device="cuda")
+    row = ok_row("d", "sdpa", case, 0.2, 1.0)
+    row.update(gbps=3100.0, pct_peak=103.0, bound="memory")
+    ceilings = {"matmul_tflops": {"bfloat16": 700.0}, "copy_gb_s": 3000.0, "matmul_n": 8192}
+    env = {"gpu_name": "NVIDIA H100 80GB HBM3", "ceilings": ceilings}
+    df = read_results(write_run(tmp_path, "d", [row]))
+    text = "\n".join(checks.checks_section(df, env))
+    assert "above the measured copy bandwidth" in text and "measured low" not in text
+    assert "measured matmul 700 TFLOP/s = 71% of the published 989.4" in text
+    assert "the fastest row 3100 GB/s = 93% of published" in text
+
+
+def test_flagged_rows_say_which_check_flagged_them(tmp_path):
+    from synth import ok_row
+
+    from attnbench.case import Case
+
+    rows = [ok_row("f", "naive", Case(1, 4, 4, n, n, 64), 1.0, 1.0) for n in (128, 256)]
+    rows[0].update(time_ms_p20=0.5, time_ms_p80=1.5)  # noisy
+    rows[1].update(contended=True, cpu_share=0.5)
+    text = "\n".join(checks.checks_section(read_results(write_run(tmp_path, "f", rows))))
+    assert "2 ok row(s) flagged by the checks above (noisy 1, contended 1)" in text
+    assert "| naive | B1 H4 S128 D64 float32 full fwd | noisy |" in text
+
+
+def test_the_header_names_the_preset_impls_a_command_left_out():
+    from attnbench.report.header import preset_left_out
+
+    env = {"command": "attnbench race --head-dim 128 --impls triton_flash,sdpa_flash"}
+    left = preset_left_out(env)
+    assert left.startswith("the race preset's triton_flash_fa2") and "sdpa_flash" not in left
+    assert preset_left_out({"command": "attnbench sweep --preset cpu"}) == ""

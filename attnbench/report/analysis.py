@@ -289,6 +289,11 @@ def fit_loglog(
     return out
 
 
+def slope_text(slope: float) -> str:
+    """A fitted slope to two decimals; a flat one reads 0.00 whichever side of 0 it fell."""
+    return f"{slope:.2f}".replace("-0.00", "0.00")
+
+
 def scaling_exponents(
     df: pd.DataFrame,
     metrics=FIT_METRICS,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pandas as pd
 
 from attnbench.measure.profiling import CROSS_CHECK_EVERY, MISMATCH_PCT
+from attnbench.measure.published import published
+from attnbench.measure.roofline import over_ceiling_note
 from attnbench.measure.timing import NOISY_SPREAD, PAGE_FAULTS_FLAG
 from attnbench.report import analysis
 from attnbench.report.header import case_label
@@ -72,7 +74,7 @@ def _by_cause(bad: pd.DataFrame) -> str:
     return table(pd.DataFrame(rows), cols)
 
 
-def checks_section(df: pd.DataFrame) -> list[str]:
+def checks_section(df: pd.DataFrame, env: dict | None = None) -> list[str]:
     """Ok rows whose measurement is in doubt: a throttling GPU, a median that the profiler's
     kernel time does not explain, a noisy row, a pct_peak over the ceiling, CPU page faults
     inside the timing, or a CPU row whose threads waited for a CPU (contended)."""
@@ -93,13 +95,7 @@ def checks_section(df: pd.DataFrame) -> list[str]:
         f"move between identical runs.",
         "",
     ]
-    if len(over_peak):
-        lines += [
-            f"{len(over_peak)} row(s) exceed the measured matmul ceiling (pct_peak > 100%): "
-            f"the ceiling was measured low, so pct_peak and the roofline are not trustworthy "
-            f"in this run.",
-            "",
-        ]
+    lines += _ceiling_lines(ok, over_peak, env or {})
     if len(faulting):
         lines += [
             f"{len(faulting)} CPU row(s) page-faulted inside the timing ({PAGE_FAULTS_FLAG:g} "
@@ -126,8 +122,58 @@ def checks_section(df: pd.DataFrame) -> list[str]:
     lines += _cross_check_lines(ok)
     lines += slow_peer_lines(ok)
     lines += _clock_lines(ok, throttled)
-    flagged = pd.concat([throttled, mismatch, noisy, over_peak, faulting, contended])
-    return lines + _flagged_table(flagged.drop_duplicates(subset=list(analysis.CASE_KEY)))
+    checks = {
+        "clocks held back": throttled,
+        "timer vs profiler": mismatch,
+        "noisy": noisy,
+        "over the ceiling": over_peak,
+        "page faults": faulting,
+        "contended": contended,
+    }
+    return lines + _flagged_table(ok, checks)
+
+
+def _ceiling_lines(ok: pd.DataFrame, over: pd.DataFrame, env: dict) -> list[str]:
+    """Rows above a measured ceiling, by which roof (measure/roofline.over_ceiling_note), and
+    the run's ceilings and its fastest rows against the device's published peaks, which do
+    not move from run to run as measured ceilings do."""
+    ceilings = env.get("ceilings") or {}
+    copy = ceilings.get("copy_gb_s")
+    lines = []
+    if len(over):
+        memory = over["gbps"] / copy if copy else pd.Series(0.0, index=over.index)
+        compute = over["tflops"] / over["dtype"].map(ceilings.get("matmul_tflops", {}))
+        by_memory = (memory.fillna(0) > compute.fillna(0)).astype(bool)
+        for roof, rows in (("memory", over[by_memory]), ("compute", over[~by_memory])):
+            if len(rows):
+                note = over_ceiling_note(float(rows["pct_peak"].max()), roof)
+                lines += [f"{len(rows)} row(s) read over 100%; the highest: {note}.", ""]
+    peak = published(env.get("gpu_name"))
+    if peak is None or not ceilings:
+        return lines
+    parts = []
+    for dtype, rate in sorted(ceilings.get("matmul_tflops", {}).items()):
+        top = ok.loc[ok["dtype"] == dtype, "tflops"].max()
+        if dtype in peak.matmul_tflops and not pd.isna(top):
+            spec = peak.matmul_tflops[dtype]
+            parts.append(
+                f"{dtype}: measured matmul {rate:.4g} TFLOP/s = {100 * rate / spec:.0f}% of the "
+                f"published {spec:g}; the fastest row {top:.4g} TFLOP/s = {100 * top / spec:.0f}%"
+                f" of published ({100 * top / rate:.0f}% of measured)"
+            )
+    if copy:
+        top = ok["gbps"].max()
+        parts.append(
+            f"memory: measured copy {copy:.4g} GB/s = {100 * copy / peak.memory_gb_s:.0f}% of "
+            f"the published {peak.memory_gb_s:g} GB/s; the fastest row {top:.4g} GB/s = "
+            f"{100 * top / peak.memory_gb_s:.0f}% of published"
+        )
+    return lines + [
+        "Against the published peaks (" + peak.source + "), which stay put from run to run "
+        "while measured ceilings move a few percent with clocks and power (`pct_peak` is "
+        "against this run's measured ones): " + "; ".join(parts) + ".",
+        "",
+    ]
 
 
 def _reasons(ok: pd.DataFrame) -> pd.Series:
@@ -165,7 +211,7 @@ def _clock_lines(ok: pd.DataFrame, slowed: pd.DataFrame) -> list[str]:
         f"{ok['sm_clock_mhz'].max():.0f} MHz (row medians). Clock-event reasons while timing "
         f"(NVML), of {len(ok)} ok rows: {counts or 'none'}.{cap} {len(slowed)} row(s) ran "
         f"with their clocks held back (below {CLOCK_DROP:.0%} of the run's highest median, "
-        f"or a thermal or hardware reason): listed below.",
+        f"or a thermal or hardware reason): flagged `clocks held back` below.",
         "",
     ]
 
@@ -192,17 +238,27 @@ def slow_peer_lines(ok: pd.DataFrame) -> list[str]:
     return [*lines, ""] if lines else []
 
 
-def _flagged_table(flagged: pd.DataFrame) -> list[str]:
-    """Every ok row some check flagged, once."""
+def _flagged_table(ok: pd.DataFrame, checks: dict[str, pd.DataFrame]) -> list[str]:
+    """Every ok row some check flagged, once, with the checks that flagged it."""
+    said = {i: [name for name, rows in checks.items() if i in rows.index] for i in ok.index}
+    flagged = ok.loc[[i for i, names in said.items() if names]]
     if flagged.empty:
         return ["No row was flagged.", ""]
-    flagged = flagged.assign(case=[case_label(r) for _, r in flagged.iterrows()])
+    flagged = flagged.assign(
+        case=[case_label(r) for _, r in flagged.iterrows()],
+        flagged=[", ".join(said[i]) for i in flagged.index],
+    )
+    counts = ", ".join(f"{name} {len(rows)}" for name, rows in checks.items() if len(rows))
     return [
+        f"{len(flagged)} ok row(s) flagged by the checks above ({counts}), each once, with "
+        "what flagged it:",
+        "",
         table(
             flagged,
             {
                 "impl": "impl",
                 "case": "case",
+                "flagged": "flagged",
                 "throttle": "throttle",
                 "time_ms": "time_ms",
                 "profiler_ms": "profiler_ms",
@@ -216,7 +272,7 @@ def _flagged_table(flagged: pd.DataFrame) -> list[str]:
                 "page_faults": ".0f",
                 "cpu_share": ".2f",
             },
-        )
+        ),
     ]
 
 

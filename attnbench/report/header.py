@@ -9,6 +9,7 @@ from attnbench.case import Case, CaseError
 from attnbench.measure.backends import PYTORCH_PREFIX
 from attnbench.report import analysis
 from attnbench.report.markdown import MISSING, table
+from attnbench.spec import PRESETS
 from attnbench.store.env import code_version
 from attnbench.store.schema import STATUSES
 
@@ -85,6 +86,9 @@ def header_lines(run_id: str, df: pd.DataFrame, env: dict) -> list[str]:
         rows.insert(
             2, ("load at start", f"{v('load_avg_1m')} (1-min average, {v('cpu_count')} cores)")
         )
+    left = preset_left_out(env)
+    if left:
+        rows.append(("impls", left))
     other_ids = sorted(set(df["run_id"].dropna()) - {run_id}) if "run_id" in df else []
     if other_ids:
         rows.append(("note", f"results.csv also holds rows of run ids {', '.join(other_ids)}"))
@@ -98,6 +102,19 @@ def header_lines(run_id: str, df: pd.DataFrame, env: dict) -> list[str]:
             "",
         ]
     return lines
+
+
+def preset_left_out(env: dict) -> str:
+    """The preset's impls that the command's --impls left out ('' when none), so that a
+    reader knows they were not run by choice, not for a failure."""
+    words = str(env.get("command") or "").split()
+    flag = lambda name: words[words.index(name) + 1] if name in words[:-1] else None  # noqa: E731
+    preset = flag("--preset") or ("race" if words[1:2] == ["race"] else None)
+    named = flag("--impls")
+    if preset not in PRESETS or named is None:
+        return ""
+    left = [i for i in PRESETS[preset].get("impls") or () if i not in named.split(",")]
+    return f"the {preset} preset's {', '.join(left)} left out by --impls" if left else ""
 
 
 def busy_machine(env: dict) -> bool:

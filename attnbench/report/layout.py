@@ -14,6 +14,7 @@ Conventions shared by every figure:
 from __future__ import annotations
 
 import math
+import textwrap
 import zlib
 from pathlib import Path
 
@@ -41,8 +42,10 @@ PANEL_W_IN, PANEL_H_IN = 7.4, 3.9  # width includes the legend beside the axes
 # the panel's title above and the x axis' labels below; the figure's title over all panels.
 # Placed once (no layout engine: each of its passes drew the whole figure again)
 LEFT_IN, LEGEND_IN, ABOVE_IN, BELOW_IN, SUPTITLE_IN = 0.85, 3.0, 0.4, 0.85, 0.9
+LEGEND_CHARS = 46  # a legend label wraps here, so it fits LEGEND_IN at its font size
 DPI = 130
 MAX_COLS = 2  # panels are wide: the legend sits beside each one
+LOG_SPAN = 2.0  # a log y axis only where a panel's values span this factor (64–65 MiB: linear)
 
 
 def impl_style(impls, colors: dict[str, str] | None = None) -> dict[str, tuple]:
@@ -262,7 +265,11 @@ def line_figure(
             ax.set_ylim(bottom=0)
         if draw_extra:
             draw_extra(ax, g)
-        ax.set_ylabel(ylabel)
+        low, high = ax.dataLim.intervaly  # everything drawn: lines, bands, reference lines
+        linear = not logy or (low > 0 and high < LOG_SPAN * low)
+        if logy and linear:  # a log axis over 64–65 MiB shows one tick and reads as flat
+            ax.set_yscale("linear")
+        ax.set_ylabel(ylabel.replace(", log)", ")").replace(" (log)", "") if linear else ylabel)
         ax.set_title(ptitle, fontsize=10)
         _legend(ax, marks)
     absent = sorted(set(df["impl"].dropna()) - set(ok["impl"]))
@@ -328,6 +335,7 @@ def _legend(ax, marks: _Marks) -> None:
     if marks.noisy:
         handles.append(Line2D([], [], ls="", marker="o", color="0.6", ms=7))
         labels.append(f"noisy: p20–p80 spread > {100 * NOISY_SPREAD:.0f}% of the median")
+    labels = [textwrap.fill(label, LEGEND_CHARS, subsequent_indent="  ") for label in labels]
     ax.legend(
         handles,
         labels,

@@ -35,7 +35,7 @@ def _slope_suffix(fits: pd.DataFrame | None, metric: str):
         bound = "≥" if analysis.flag(m["overhead_limited"]) else ""
         n_busy = m.get("n_contended")
         busy = f", {n_busy} contended pts" if not pd.isna(n_busy) and n_busy else ""
-        return f"  slope {bound}{m['slope']:.2f} ± {m['slope_se']:.2f}{busy}"
+        return f"  slope {bound}{analysis.slope_text(m['slope'])} ± {m['slope_se']:.2f}{busy}"
 
     return suffix
 

@@ -50,7 +50,7 @@ def render(
 
 
 def _closing(run: RunAnalysis) -> list[str]:
-    lines = checks.checks_section(run.frame)
+    lines = checks.checks_section(run.frame, run.env)
     lines += checks.kernels_section(run.kernels)
     return lines + checks.failures_section(run.frame, run.env.get("not_run"))
 

@@ -273,7 +273,7 @@ def _slope_text(r) -> str:
         return MISSING
     bound = "≥" if analysis.flag(r["overhead_limited"]) else ""
     return (
-        f"{bound}{r['slope']:.2f} ± {r['slope_se']:.2f} "
+        f"{bound}{analysis.slope_text(r['slope'])} ± {r['slope_se']:.2f} "
         f"({r['n_points']} pts, {AXIS.get(r['axis'], 'N')} {r['seq_min']}–{r['seq_max']})"
     )
 
@@ -336,6 +336,15 @@ def exponents_section(fits: pd.DataFrame) -> list[str]:
     fits = fits[fits["n_ok"] > 0]
     if fits.empty:
         return lines + ["No series with ok rows.", ""]
+    if fits["batch_rule"].astype(str).str.startswith("B·N=").any():
+        lines += [
+            "At a fixed token count (B·N=…, as the race sweeps), the batch shrinks as N "
+            "grows: full attention's time ∝ B·N² = tokens·N, so a time exponent of 1 there "
+            "*is* the quadratic cost per sequence (a linear-cost kernel would show 0), and "
+            "memory that grows with B·N (inputs, output, a tiled kernel's state) is flat "
+            "(exponent 0); a kernel that held the N×N scores would show 1.",
+            "",
+        ]
     rows, unfit = [], []
     groups = fits.groupby(list(analysis.SERIES_KEY), dropna=False, sort=True)
     groups = sorted(

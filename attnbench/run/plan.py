@@ -147,6 +147,14 @@ class Plan:
         return self.run.ray_address, self.run.ray_actors
 
     @property
+    def baseline(self) -> str | None:
+        """The impl speedups are relative to: the preset's where the run has it (the race's
+        sdpa_flash), else the one registered as the baseline."""
+        if self.spec.baseline in {i.name for i in self.impls}:
+            return self.spec.baseline
+        return registry.baseline(self.impls)
+
+    @property
     def quick(self) -> bool:
         """A short timer budget: the ceilings are measured quickly too."""
         return self.spec.rep_ms[0] < 50
@@ -194,7 +202,7 @@ class Plan:
             for i in self.impls
         }
         env["plugins"] = records(self.target.plugins)  # report and repro load them again
-        env["baseline"] = registry.baseline(self.impls)
+        env["baseline"] = self.baseline
         env["options"] = dict(self.run.measured)  # the reproducer's measuring flags
         env["not_run"] = self.left_out
         profile = self.settings.profile
@@ -235,6 +243,7 @@ class Plan:
             lanes,
             run_id=run_id,
             seed=self.seed,
+            baseline=self.baseline,
             done=done,
             progress=not (no_progress or row_lines),
             row_lines=row_lines,

@@ -39,6 +39,7 @@ def run_sweep(
     *,
     run_id: str,
     seed: int,
+    baseline: str | None = None,
     progress: bool = True,
     row_lines: bool = False,
     done: set[tuple] | dict[tuple, str | None] = frozenset(),
@@ -63,7 +64,8 @@ def run_sweep(
     if done:
         ooms.seed(cases, impls, run_dir)
     total = sum(len(ims) for f in families for _, ims in f)
-    baseline = next((i for i in impls if i.name == registry.baseline(impls)), None)
+    baseline = baseline or registry.baseline(impls)  # speedups are relative to it
+    baseline = next((i for i in impls if i.name == baseline), None)
     with (
         heap.frozen(),
         Writer(run_dir, run_id, seed, total, progress, row_lines, len(executors)) as writer,
