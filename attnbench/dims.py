@@ -43,8 +43,8 @@ class Dim:
     # the reproducer's sweep flags selecting this dimension's value of a case; None: the first
     # option's flag with the value as text, left out when the value is blank
     repro: Callable | None = None
-    legend: Part | None = None  # its part of a series' legend (report/analysis.series_labels)
-    family: Part | None = None  # its part of a case family's name (report/analysis.case_family)
+    legend: Part | None = None  # its part of a series' legend (report/rules.series_labels)
+    family: Part | None = None  # its part of a case family's name (report/rules.case_family)
     # a column that is not a Case field of its own: its cell from a case, and the field its
     # cell is read back into
     cell: Callable | None = None
@@ -141,7 +141,7 @@ DIMS: tuple[Dim, ...] = (
         rank=2,
         title="B=",
         # a series' batch: B4, or B·N=16384 where the grid holds the token count
-        # (report/analysis.batch_rule)
+        # (report/rules.batch_rule)
         legend=Part(9, lambda r: _said(r["batch_rule"]).replace("B=", "B")),
     ),
     Dim(

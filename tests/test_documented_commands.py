@@ -1,5 +1,5 @@
 """Every command that README.md and docs/ show in a shell block is run as written, in document
-order, in a fresh folder, with its lengths shrunk by one rule (``shrink``; README.md, "Tests").
+order, in a fresh folder, with its lengths shrunk by one rule (``shrink``; docs/testing.md).
 A command fails on a traceback, an exit code its page does not document, a run that measured
 nothing, or a report not written. A command that cannot run here is in NOT_RUN with its reason,
 and a sweep of a GPU preset is planned (--dry-run) on a machine without CUDA; a line that is

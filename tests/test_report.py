@@ -272,7 +272,7 @@ def test_no_two_series_share_a_label(tmp_path, stub_figures):
     from synth import ok_row
 
     from attnbench.case import Case
-    from attnbench.report.analyse import analyse_device
+    from attnbench.report.analysis import analyse_device
     from attnbench.store.results import read_results
 
     masks = {"none": None, "document": "uniform:16-64", "block_sparse": "block=16:local=1"}

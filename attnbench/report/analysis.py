@@ -1,444 +1,139 @@
-"""Scaling exponents, speedups and winners from a results frame: pandas in, pandas out.
-
-Only rows with ``status == "ok"`` ever become numbers; failed rows keep their blank (NA)
-metrics and are only counted, so a failure can never pass for a measurement.
-
-Scaling fit rule
-----------------
-A *series* is one impl with everything in the case key fixed except the sequence lengths.
-N is ``seq_q``, and ``seq_kv`` either follows it (``Skv=Sq``, or ``Skv=r*Sq`` for a constant
-ratio r) or is held fixed (``Skv=<value>``); or, in a decode series (a few new queries
-against a growing KV cache), ``seq_q`` is held fixed (``Sq=<value>``) and N is ``seq_kv``.
-That relation is part of the series key (column ``seq_kv_rule``; ``with_series`` adds it
-and ``seq_n``, the N of each row), so series of different relations are never mixed in one
-fit. Batch is fixed in a series too, except in a grid of fixed token count (batch × N the
-same at every length, as the race preset sweeps): there ``batch_rule`` is ``B·N=<tokens>``
-and the series runs over N, its time growing ~N^1 where full attention's grows ~N^2 at a
-fixed batch.
-
-For each series and metric (``time_ms``, ``peak_mem_mib``) we fit
-``log(metric) = slope * log(N) + c`` by least squares over the points *not dominated by
-fixed overhead*: with ``floor`` the smallest value of the metric in the series, keep every
-point with ``N >= N0`` where N0 is the smallest N whose value is at least
-``OVERHEAD_FACTOR`` (4) times ``floor``. Past N0 a constant overhead is at most a quarter
-of the value, so it bends the log-log line only a little, while the flat small-N region
-(launch latency, allocator granularity, fixed workspaces) that would drag the slope towards
-0 is dropped. The rule needs no tuning per device and keeps every large-N point, which is
-where the exponent is decided. Its cost: on a pure power law it drops the first point (N^2
-on a doubling grid) or the first two (N^1).
-
-When fewer than ``MIN_FIT_POINTS`` (3) distinct lengths survive the cut but the series has
-at least 3, the 3 largest lengths are fitted instead and ``overhead_limited`` is True: with
-``metric = a + c*N^p`` the log-log curve is concave, so that slope is a *lower bound* on p.
-A series with fewer than 3 distinct lengths gets no fit: ``slope`` is NA and ``reason`` says
-why. Non-positive values cannot be logged and are left out (counted in the reason). The
-standard error is the OLS one, ``sqrt(SSR / (k - 2) / Sxx)`` in log space, and reflects
-scatter only, not the overhead bias.
-"""
+"""A run's analysis, computed once and handed to every section and figure of its report:
+series, fits, families, winners, speedups, recommendations; one part per kind of device."""
 
 from __future__ import annotations
 
-import math
+import re
+from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
-from attnbench.case import MODES, Case, CaseError
-from attnbench.dims import DIM, FAMILY_PARTS, LABEL_PARTS, LEGEND_PARTS
-from attnbench.store.schema import CASE_KEY
-
-SEQ_COLUMNS = ("seq_q", "seq_kv")
-CASE_COLUMNS = tuple(c for c in CASE_KEY if c != "impl")  # a case: everything but the impl
-# a series: a case's key less its lengths and batch, plus how batch (``batch_rule``) and seq_kv
-# (``seq_kv_rule``, last) relate to the length N the series varies (``with_series``)
-SERIES_KEY = (
-    *("batch_rule" if c == "batch" else c for c in CASE_KEY if c not in SEQ_COLUMNS),
-    "seq_kv_rule",
-)
-FIT_METRICS = ("time_ms", "peak_mem_mib")
-WIDE_INTERVAL = 1.2  # a 95% interval whose hi / lo exceeds this is too wide to state as a fact
-OVERHEAD_FACTOR = 4.0
-MIN_FIT_POINTS = 3
+from attnbench.report import patterns, rules, verdicts
+from attnbench.report.header import busy_machine, device_name
+from attnbench.report.layout import run_colors
+from attnbench.report.recommend import recommendations
+from attnbench.report.rounds import Anchor, Rounds
 
 
-def flag(value) -> bool:
-    """A nullable boolean cell as a plain bool: NA counts as False."""
-    return value is not pd.NA and value is not None and bool(value)
+@dataclass(frozen=True)
+class DeviceAnalysis:
+    """Everything the per-device sections and figures show, for one device's rows."""
+
+    name: str  # the device as figures title it (a busy machine says so)
+    suffix: str  # figure files are <stem><suffix>.png ("" for a run on one device)
+    env: dict  # the run's env.json, with this device's ceilings
+    baseline: str | None  # the impl speedups are relative to
+    frame: pd.DataFrame  # its rows, with seq_kv_rule, seq_n (rules.with_series), family
+    colors: dict  # impl -> colour, alike in every figure of the run
+    families: list  # case families, fwd before bwd, then by name
+    fits: pd.DataFrame  # rules.scaling_exponents, with each series' label (``series``)
+    winners: pd.DataFrame  # verdicts.fastest_agreeing: one row per case
+    wins: pd.DataFrame  # verdicts.wins_by_family
+    speedups: pd.DataFrame | None  # verdicts.speedups; None without a baseline with ok rows
+    rounds: Rounds | None  # the run's per-round medians (None: a run without rounds)
+    disagreements: pd.DataFrame  # ok rows that disagree or were not checked
+    waste: pd.DataFrame  # patterns.wasted_work (empty without pattern masks)
+    sparsity: pd.DataFrame  # patterns.sparsity_fits, with each series' label
 
 
-def is_ok(df: pd.DataFrame) -> pd.Series:
-    """Plain bool mask of rows with status ok (NA status is not ok)."""
-    return df["status"].eq("ok").fillna(False).astype(bool)
+@dataclass(frozen=True)
+class RunAnalysis:
+    run_id: str
+    env: dict
+    frame: pd.DataFrame  # every row of the run
+    baseline: str | None
+    recommendations: pd.DataFrame
+    devices: tuple  # DeviceAnalysis per kind of device (one unless a Ray run mixed them)
+    kernels: pd.DataFrame | None  # kernels.csv (--profile), or None
+    anchor: Anchor | None = None  # the speed anchor (anchor.csv), or None
 
 
-def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
-    return df[is_ok(df)]
-
-
-def noisy(df: pd.DataFrame) -> pd.Series:
-    """Ok rows whose timing samples spread too far to trust the median (measure.timing)."""
-    from attnbench.measure.timing import NOISY_SPREAD
-
-    if not {"time_ms_p20", "time_ms_p80"} <= set(df.columns):  # a table without the spread
-        return pd.Series(False, index=df.index)
-    spread = (df["time_ms_p80"] - df["time_ms_p20"]) / df["time_ms"]
-    return (is_ok(df) & (spread > NOISY_SPREAD).fillna(False)).astype(bool)
-
-
-def agreeing(df: pd.DataFrame) -> pd.Series:
-    """Plain bool mask: ok and agrees is True (unknown agreement does not count)."""
-    return is_ok(df) & df["agrees"].eq(True).fillna(False).astype(bool)
-
-
-def seq_kv_rule(df: pd.DataFrame) -> pd.Series:
-    """How seq_kv relates to seq_q within each set of cases that differ only in length.
-
-    Rows with seq_kv == seq_q get ``Skv=Sq``. The others, per group, are labelled by the
-    relation that yields the fewest series: a constant ratio (``Skv=2*Sq``), a fixed seq_kv
-    (``Skv=512``), or a fixed seq_q (``Sq=1``: the series varies the keys). Decode rows
-    (phase decode: a few new queries against a growing cache) always take the fixed seq_q."""
-    rule = pd.Series("Skv=Sq", index=df.index, dtype="string")
-    cross = df[(df["seq_kv"] != df["seq_q"]).fillna(True).astype(bool)]
-    if cross.empty:
-        return rule
-    group_cols = [c for c in CASE_COLUMNS if c not in SEQ_COLUMNS]
-    for _, g in cross.groupby(group_cols, dropna=False, sort=False):
-        ratio = g["seq_kv"].astype("Float64") / g["seq_q"].astype("Float64")
-        by_ratio = ratio.nunique() < g["seq_kv"].nunique()
-        fewest = min(ratio.nunique(), g["seq_kv"].nunique())
-        if str(g["phase"].iloc[0]) == "decode" or g["seq_q"].nunique() < fewest:
-            rule.loc[g.index] = [f"Sq={v}" for v in g["seq_q"]]
-        elif by_ratio:
-            rule.loc[g.index] = [f"Skv={r:g}*Sq" for r in ratio]
-        else:
-            rule.loc[g.index] = [f"Skv={v}" for v in g["seq_kv"]]
-    return rule
-
-
-def batch_rule(df: pd.DataFrame) -> pd.Series:
-    """How batch relates to N within each set of cases that differ only in batch and length
-    (df has seq_kv_rule and seq_n): ``B·N=16384`` where every length has one batch, batch
-    varies and batch × N is the same for all (a fixed token count, as the race preset
-    sweeps), else ``B=<batch>`` per row, so a fixed-token grid gives one series over N
-    rather than one point per batch."""
-    rule = "B=" + df["batch"].astype("string")
-    group_cols = [c for c in CASE_COLUMNS if c not in ("batch", *SEQ_COLUMNS)] + ["seq_kv_rule"]
-    for _, g in df.groupby(group_cols, dropna=False, sort=False):
-        pairs = g[["batch", "seq_n"]].drop_duplicates()
-        tokens = (pairs["batch"] * pairs["seq_n"]).unique()
-        one_batch_per_n = not pairs["seq_n"].duplicated().any()
-        if len(pairs) > 1 and pairs["batch"].nunique() > 1 and one_batch_per_n and len(tokens) == 1:
-            rule.loc[g.index] = f"B·N={tokens[0]}"
-    return rule
-
-
-def length_axis(rule) -> str:
-    """The length a series varies: seq_kv for a fixed-query rule (``Sq=1``), else seq_q."""
-    return "seq_kv" if str(rule).startswith("Sq=") else "seq_q"
-
-
-def with_series(df: pd.DataFrame) -> pd.DataFrame:
-    """df with ``seq_kv_rule`` (the series key's length relation) and ``seq_n``, the length
-    the row's series varies (seq_q, or seq_kv for a fixed-query series); a frame that has
-    them already comes back as it is, so a series is defined once per analysis."""
-    if {"seq_kv_rule", "seq_n", "batch_rule"} <= set(df.columns):
-        return df
-    out = df.copy()
-    out["seq_kv_rule"] = seq_kv_rule(out)
-    axis = out["seq_kv_rule"].map(length_axis)
-    out["seq_n"] = out["seq_kv"].where(axis == "seq_kv", out["seq_q"])
-    out["batch_rule"] = batch_rule(out)
-    return out
-
-
-def _label_parts(r, shown: set[str]) -> list[str]:
-    """A series' legend: each dimension's legend part (dims.py: those said always, and the
-    others where they vary between the series), then its length relation."""
-    parts = [d.legend.text(r) for d in LEGEND_PARTS if d.legend.always or d.name in shown]
-    return [str(p) for p in (*parts, r["seq_kv_rule"]) if not pd.isna(p) and str(p)]
-
-
-def series_labels(series: pd.DataFrame, always=()) -> pd.Series:
-    """A label per series (rows carrying SERIES_KEY): mode, causal, dtype, B, H, D and the
-    length relation, plus every other key column that varies between the rows (mask, its
-    spec, model, phase, ...) and those in ``always``, so that no two series of one impl
-    share a label."""
-    if series.empty:
-        return pd.Series([], index=series.index, dtype="string")
-    key = [c for c in SERIES_KEY if c != "impl" and c in series]
-    shown = {c for c in key if series[c].nunique(dropna=False) > 1} | set(always)
-    labels = pd.Series(
-        [" ".join(_label_parts(r, shown)) for _, r in series.iterrows()], index=series.index
-    )
-    ident = ["|".join(map(str, t)) for t in series[key].itertuples(index=False)]  # per series
-    named = pd.DataFrame({"impl": series.get("impl", ""), "label": labels, "ident": ident})
-    clash = named.groupby(["impl", "label"])["ident"].transform("nunique") > 1
-    if clash.any():  # a format that hides a difference: spell the key out
-        labels[clash] = [" ".join(f"{c}={r[c]}" for c in key) for _, r in series[clash].iterrows()]
-    return labels.astype("string")
-
-
-# the case dimensions in the case label's order, then those without a part of their own
-LABEL_ORDER = tuple(dict.fromkeys([*(d.name for d in LABEL_PARTS), *CASE_COLUMNS]))
-
-
-def dim_text(name: str, value) -> str:
-    """One dimension's value in a table: 'B=4', 'Skv=4096', 'bfloat16', 'causal=True'."""
-    return f"{DIM[name].title_prefix}{value}" if name in DIM else f"{name}={value}"
-
-
-def case_labels(df: pd.DataFrame) -> pd.Series:
-    """Each row's case by the case dimensions that vary among the rows of ``df`` (the cases
-    one table lists), e.g. 'B=1 Sq=4 Skv=4096': two cases of one table never share a label,
-    and what every row shares is left to the table's heading."""
-    vary = [c for c in LABEL_ORDER if c in df and df[c].nunique(dropna=False) > 1]
-    if {"seq_q", "seq_kv"} <= set(df) and df["seq_kv"].eq(df["seq_q"]).all():
-        vary = [c for c in vary if c != "seq_kv"]  # self-attention: Skv says nothing more
-    labels = [" ".join(dim_text(c, r[c]) for c in vary) for _, r in df[vary].iterrows()]
-    return pd.Series(labels, index=df.index, dtype="string")
-
-
-def case_family(df: pd.DataFrame) -> pd.Series:
-    """A readable family label per row: each dimension's family part (dims.py: mode, dtype,
-    causal/full, head dim, the mask, gqa and cross when they apply, the device where the
-    frame has several); batch, heads and lengths vary inside a family."""
-    if "family" in df:  # added once by the run's analysis
-        return df["family"]
-    if df.empty:
-        return pd.Series([], index=df.index, dtype="string")
-    said = [
-        d
-        for d in FAMILY_PARTS
-        if d.family.always or df[d.name].nunique() > 1  # e.g. the device, when several
-    ]
-    labels = [" ".join(p for p in (d.family.text(r) for d in said) if p) for _, r in df.iterrows()]
-    return pd.Series(labels, index=df.index, dtype="string")
-
-
-def mode_rank(mode) -> int:
-    """Position of a mode in MODES (fwd, bwd, fwd_bwd); unknown modes last."""
-    return MODES.index(mode) if mode in MODES else len(MODES)
-
-
-def family_order(df: pd.DataFrame) -> list[str]:
-    """The case families of df, fwd before bwd before fwd_bwd, then by name."""
-    if df.empty:
-        return []
-    fams = pd.DataFrame({"family": case_family(df), "rank": df["mode"].map(mode_rank)})
-    fams = fams.drop_duplicates("family").sort_values(["rank", "family"])
-    return list(fams["family"])
-
-
-def fit_loglog(
-    n, y, *, overhead_factor: float = OVERHEAD_FACTOR, min_points: int = MIN_FIT_POINTS
-) -> dict:
-    """Least-squares slope of log(y) on log(n) past the overhead cut (module docstring).
-
-    Returns slope, slope_se, n_points (points used), seq_min/seq_max (N range used),
-    overhead_limited and reason (NA when there is nothing to say)."""
-    pts = pd.DataFrame({"n": pd.array(n, dtype="Float64"), "y": pd.array(y, dtype="Float64")})
-    pts = pts.dropna()
-    nonpos = int((pts["y"] <= 0).sum())
-    pts = pts[pts["y"] > 0].sort_values("n")
-    out = {
-        "slope": math.nan,
-        "slope_se": math.nan,
-        "n_points": 0,
-        "seq_min": pd.NA,
-        "seq_max": pd.NA,
-        "overhead_limited": pd.NA,
-        "reason": pd.NA,
-    }
-    notes = [f"{nonpos} non-positive values left out"] if nonpos else []
-    lengths = pts["n"].drop_duplicates()
-    if len(lengths) < min_points:
-        out["reason"] = "; ".join(
-            [f"{len(lengths)} lengths with a value, a fit needs {min_points}", *notes]
-        )
-        return out
-    floor = float(pts["y"].min())
-    above = pts[pts["y"] >= overhead_factor * floor]
-    n0 = float(above["n"].min()) if len(above) else math.inf
-    kept = pts[pts["n"] >= n0]
-    limited = kept["n"].nunique() < min_points
-    if limited:
-        kept = pts[pts["n"] >= float(lengths.iloc[-min_points])]
-        cut = (
-            f"only N>={int(n0)} reaches {overhead_factor:g}x the minimum"
-            if len(above)
-            else f"never reaches {overhead_factor:g}x the minimum"
-        )
-        notes.insert(0, f"overhead-limited: {cut}, {min_points} largest N fitted (lower bound)")
-    x = np.log(kept["n"].to_numpy(dtype=float))
-    ly = np.log(kept["y"].to_numpy(dtype=float))
-    xc = x - x.mean()
-    sxx = float((xc**2).sum())
-    slope = float((xc * (ly - ly.mean())).sum() / sxx)
-    resid = ly - ly.mean() - slope * xc
-    dof = len(x) - 2
-    out.update(
-        slope=slope,
-        n_points=len(kept),
-        seq_min=int(kept["n"].min()),
-        seq_max=int(kept["n"].max()),
-        overhead_limited=limited,
-        slope_se=float(math.sqrt((resid**2).sum() / dof / sxx)),
-    )
-    if notes:
-        out["reason"] = "; ".join(notes)
-    return out
-
-
-def slope_text(slope: float) -> str:
-    """A fitted slope to two decimals; a flat one reads 0.00 whichever side of 0 it fell."""
-    return f"{slope:.2f}".replace("-0.00", "0.00")
-
-
-def scaling_exponents(
+def analyse_device(
     df: pd.DataFrame,
-    metrics=FIT_METRICS,
-    *,
-    overhead_factor: float = OVERHEAD_FACTOR,
-    min_points: int = MIN_FIT_POINTS,
-) -> pd.DataFrame:
-    """One row per (series, metric): SERIES_KEY, axis (the length N the series varies:
-    seq_q, or seq_kv for a fixed-query series such as decode), metric, slope, slope_se,
-    n_points, seq_min, seq_max (N range fitted), overhead_limited, n_ok, n_contended (fitted
-    points that were contended), n_failed, failed (status
-    counts of the failed rows, e.g. "1 oom"), reason (why there is no fit, or its caveat).
-
-    Every series with any row appears; one whose rows all failed has slope NA and says so."""
-    columns = [
-        *SERIES_KEY,
-        "axis",
-        "metric",
-        "slope",
-        "slope_se",
-        "n_points",
-        "seq_min",
-        "seq_max",
-        "overhead_limited",
-        "n_ok",
-        "n_contended",
-        "n_failed",
-        "failed",
-        "reason",
-    ]
-    if df.empty:
-        return pd.DataFrame(columns=columns)
-    df = with_series(df)
-    rows = []
-    for key, g in df.groupby(list(SERIES_KEY), dropna=False, sort=True):
-        ok = ok_rows(g)
-        failed = g[~is_ok(g)]
-        counts = failed["status"].fillna("missing").value_counts()
-        fail_note = ", ".join(f"{n} {s}" for s, n in counts.items()) if len(failed) else pd.NA
-        for metric in metrics:
-            fit = fit_loglog(
-                ok["seq_n"], ok[metric], overhead_factor=overhead_factor, min_points=min_points
-            )
-            rows.append(
-                {
-                    **dict(zip(SERIES_KEY, key)),
-                    "axis": length_axis(key[-1]),
-                    "metric": metric,
-                    "slope": fit["slope"],
-                    "slope_se": fit["slope_se"],
-                    "n_points": fit["n_points"],
-                    "seq_min": fit["seq_min"],
-                    "seq_max": fit["seq_max"],
-                    "overhead_limited": fit["overhead_limited"],
-                    "n_ok": len(ok),
-                    "n_contended": _contended_in(ok, fit),
-                    "n_failed": len(failed),
-                    "failed": fail_note,
-                    "reason": fit["reason"],
-                }
-            )
-    out = pd.DataFrame(rows, columns=columns)
-    for c in ("slope", "slope_se"):
-        out[c] = out[c].astype("Float64")
-    for c in ("n_points", "seq_min", "seq_max", "n_ok", "n_contended", "n_failed"):
-        out[c] = out[c].astype("Int64")
-    out["overhead_limited"] = out["overhead_limited"].astype("boolean")
-    out["failed"] = out["failed"].astype("string")
-    out["reason"] = out["reason"].astype("string")
-    return out
-
-
-def contended(df: pd.DataFrame) -> pd.Series:
-    """Plain bool mask of rows whose threads waited for a CPU while timed (``contended``)."""
-    if "contended" not in df:
-        return pd.Series(False, index=df.index)
-    return df["contended"].eq(True).fillna(False).astype(bool)
-
-
-def caveat(contended_rows: bool, lo=None, hi=None, noisy_rows: bool = False) -> str:
-    """What a stated number rests on, in words ('' when nothing): contended rows, a paired
-    interval wider than WIDE_INTERVAL, or (without an interval) noisy rows."""
-    parts = ["contended"] if contended_rows else []
-    if lo is not None and hi is not None and not pd.isna(lo) and not pd.isna(hi) and lo > 0:
-        if hi / lo > WIDE_INTERVAL:
-            parts.append("wide interval")
-    elif noisy_rows:
-        parts.append("noisy")
-    return ", ".join(parts)
-
-
-def _contended_in(ok: pd.DataFrame, fit: dict) -> int:
-    """How many of the points a fit used (N in its fitted range) were contended."""
-    if pd.isna(fit["seq_min"]):
-        return 0
-    used = ok["seq_n"].between(fit["seq_min"], fit["seq_max"]).fillna(False).astype(bool)
-    return int((used & contended(ok)).sum())
-
-
-def support_counts(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows per (impl, family, status); a missing status counts as ``missing``."""
-    if df.empty:
-        return pd.DataFrame(columns=["impl", "family", "status", "count"])
-    out = df.assign(family=case_family(df), status=df["status"].fillna("missing"))
-    return out.groupby(["impl", "family", "status"]).size().rename("count").reset_index()
-
-
-def disagreements(df: pd.DataFrame) -> pd.DataFrame:
-    """Ok rows whose agreement is False or unknown, with their error, bound and reason."""
-    ok = ok_rows(df)
-    bad = ok[~ok["agrees"].eq(True).fillna(False).astype(bool)]
-    return bad.sort_values(["impl", *CASE_COLUMNS]).reset_index(drop=True)
-
-
-def failures(df: pd.DataFrame) -> pd.DataFrame:
-    """Every non-ok row (status missing included)."""
-    return df[~is_ok(df)].sort_values(["impl", *CASE_COLUMNS]).reset_index(drop=True)
-
-
-def min_bytes(df: pd.DataFrame) -> pd.Series:
-    """The fewest bytes each row's timed work can move (Case.bytes_moved, the denominator of
-    ``gbps``); NA for a row that is not a valid case."""
-
-    def one(r):
-        try:
-            return Case.from_row(r).bytes_moved()
-        except (CaseError, TypeError, ValueError, KeyError):
-            return pd.NA
-
-    return pd.Series([one(r) for _, r in df.iterrows()], index=df.index, dtype="Float64")
-
-
-def arithmetic_intensity(df: pd.DataFrame) -> pd.Series:
-    """FLOPs per byte of the least traffic (``min_bytes``): x axis of the roofline."""
-    return (df["flops"] / min_bytes(df)).astype("Float64")
-
-
-def kernel_table(kernels: pd.DataFrame, top: int = 8) -> pd.DataFrame:
-    """Per impl, its kernels (GPU) or ops (CPU) over every profiled case: calls, total time
-    and share of the impl's profiled time; the ``top`` largest of each impl."""
-    if kernels.empty:
-        return kernels
-    agg = kernels.groupby(["impl", "kernel"], as_index=False).agg(
-        calls=("calls", "sum"), total_us=("total_us", "sum")
+    env: dict | None = None,
+    baseline: str | None = None,
+    name: str | None = None,
+    suffix: str = "",
+    rounds: Rounds | None = None,
+) -> DeviceAnalysis:
+    env = env or {}
+    name = name or device_name(env, df)
+    if busy_machine(env):
+        name += f" · BUSY machine: load {env['load_avg_1m']} on {env['cpu_count']} cores"
+    frame = rules.with_series(df)
+    frame = frame.assign(family=rules.case_family(frame))
+    fits = rules.scaling_exponents(frame)
+    fits = fits.assign(series=rules.series_labels(fits))
+    has_base = baseline and rules.ok_rows(frame[frame["impl"] == baseline]).shape[0]
+    sparsity = patterns.sparsity_fits(frame)
+    if not sparsity.empty:
+        labels = rules.series_labels(sparsity, always=("mask", "pattern"))
+        sparsity = sparsity.assign(series=labels)
+    winners = verdicts.fastest_agreeing(frame, rounds)
+    recorded = baseline == env.get("baseline")  # the rows' own speedups are against it
+    return DeviceAnalysis(
+        name=name,
+        suffix=suffix,
+        env=env,
+        baseline=baseline,
+        frame=frame,
+        colors=run_colors(env, frame["impl"].dropna().unique()),
+        families=rules.family_order(frame),
+        fits=fits,
+        winners=winners,
+        wins=verdicts.wins_by_family(winners),
+        speedups=verdicts.speedups(frame, baseline, rounds, recorded) if has_base else None,
+        rounds=rounds,
+        disagreements=rules.disagreements(frame),
+        waste=patterns.wasted_work(frame),
+        sparsity=sparsity,
     )
-    agg["share"] = agg["total_us"] / agg.groupby("impl")["total_us"].transform("sum")
-    agg = agg.sort_values(["impl", "total_us"], ascending=[True, False])
-    return agg.groupby("impl", as_index=False).head(top).reset_index(drop=True)
+
+
+def device_names(df: pd.DataFrame) -> list[str]:
+    if "device_name" not in df:
+        return []
+    return sorted(map(str, df["device_name"].dropna().unique()))
+
+
+def analyse(
+    df: pd.DataFrame,
+    env: dict,
+    run_id: str,
+    baseline: str | None = None,
+    kernels: pd.DataFrame | None = None,
+    rounds: Rounds | None = None,
+    anchor: Anchor | None = None,
+) -> RunAnalysis:
+    """The whole run's rules. ``baseline``: the impl speedups are relative to (default:
+    the one the run recorded); ``rounds`` and ``anchor``: the run's per-round times."""
+    baseline = baseline or env.get("baseline")
+    names = device_names(df)
+    if len(names) < 2:
+        devices = (analyse_device(df, env, baseline, rounds=rounds),)
+    else:  # several kinds of device (a Ray run): every analysis and figure per device
+        devices = tuple(
+            analyse_device(
+                df[df["device_name"] == name],
+                {**env, "ceilings": _ceilings(env, name)},
+                baseline,
+                name,
+                "__" + re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_"),
+                rounds,
+            )
+            for name in names
+        )
+    return RunAnalysis(
+        run_id=run_id,
+        env=env,
+        frame=df,
+        baseline=baseline,
+        recommendations=recommendations(df, rounds),
+        devices=devices,
+        kernels=kernels,
+        anchor=anchor,
+    )
+
+
+def _ceilings(env: dict, name: str):
+    return (env.get("devices") or {}).get(name, {}).get("ceilings") or env.get("ceilings")

@@ -9,7 +9,7 @@ from attnbench.measure.profiling import CROSS_CHECK_EVERY, MISMATCH_PCT
 from attnbench.measure.published import published
 from attnbench.measure.roofline import over_ceiling_note
 from attnbench.measure.timing import NOISY_SPREAD, PAGE_FAULTS_FLAG
-from attnbench.report import analysis
+from attnbench.report import rules
 from attnbench.report.header import case_label
 from attnbench.report.markdown import table
 from attnbench.report.reasons import short_reason
@@ -26,7 +26,7 @@ POWER_CAP = "sw_power_cap"
 
 
 def failures_section(df: pd.DataFrame, not_run: dict | None = None) -> list[str]:
-    bad = analysis.failures(df)
+    bad = rules.failures(df)
     lines = ["## Non-ok rows", ""]
     if not_run:  # impls the sweep left out, and why (env.json not_run)
         lines += [
@@ -57,7 +57,7 @@ def _by_cause(bad: pd.DataFrame) -> str:
     """A table of one line per (impl, status, cause) with its row count and cases."""
     bad = bad.assign(
         cause=bad["reason"].map(short_reason),
-        case=analysis.case_labels(bad),
+        case=rules.case_labels(bad),
         _o=bad["status"].map(lambda s: FAILURE_ORDER.get(s, -1)),
     )
     rows = []
@@ -78,14 +78,14 @@ def checks_section(df: pd.DataFrame, env: dict | None = None) -> list[str]:
     """Ok rows whose measurement is in doubt: a throttling GPU, a median that the profiler's
     kernel time does not explain, a noisy row, a pct_peak over the ceiling, CPU page faults
     inside the timing, or a CPU row whose threads waited for a CPU (contended)."""
-    ok = analysis.ok_rows(df)
+    ok = rules.ok_rows(df)
     for name in ("cpu_share", "contended"):  # runs made before these columns existed
         if name not in ok:
             ok = ok.assign(**{name: pd.NA})
     lines = ["## Measurement checks", ""]
     throttled = _slowed_clocks(ok)
     mismatch = ok[ok["reason"].fillna("").str.contains("profiler kernel time")]
-    noisy = ok[analysis.noisy(ok)]
+    noisy = ok[rules.noisy(ok)]
     over_peak = ok[ok["pct_peak"].gt(100).fillna(False).astype(bool)]
     faulting = ok[ok["page_faults"].ge(PAGE_FAULTS_FLAG).fillna(False).astype(bool)]
     contended = ok[ok["contended"].eq(True).fillna(False).astype(bool)]
@@ -316,7 +316,7 @@ def kernels_section(kernels: pd.DataFrame | None) -> list[str]:
         "`traces/` folder beside results.csv (open in chrome://tracing or Perfetto).",
         "",
     ]
-    top = analysis.kernel_table(kernels)
+    top = rules.kernel_table(kernels)
     return lines + [
         table(
             top,

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from attnbench.report import analysis, plots
+from attnbench.report import plots, rules
 from attnbench.report.header import busy_machine, case_label, device_name
 from attnbench.report.judge import (
     CONTENDED,
@@ -311,7 +311,7 @@ def caveats(cmp: pd.DataFrame, envs: tuple[dict, dict]) -> pd.Series:
         held = [side for side in "AB" if r[f"contended_{side.lower()}"] is True]
         if held:
             parts.append(f"contended in {' and '.join(held)}")
-        if analysis.caveat(False, r["ratio_lo"], r["ratio_hi"]):
+        if rules.caveat(False, r["ratio_lo"], r["ratio_hi"]):
             parts.append("wide interval")
         if r["rule"] == RULE_OVERLAP:
             parts.append("no rounds: p20–p80 rule")

@@ -1,6 +1,6 @@
 """The tables of figures: each figure of a report declared once (file stem, heading,
-caption, and how it is drawn): FIGURES from one device's analysis (analyse.DeviceAnalysis),
-RUN_FIGURES from the whole run's (analyse.RunAnalysis; None where the run has no data for it)."""
+caption, and how it is drawn): FIGURES from one device's analysis (analysis.DeviceAnalysis),
+RUN_FIGURES from the whole run's (analysis.RunAnalysis; None where the run has no data for it)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import pandas as pd
 
-from attnbench.report import analysis, plots
+from attnbench.report import plots, rules
 
 
 class Figure(NamedTuple):
@@ -95,7 +95,7 @@ def one_n(frame: pd.DataFrame) -> int | None:
     """The one N of a device's ok rows (None where they have two or more, or none): a figure
     against N would then be one column of points, whose markers hide the impls' colours; the
     tables hold those numbers."""
-    ns = analysis.ok_rows(frame)["seq_n"].unique()
+    ns = rules.ok_rows(frame)["seq_n"].unique()
     return int(ns[0]) if len(ns) == 1 else None
 
 

@@ -7,7 +7,7 @@ import pandas as pd
 
 from attnbench.case import Case, CaseError
 from attnbench.measure.backends import PYTORCH_PREFIX
-from attnbench.report import analysis
+from attnbench.report import rules
 from attnbench.report.markdown import MISSING, table
 from attnbench.spec import PRESETS
 from attnbench.store.env import code_version
@@ -28,7 +28,7 @@ def case_label(row) -> str:
     try:
         return Case.from_row(row).label()
     except (CaseError, TypeError, ValueError, KeyError):
-        return " ".join(f"{k}={row[k]}" for k in analysis.CASE_COLUMNS)
+        return " ".join(f"{k}={row[k]}" for k in rules.CASE_COLUMNS)
 
 
 def header_lines(run_id: str, df: pd.DataFrame, env: dict) -> list[str]:
@@ -128,7 +128,7 @@ def counts_line(df: pd.DataFrame) -> str:
     counts = df["status"].fillna("missing").value_counts()
     order = {s: i for i, s in enumerate((*STATUSES, "missing"))}
     parts = [f"{counts[s]} {s}" for s in sorted(counts.index, key=lambda s: order.get(s, 99))]
-    ok = analysis.ok_rows(df)
+    ok = rules.ok_rows(df)
     n_bad = int((~ok["agrees"].eq(True).fillna(False)).sum())
     verb = "does" if n_bad == 1 else "do"
     agree = (
@@ -143,7 +143,7 @@ def borrowed_lines(df: pd.DataFrame) -> list[str]:
     """Impls whose ok rows ran PyTorch's own kernels (backend pytorch:*, e.g. xformers
     without its C++/CUDA extension): said once, up front, so that no table below reads as an
     independent comparison."""
-    ok = analysis.ok_rows(df)
+    ok = rules.ok_rows(df)
     borrowed = ok[borrowed_kernels(ok)]
     if borrowed.empty:
         return []

@@ -1,5 +1,5 @@
 """report.md (plus its figures) for one run, from its results.csv and env.json alone: the
-run is analysed once (analyse.py), then each section and figure renders that analysis."""
+run is analysed once (analysis.py), then each section and figure renders that analysis."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.report import checks, plots, sections
-from attnbench.report.analyse import DeviceAnalysis, RunAnalysis, analyse
+from attnbench.report.analysis import DeviceAnalysis, RunAnalysis, analyse
 from attnbench.report.figures import FIGURES, RUN_FIGURES, one_n
 from attnbench.report.header import borrowed_lines, counts_line, header_lines
 from attnbench.report.patterns import sections as pattern_sections

@@ -1,12 +1,12 @@
 """The report's analysis sections of one device's rows, rendered from its analysis
-(analyse.DeviceAnalysis): recommendations, who wins where, speedups, scaling exponents and
+(analysis.DeviceAnalysis): recommendations, who wins where, speedups, scaling exponents and
 numerical agreement."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from attnbench.report import analysis
+from attnbench.report import rules
 from attnbench.report.header import borrowed_kernels, case_label
 from attnbench.report.markdown import MISSING, table
 from attnbench.report.recommend import TOLERANCE
@@ -103,7 +103,7 @@ def _doubt(ties, wins, marks, first: str = "") -> str:
 
 
 def winners_section(a) -> list[str]:
-    """Who wins where, from a DeviceAnalysis (analyse.py)."""
+    """Who wins where, from a DeviceAnalysis (analysis.py)."""
     winners, wins = a.winners, a.wins
     lines = [
         "### Who wins where",
@@ -120,7 +120,7 @@ def winners_section(a) -> list[str]:
             else "whose p20–p80 range overlaps the winner's (this run has no rounds); "
         )
         + "marked: wins that are not ties but rest on contended rows, a paired interval "
-        f"wider than {analysis.WIDE_INTERVAL:g}x (hi / lo) or noisy rows).",
+        f"wider than {rules.WIDE_INTERVAL:g}x (hi / lo) or noisy rows).",
         "",
     ]
     if winners.empty:
@@ -168,7 +168,7 @@ def winners_section(a) -> list[str]:
 
 
 def speedup_section(a) -> list[str]:
-    """Speedups against the baseline, from a DeviceAnalysis (analyse.py)."""
+    """Speedups against the baseline, from a DeviceAnalysis (analysis.py)."""
     df, baseline = a.frame, a.baseline
     if not baseline:
         return [
@@ -201,7 +201,7 @@ def speedup_section(a) -> list[str]:
         )
         + "Marked: cases that rest on contended rows, "
         + (
-            f"an interval wider than {analysis.WIDE_INTERVAL:g}x (hi / lo)."
+            f"an interval wider than {rules.WIDE_INTERVAL:g}x (hi / lo)."
             if paired
             else "or noisy rows (p20–p80 spread: the measurement checks)."
         ),
@@ -251,7 +251,7 @@ def _ties(sp: pd.DataFrame) -> pd.Series:
 def _each(sp: pd.DataFrame) -> str:
     """One (impl, family)'s cases in order of N, each labelled by what varies among them."""
     sp = sp.sort_values("seq_n")
-    labels = analysis.case_labels(sp)
+    labels = rules.case_labels(sp)
     return "; ".join(_speedup_text(r, labels[i]) for i, r in sp.iterrows())
 
 
@@ -271,16 +271,16 @@ AXIS = {"seq_q": "N", "seq_kv": "Skv"}  # how a fitted range names its length
 def _slope_text(r) -> str:
     if pd.isna(r["slope"]):
         return MISSING
-    bound = "≥" if analysis.flag(r["overhead_limited"]) else ""
+    bound = "≥" if rules.flag(r["overhead_limited"]) else ""
     return (
-        f"{bound}{analysis.slope_text(r['slope'])} ± {r['slope_se']:.2f} "
+        f"{bound}{rules.slope_text(r['slope'])} ± {r['slope_se']:.2f} "
         f"({r['n_points']} pts, {AXIS.get(r['axis'], 'N')} {r['seq_min']}–{r['seq_max']})"
     )
 
 
 def _notes(by: dict, first) -> str:
     notes = []
-    for m in analysis.FIT_METRICS:
+    for m in rules.FIT_METRICS:
         if m not in by or pd.isna(by[m]["reason"]):
             continue
         # the overhead-limited caveat is the ≥ sign, explained above the table
@@ -312,13 +312,13 @@ def _unfitted_line(unfit: list) -> list[str]:
         impls = sorted({str(g["impl"].iloc[0]) for g in groups})
         failed = sum(int(g["n_failed"].iloc[0]) for g in groups)
         more = f", {failed} failed rows (see non-ok rows)" if failed else ""
-        rules = ", ".join(sorted({str(g["seq_kv_rule"].iloc[0]) for g in groups}))
-        parts.append(f"{reason} ({len(groups)} series of {', '.join(impls)}; {rules}{more})")
+        relations = ", ".join(sorted({str(g["seq_kv_rule"].iloc[0]) for g in groups}))
+        parts.append(f"{reason} ({len(groups)} series of {', '.join(impls)}; {relations}{more})")
     return [f"No fit for {len(unfit)} series: {'; '.join(parts)}.", ""]
 
 
 def exponents_section(fits: pd.DataFrame) -> list[str]:
-    """Scaling exponents from analysis.scaling_exponents with a ``series`` label column (a
+    """Scaling exponents from rules.scaling_exponents with a ``series`` label column (a
     DeviceAnalysis's fits); series without any fit collapse into one line."""
     lines = [
         "### Scaling exponents",
@@ -346,9 +346,9 @@ def exponents_section(fits: pd.DataFrame) -> list[str]:
             "",
         ]
     rows, unfit = [], []
-    groups = fits.groupby(list(analysis.SERIES_KEY), dropna=False, sort=True)
+    groups = fits.groupby(list(rules.SERIES_KEY), dropna=False, sort=True)
     groups = sorted(
-        groups, key=lambda t: (t[1]["impl"].iloc[0], analysis.mode_rank(t[1]["mode"].iloc[0]))
+        groups, key=lambda t: (t[1]["impl"].iloc[0], rules.mode_rank(t[1]["mode"].iloc[0]))
     )
     for _key, g in groups:
         if g["slope"].isna().all():
@@ -384,11 +384,11 @@ def _exponents_table(rows: pd.DataFrame) -> str:
 
 
 def disagreement_section(a) -> list[str]:
-    """Ok rows that disagree or were not checked, from a DeviceAnalysis (analyse.py)."""
+    """Ok rows that disagree or were not checked, from a DeviceAnalysis (analysis.py)."""
     df, bad = a.frame, a.disagreements
     lines = ["### Numerical agreement", ""]
     if bad.empty:
-        n = len(analysis.ok_rows(df))
+        n = len(rules.ok_rows(df))
         return lines + [f"All {n} ok rows agree with the float64 reference within their bound.", ""]
     bad = bad.assign(
         case=[case_label(r) for _, r in bad.iterrows()],

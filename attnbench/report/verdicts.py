@@ -9,7 +9,9 @@ import math
 
 import pandas as pd
 
-from attnbench.report.analysis import (
+from attnbench.report.contestants import contestants, kernel_of
+from attnbench.report.rounds import Rounds
+from attnbench.report.rules import (
     CASE_COLUMNS,
     agreeing,
     case_family,
@@ -19,8 +21,6 @@ from attnbench.report.analysis import (
     noisy,
     ok_rows,
 )
-from attnbench.report.contestants import contestants, kernel_of
-from attnbench.report.rounds import Rounds
 
 
 def speedups(

@@ -24,6 +24,7 @@ from attnbench.run.selection import (
     left_out_summary,
     left_out_text,
     select_impls,
+    unfit_text,
 )
 from attnbench.run.sweep import run_sweep
 from attnbench.run.target import Target
@@ -216,7 +217,8 @@ class Plan:
         text += f" ({done} rows already done)" if done else ""
         if self.left_out:
             text += f"\n{left_out_summary(self.left_out, self.target.impls)}"
-        return text
+        unfit = unfit_text(self.impls, self.cases)
+        return text + (f"\n{unfit}" if unfit else "")
 
     def dry_run_text(self) -> str:
         cases, selected = self.cases, self.impls
@@ -230,7 +232,9 @@ class Plan:
             *shown,
             *([f"  ... and {more} more"] if more > 0 else []),
         ]
-        return "\n".join(lines + ([left_out_text(self.left_out)] if self.left_out else []))
+        lines += [left_out_text(self.left_out)] if self.left_out else []
+        unfit = unfit_text(self.impls, self.cases)
+        return "\n".join(lines + ([unfit] if unfit else []))
 
     def sweep(
         self, run: RunDir, run_id: str, lanes: list, done, no_progress: bool, row_lines: bool

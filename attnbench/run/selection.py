@@ -3,10 +3,12 @@ case of the grid, and those left out with why; and that a --profile filter match
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 from attnbench import registry
 from attnbench.case import Case
+from attnbench.dims import DIM
 from attnbench.errors import UsageError
 from attnbench.spec import Spec
 
@@ -82,3 +84,28 @@ def check_profile_filter(profile: tuple[str, ...] | None, impls: list, cases: li
             f"{list(profile)}; pairs look like {pairs[0]!r} (give parts of it, "
             f"comma separated, or 'all')"
         )
+
+
+def unfit_text(impls: list, cases: list[Case]) -> str:
+    """One line per impl that fits no case of the grid (every row would be unsupported):
+    its first reason and the flag that would make a case it takes ('' when all fit)."""
+    lines = []
+    for impl in impls:
+        reasons = [impl.reasons(c) for c in cases]
+        if cases and all(reasons):
+            first = reasons[0][0]
+            hint = _flag_hint(first)
+            lines.append(
+                f"{impl.name} fits no case of this grid ({first}): its rows will be "
+                f"unsupported" + (f"; {hint} makes cases it takes" if hint else "")
+            )
+    return "\n".join(lines)
+
+
+def _flag_hint(reason: str) -> str:
+    """The sweep flag and value a '<field>=<value> (supported: a, b)' reason points to."""
+    m = re.match(r"^(\w+)=\S+ \(supported: ([^),;]+)", reason)
+    dim = DIM.get(m.group(1)) if m else None
+    if dim is None or not dim.options:
+        return ""
+    return f"--{dim.options[0].replace('_', '-')} {m.group(2).strip()}"
