@@ -363,3 +363,22 @@ def test_the_header_names_the_preset_impls_a_command_left_out():
     left = preset_left_out(env)
     assert left.startswith("the race preset's triton_flash_fa2") and "sdpa_flash" not in left
     assert preset_left_out({"command": "attnbench sweep --preset cpu"}) == ""
+
+
+def test_a_peak_of_several_score_matrices_is_said_in_score_matrices(tmp_path):
+    from synth import ok_row
+
+    from attnbench.case import Case
+    from attnbench.report.analysis import analyse_device
+    from attnbench.report.sections import score_memory_lines
+
+    rows = []
+    for n in (1024, 2048, 4096):
+        case = Case(2, 16, 16, n, n, 128, dtype="bfloat16")
+        matrix_mib = 2 * 16 * n * n * 2 / 2**20
+        rows.append(ok_row("m", "math", case, 1.0, 4.8 * matrix_mib))
+        rows.append(ok_row("m", "flash", case, 1.0, 0.01 * matrix_mib * 4096 / n))
+    a = analyse_device(read_results(write_run(tmp_path, "m", rows)))
+    text = "\n".join(score_memory_lines(a))
+    assert "math (fwd full bfloat16 B2 H16 D128 Skv=Sq, N 4096): 4.8x" in text
+    assert "flash (" not in text

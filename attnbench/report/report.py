@@ -73,6 +73,7 @@ def _device_part(a: DeviceAnalysis, out_dir: Path, svg: bool, level: str) -> lis
     lines = sections.winners_section(a)
     lines += sections.speedup_section(a)
     lines += sections.exponents_section(a.fits)
+    lines += sections.score_memory_lines(a)
     lines += pattern_sections(a.frame, level, waste=a.waste, fits=a.sparsity)
     lines += sections.disagreement_section(a)
     lines += [f"{level} Plots", ""]

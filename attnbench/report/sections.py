@@ -383,6 +383,37 @@ def _exponents_table(rows: pd.DataFrame) -> str:
     return table(rows, columns)
 
 
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def score_memory_lines(a) -> list[str]:
+    """The series whose peak memory at their largest N holds a score matrix or more (B·Hq·Sq
+    ·Skv elements of the case's dtype), in score matrices: a peak of several (scores and
+    probabilities both kept, or float32 scores for half inputs) is said, not left to the
+    reader to work out."""
+    ok = rules.ok_rows(a.frame).dropna(subset=["peak_mem_mib"])
+    if ok.empty or (ok["level"] != "op").all():
+        return []
+    ok = ok[ok["level"] == "op"]
+    top = ok.loc[ok.groupby(list(rules.SERIES_KEY), dropna=False)["seq_n"].idxmax()]
+    elements = top["batch"] * top["heads"] * top["seq_q"] * top["seq_kv"]
+    ratio = top["peak_mem_mib"] * 2**20 / (elements * top["dtype"].map(DTYPE_BYTES).fillna(4))
+    top = top.assign(ratio=ratio, series=rules.series_labels(top))[ratio >= 1]
+    if top.empty:
+        return []
+    parts = [
+        f"{r.impl} ({r.series}, N {r.seq_n}): {r.ratio:.1f}x"
+        for r in top.sort_values(["impl", "series"]).itertuples()
+    ]
+    return [
+        "Peak memory of the series that hold an N² buffer, in score matrices of the case's "
+        "dtype at their largest N (2 or more: more than one N² buffer, such as probabilities "
+        "kept beside the scores, or float32 scores for half inputs, as PyTorch's math backend "
+        "computes them): " + "; ".join(parts) + ".",
+        "",
+    ]
+
+
 def disagreement_section(a) -> list[str]:
     """Ok rows that disagree or were not checked, from a DeviceAnalysis (analysis.py)."""
     df, bad = a.frame, a.disagreements
