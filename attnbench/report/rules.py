@@ -238,10 +238,13 @@ def fit_loglog(
 
     Returns slope, slope_se, n_points (points used), seq_min/seq_max (N range used),
     overhead_limited and reason (NA when there is nothing to say)."""
-    pts = pd.DataFrame({"n": pd.array(n, dtype="Float64"), "y": pd.array(y, dtype="Float64")})
-    pts = pts.dropna()
-    nonpos = int((pts["y"] <= 0).sum())
-    pts = pts[pts["y"] > 0].sort_values("n")
+    n = pd.array(n, dtype="Float64").to_numpy(dtype=float, na_value=np.nan)
+    y = pd.array(y, dtype="Float64").to_numpy(dtype=float, na_value=np.nan)
+    valid = ~(np.isnan(n) | np.isnan(y))
+    n, y = n[valid], y[valid]
+    nonpos = int((y <= 0).sum())
+    order = np.argsort(n[y > 0], kind="stable")
+    n, y = n[y > 0][order], y[y > 0][order]
     out = {
         "slope": math.nan,
         "slope_se": math.nan,
@@ -252,27 +255,26 @@ def fit_loglog(
         "reason": pd.NA,
     }
     notes = [f"{nonpos} non-positive values left out"] if nonpos else []
-    lengths = pts["n"].drop_duplicates()
+    lengths = np.unique(n)
     if len(lengths) < min_points:
         out["reason"] = "; ".join(
             [f"{len(lengths)} lengths with a value, a fit needs {min_points}", *notes]
         )
         return out
-    floor = float(pts["y"].min())
-    above = pts[pts["y"] >= overhead_factor * floor]
-    n0 = float(above["n"].min()) if len(above) else math.inf
-    kept = pts[pts["n"] >= n0]
-    limited = kept["n"].nunique() < min_points
+    above = n[y >= overhead_factor * y.min()]
+    n0 = float(above.min()) if len(above) else math.inf
+    keep = n >= n0
+    limited = len(np.unique(n[keep])) < min_points
     if limited:
-        kept = pts[pts["n"] >= float(lengths.iloc[-min_points])]
+        keep = n >= float(lengths[-min_points])
         cut = (
             f"only N>={int(n0)} reaches {overhead_factor:g}x the minimum"
             if len(above)
             else f"never reaches {overhead_factor:g}x the minimum"
         )
         notes.insert(0, f"overhead-limited: {cut}, {min_points} largest N fitted (lower bound)")
-    x = np.log(kept["n"].to_numpy(dtype=float))
-    ly = np.log(kept["y"].to_numpy(dtype=float))
+    kept = {"n": n[keep], "y": y[keep]}
+    x, ly = np.log(kept["n"]), np.log(kept["y"])
     xc = x - x.mean()
     sxx = float((xc**2).sum())
     slope = float((xc * (ly - ly.mean())).sum() / sxx)
@@ -280,7 +282,7 @@ def fit_loglog(
     dof = len(x) - 2
     out.update(
         slope=slope,
-        n_points=len(kept),
+        n_points=len(x),
         seq_min=int(kept["n"].min()),
         seq_max=int(kept["n"].max()),
         overhead_limited=limited,
