@@ -140,15 +140,20 @@ def _consts(q, seqs: _Seqs, causal: bool, align_end: bool) -> dict:
     )
 
 
-def _forward(q, k, v, seqs: _Seqs, *, causal, scale, offset, align_end, tiles, config=None):
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)  # like q
-    lse = torch.empty(seqs.lse_shape(), device=q.device, dtype=torch.float32)
-    args = (
+def forward_args(q, k, v, o, lse, seqs: _Seqs, *, scale: float, offset: int) -> tuple:
+    """The forward kernel's runtime arguments (``fwd_kernel``'s, constexprs left out)."""
+    return (
         q, k, v, o, lse, seqs.cu_q, seqs.cu_k,
         *seqs.strides(q), *seqs.strides(k), *seqs.strides(v), *seqs.strides(o),
         *seqs.lse_strides(), seqs.n, seqs.hq, seqs.hq // seqs.hkv, seqs.sq, seqs.skv,
-        scale * LOG2E, int(offset) if causal else 0, *seqs.keys(),
+        scale * LOG2E, int(offset), *seqs.keys(),
     )  # fmt: skip
+
+
+def _forward(q, k, v, seqs: _Seqs, *, causal, scale, offset, align_end, tiles, config=None):
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)  # like q
+    lse = torch.empty(seqs.lse_shape(), device=q.device, dtype=torch.float32)
+    args = forward_args(q, k, v, o, lse, seqs, scale=scale, offset=offset if causal else 0)
 
     def grid(meta):
         tiles_m = triton.cdiv(seqs.sq, meta["BLOCK_M"]) * seqs.n * seqs.hq

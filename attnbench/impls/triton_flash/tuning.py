@@ -267,16 +267,22 @@ class _Prepared:
 
     def __call__(self, grid_fn, args: tuple) -> None:
         from triton import knobs
-        from triton.runtime import driver
 
         grid = grid_fn(self.meta)
         g = (*grid, 1, 1)
-        stream = driver.active.get_current_stream(driver.active.get_current_device())
+        stream = _stream()
         bound = (*args, *self.tail)
-        enter = knobs.runtime.launch_enter_hook
-        meta = self.kernel.launch_metadata(grid, stream, *bound) if enter else None
-        self.kernel.run(g[0], g[1], g[2], stream, self.function, self.packed, meta, enter,
-                        knobs.runtime.launch_exit_hook, *bound)  # fmt: skip
+        meta = self.kernel.launch_metadata(grid, stream, *bound)  # None without a hook
+        self.kernel.run(g[0], g[1], g[2], stream, self.function, self.packed, meta,
+                        knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook,
+                        *bound)  # fmt: skip
+
+
+def _stream():
+    """The current stream of the current device, as Triton's own launch reads it."""
+    from triton.runtime import driver
+
+    return driver.active.get_current_stream(driver.active.get_current_device())
 
 
 _PREPARED: dict[tuple, _Prepared] = {}
