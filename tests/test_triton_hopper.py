@@ -507,3 +507,33 @@ def test_sm90_compile_goal():
         other = [g for g in r["goal"] if not g.endswith("B spilled")]
         assert not other, (r["kind"], r["config"], r["goal"])
         assert r["spill_bytes"] <= allowed, (r["kind"], r["config"], r["spill_bytes"], allowed)
+
+
+_LAB_SCRIPT = """
+import json
+from attnbench.impls.triton_flash import compile_report as c
+rows = list(c.lab_rows(causal=(True,), names=("fwd:ws", "bwd:dq_tma")))
+print(json.dumps([{**r, "config": str(r["config"]), "check": c.lab_failures(r)} for r in rows]))
+"""
+
+
+@pytest.mark.skipif(_ptxas_missing() is not None, reason=str(_ptxas_missing()))
+def test_sm90_lab_flags_take_effect():
+    """The lab's flags change the compiled sm90 kernel as meant (bf16, head dim 128, causal):
+    WS launches 12 warps (a producer warpgroup beside two consumers) with ``setmaxnreg``,
+    DQ_TMA adds dQ by TMA reduces (``cp.reduce.async.bulk.tensor``), both within the shared
+    memory limit. Every lab variant is compiled by ``compile_report --lab`` (its section of
+    benchmarks/triton_flash_compile_report.md)."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_DEFAULT_FP_FUSION="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", _LAB_SCRIPT], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = {r["variant"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
+    assert set(rows) == {"ws", "dq_tma"} and not any(r["check"] for r in rows.values()), rows
+    assert rows["ws"]["warps"] == 12 and rows["ws"]["setmaxnreg"] > 0
+    assert rows["dq_tma"]["tma_reduce"] > 0 and rows["dq_tma"]["warps"] == 8
