@@ -148,6 +148,11 @@ COLUMNS: dict[str, tuple[str, str]] = {
         "row of each impl, every row with --profile; blank on the others",
     ),
     "sm_clock_mhz": ("Float64", "CUDA: median SM clock while timing (NVML)"),
+    "profiler_sm_clock_mhz": (
+        "Float64",
+        "CUDA: median SM clock while the profiler's calls ran (NVML), inside the last timing "
+        "round; blank where profiler_ms is",
+    ),
     "power_w": ("Float64", "CUDA: median board power while timing, W (NVML)"),
     "temp_c": ("Float64", "CUDA: median GPU temperature while timing, C (NVML)"),
     "throttle": (
@@ -205,6 +210,7 @@ METRICS = (  # blank in every row that is not ok
     "bound",
     "profiler_ms",
     "sm_clock_mhz",
+    "profiler_sm_clock_mhz",
     "power_w",
     "temp_c",
     "throttle",
