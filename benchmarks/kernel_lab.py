@@ -85,9 +85,8 @@ def variants(args) -> list[tuple[str, str, tuple]]:
     chosen = [v for v in (args.variants or "").split(",") if v]
     out = [(k, n, c) for k in kinds for n, c in tuning.LAB[k].items()
            if not chosen or n in chosen or f"{k}:{n}" in chosen]  # fmt: skip
-    known = {n for k in kinds for n in tuning.LAB[k]} | {
-        f"{k}:{n}" for k in kinds for n in tuning.LAB[k]
-    }
+    every = tuning.LAB.items()  # a name of a kind not asked for is no error, only left out
+    known = {n for _, v in every for n in v} | {f"{k}:{n}" for k, v in every for n in v}
     unknown = [v for v in chosen if v not in known]
     if unknown:
         raise ValueError(
