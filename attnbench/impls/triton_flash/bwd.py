@@ -11,6 +11,8 @@ is the M side of the matmuls (M = BLOCK_N >= 64 on a GPU, which maps to wgmma on
   dP^T = V dO^T,  dS^T = P^T (dP^T - delta),  dK += dS^T Q,
 and dQ += dS K (M = BLOCK_M >= 64) is added in fp32 with atomics to a buffer the host
 converts to the input dtype: 5 matmuls per (query tile, key tile), nothing recomputed twice.
+``DQ_TMA`` (a variant, off by default) adds each dQ tile with one TMA reduce-add through a
+tensor descriptor (``cp.reduce.async.bulk.tensor`` on sm90) instead of element-wise atomics.
 
 Causal (query i sees key j iff j <= i + offset): query tiles that see none of the key tile
 are skipped by the loop bounds; tiles that see only part of it are masked; the rest run

@@ -15,6 +15,11 @@ exponential is ``exp2``. The main (unmasked) loop can run as a two-stage ping-po
 (``PIPELINE``): the scores of key tile j+1 are computed before the softmax of tile j, so the
 tensor cores have the next QK^T in flight while the softmax runs.
 
+Variants (constexpr flags; ``tuning.FLAGS`` has their defaults, the kernel as tuned):
+``ONE_LOOP`` runs every key tile in one masked loop instead of unmasked-then-masked; ``WS``
+asks Triton to warp-specialize that loop (sm90, 4 warps: a TMA producer warpgroup beside two
+consumers, 12 warps in all); ``PERSISTENT`` off launches one program per tile.
+
 Causal rule with a diagonal offset: query i sees key j iff ``j <= i + offset``, where offset
 is ``causal_offset`` (+ ``seq_kv - seq_q`` per sequence when ``ALIGN_END``). A query row that
 sees no key has output 0 and log-sum-exp -inf.
