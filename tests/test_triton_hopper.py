@@ -353,10 +353,8 @@ PLANTS = {
     "delta_head_pad": ("bwd.py", "ok = (offs_m < S)[:, None] & (offs_d < HEAD_DIM)[None, :]",
                        "ok = (offs_m < S)[:, None] & (offs_d < HEAD_PAD)[None, :]"),
     # the variants' own paths, run with the variant that takes them
-    "fwd_one_loop_unmasked": ("fwd.py", "qk_scale, True, CAUSAL, IEEE, BLOCK_N\n        )\n"
-                              "    return acc, m_i, l_i\n\n\n@triton.jit\ndef _attend_pingpong",
-                              "qk_scale, False, CAUSAL, IEEE, BLOCK_N\n        )\n"
-                              "    return acc, m_i, l_i\n\n\n@triton.jit\ndef _attend_pingpong",
+    "fwd_one_loop_unmasked": ("fwd.py", "qk_scale, True, CAUSAL,\n            IEEE, WS, BLOCK_N",
+                              "qk_scale, False, CAUSAL,\n            IEEE, WS, BLOCK_N",
                               "ws+dq_tma_m32"),
     "fwd_flat_tile": ("fwd.py", "tl.program_id(0), n_m, n_bh", "tl.program_id(0) // 2, n_m, n_bh",
                       "flat"),
@@ -467,6 +465,21 @@ print(json.dumps([{**r, "config": str(r.get("config")), "goal": c.goal_failures(
 """
 
 
+def _compiled(script: str) -> list[dict]:
+    """The rows a compile script prints (its last line, JSON), run in a subprocess: the
+    compiler needs TRITON_INTERPRET unset; Triton's compile cache makes reruns fast."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_DEFAULT_FP_FUSION="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def _recorded_spills(version: str) -> dict[tuple, int]:
     """The compile report's spill bytes for this Triton version: (kind, arch, head_dim,
     config) -> bytes; empty when the report has no section for it."""
@@ -488,18 +501,9 @@ def test_sm90_compile_goal():
     version (none where it has no section: Triton 3.9 spills nothing there, Triton 3.6 spills
     8 bytes in the backward). A subprocess: the compiler needs TRITON_INTERPRET unset;
     Triton's compile cache makes reruns fast."""
-    import json
-
     import triton
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_DEFAULT_FP_FUSION="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", _GOAL_SCRIPT], cwd=ROOT, env=env, capture_output=True,
-        text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = _compiled(_GOAL_SCRIPT)
     assert len(rows) == 2, rows
     recorded = _recorded_spills(triton.__version__)
     for r in rows:
@@ -524,16 +528,7 @@ def test_sm90_lab_flags_take_effect():
     DQ_TMA adds dQ by TMA reduces (``cp.reduce.async.bulk.tensor``), both within the shared
     memory limit. Every lab variant is compiled by ``compile_report --lab`` (its section of
     benchmarks/triton_flash_compile_report.md)."""
-    import json
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_DEFAULT_FP_FUSION="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", _LAB_SCRIPT], cwd=ROOT, env=env, capture_output=True,
-        text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    rows = {r["variant"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
+    rows = {r["variant"]: r for r in _compiled(_LAB_SCRIPT)}
     assert set(rows) == {"ws", "dq_tma"} and not any(r["check"] for r in rows.values()), rows
     assert rows["ws"]["warps"] == 12 and rows["ws"]["setmaxnreg"] > 0
     assert rows["dq_tma"]["tma_reduce"] > 0 and rows["dq_tma"]["warps"] == 8

@@ -210,12 +210,16 @@ def lab_markdown(table: list[dict], dtype: str) -> str:
         "empty when shared memory is within the limit, every WS variant shows 12 warps and "
         "every DQ_TMA one a TMA reduce (spills are reported, not failed).\n\n"
     )
-    lines = ["| " + " | ".join(_LAB_COLUMNS) + " | check |", "|" + "---|" * (len(_LAB_COLUMNS) + 1)]
-    for r in table:
-        cells = [str(r.get(c, "")) for c in _LAB_COLUMNS]
-        lines.append("| " + " | ".join(cells) + " | " + "; ".join(lab_failures(r)) + " |")
+    cells = [[str(r.get(c, "")) for c in _LAB_COLUMNS] + ["; ".join(lab_failures(r))]
+             for r in table]  # fmt: skip
     failing = sum(1 for r in table if lab_failures(r))
-    return head + "\n".join(lines) + f"\n\n{len(table)} rows, {failing} off the check.\n"
+    tail = f"\n{len(table)} rows, {failing} off the check.\n"
+    return head + _table([*_LAB_COLUMNS, "check"], cells) + tail
+
+
+def _table(columns, rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows]) + "\n"
 
 
 def markdown(table: list[dict], dtype: str) -> str:
@@ -226,7 +230,7 @@ def markdown(table: list[dict], dtype: str) -> str:
         "mma.sync, every Q/K/V load by TMA; both: no spills, shared memory within the limit). "
         "wgmma_wait_inflight: `wgmma.wait_group N` with N > 0 (a matmul still in flight).\n\n"
     )
-    lines = ["| " + " | ".join(_COLUMNS) + " | goal |", "|" + "---|" * (len(_COLUMNS) + 1)]
+    rows = []
     for r in table:
         if "error" in r:
             cells = [str(r[c]) for c in _COLUMNS[:4]] + [f"FAILED {r['error']}"]
@@ -234,10 +238,10 @@ def markdown(table: list[dict], dtype: str) -> str:
         else:
             cells = [str(r[c]).replace("True", "pp").replace("False", "-") for c in _COLUMNS]
             cells.append("; ".join(goal_failures(r)))
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
     failing = sum(1 for r in table if "error" in r or goal_failures(r))
     tail = f"\n{len(table)} configs, {failing} off the goal.\n"
-    return head + "\n".join(lines) + "\n" + tail
+    return head + _table([*_COLUMNS, "goal"], rows) + tail
 
 
 _TITLE = (

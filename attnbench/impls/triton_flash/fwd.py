@@ -113,44 +113,17 @@ def _attend(
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     IEEE: tl.constexpr,
+    WS: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Key tiles [lo, hi), one after the other."""
-    for n in range(lo, hi, BLOCK_N):
+    """Key tiles [lo, hi), one after the other. ``WS`` asks Triton to warp-specialize the loop
+    (a TMA producer warpgroup beside consumer warpgroups); Triton >= 3.6 does so on sm90 only
+    for the one-loop forward (``ONE_LOOP``) and with 4 warps (with 8 it skips it silently)."""
+    for n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         s = _scores(q, k_desc, n, IEEE, BLOCK_N)
         v = v_desc.load([n, 0])  # (BN, DP)
         acc, m_i, l_i = _softmax_step(
             acc, m_i, l_i, s, v, offs_m, n, skv, offset, qk_scale, MASKED, CAUSAL, IEEE, BLOCK_N
-        )
-    return acc, m_i, l_i
-
-
-@triton.jit
-def _attend_one_loop(
-    acc,
-    m_i,
-    l_i,
-    q,
-    k_desc,
-    v_desc,
-    offs_m,
-    hi,
-    skv,
-    offset,
-    qk_scale,
-    CAUSAL: tl.constexpr,
-    IEEE: tl.constexpr,
-    WS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """Key tiles [0, hi) in one loop, every tile masked (``ONE_LOOP``). ``WS`` asks Triton to
-    warp-specialize it (a TMA producer warpgroup and consumer warpgroups); Triton >= 3.6 does
-    so on sm90 only for this one-loop shape and with 4 warps (with 8 it skips it silently)."""
-    for n in tl.range(0, hi, BLOCK_N, warp_specialize=WS):
-        s = _scores(q, k_desc, n, IEEE, BLOCK_N)
-        v = v_desc.load([n, 0])  # (BN, DP)
-        acc, m_i, l_i = _softmax_step(
-            acc, m_i, l_i, s, v, offs_m, n, skv, offset, qk_scale, True, CAUSAL, IEEE, BLOCK_N
         )
     return acc, m_i, l_i
 
@@ -251,9 +224,9 @@ def _fwd_tile(
         hi = skv
         full_end = (skv // BLOCK_N) * BLOCK_N
     if ONE_LOOP:
-        acc, m_i, l_i = _attend_one_loop(
-            acc, m_i, l_i, q, k_desc, v_desc, offs_m, hi, skv, offset, qk_scale, CAUSAL, IEEE,
-            WS, BLOCK_N,
+        acc, m_i, l_i = _attend(
+            acc, m_i, l_i, q, k_desc, v_desc, offs_m, 0, hi, skv, offset, qk_scale, True, CAUSAL,
+            IEEE, WS, BLOCK_N,
         )  # fmt: skip
     else:  # unmasked tiles, then the masked ones
         if PIPELINE:
@@ -264,11 +237,11 @@ def _fwd_tile(
         else:
             acc, m_i, l_i = _attend(
                 acc, m_i, l_i, q, k_desc, v_desc, offs_m, 0, full_end, skv, offset, qk_scale,
-                False, CAUSAL, IEEE, BLOCK_N,
+                False, CAUSAL, IEEE, False, BLOCK_N,
             )  # fmt: skip
         acc, m_i, l_i = _attend(
             acc, m_i, l_i, q, k_desc, v_desc, offs_m, full_end, hi, skv, offset, qk_scale, True,
-            CAUSAL, IEEE, BLOCK_N,
+            CAUSAL, IEEE, False, BLOCK_N,
         )  # fmt: skip
     seen = l_i > 0.0  # false only for rows that see no key (causal offset < 0)
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
