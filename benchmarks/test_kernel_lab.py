@@ -78,3 +78,17 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
 def test_without_a_gpu_it_says_so_and_exits_2(tmp_path):
     proc = run("--out", str(tmp_path))
     assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_lab_on_a_gpu_compiles_checks_and_times_with_its_controls(tmp_path):
+    proc = run("--variants", "fwd:ws,bwd:dq_tma", "--seq-len", "1024", "--tokens", "2048",
+               "--heads", "4", "--controls", "sdpa_flash", "--causal", "true",
+               "--rep-ms", "20", "--out", str(tmp_path))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    got = {(r["kind"], r["variant"]): r for r in rows(tmp_path)}
+    for key in [("fwd", "ws"), ("bwd", "dq_tma"), ("fwd", "sdpa_flash"), ("bwd", "sdpa_flash")]:
+        assert got[key]["status"] == "ok" and got[key]["time_ms"] > 0, got[key]
+    assert got[("fwd", "ws")]["warps"] == 12 and got[("fwd", "ws")]["regs"] > 0
+    assert got[("bwd", "dq_tma")]["smem"] <= 232448

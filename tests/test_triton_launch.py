@@ -116,3 +116,33 @@ def test_the_cached_path_skips_the_autotuner_after_the_first_call(monkeypatch, p
     assert len(bound) == len(fake.arg_names) and bound[: len(args)] == args
     named = dict(zip(fake.arg_names, bound))
     assert named["BLOCK_M"] == 128 and named["CAUSAL"] is True and named["PERSISTENT"] is True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_triton_flash_cached_launch_matches_the_autotuner_path_on_the_gpu(monkeypatch):
+    """On a GPU: the cached path launches Triton's compiled kernel itself (the launcher's
+    argument list, the descriptor scratch) and gives the autotuner path's outputs: bit for bit
+    where one program owns each element (out, dk, dv), within bf16 rounding for dq (fp32
+    atomics add in any order); the second call per kernel takes the cached launch."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 300, 128, generator=g).to("cuda", torch.bfloat16)
+               for _ in range(3))  # fmt: skip
+    do = torch.randn(2, 4, 300, 128, generator=g).to("cuda", torch.bfloat16)
+
+    def run():
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = tk.flash_attention(*leaves, causal=True)
+        return [out, *torch.autograd.grad(out, leaves, do)]
+
+    monkeypatch.setattr(tuning, "LAUNCH_PATH", "autotuner")
+    want = run()
+    monkeypatch.setattr(tuning, "LAUNCH_PATH", "cached")
+    monkeypatch.setattr(tuning, "_PREPARED", {})
+    first, second = run(), run()
+    assert len(tuning._PREPARED) == 2  # the forward and the backward kernel, one key each
+    for name, a, b, c in zip(("out", "dq", "dk", "dv"), want, first, second):
+        if name == "dq":
+            torch.testing.assert_close(b, a) and torch.testing.assert_close(c, a)
+        else:
+            assert torch.equal(a, b) and torch.equal(a, c), name
