@@ -143,6 +143,7 @@ def test_triton_flash_cached_launch_matches_the_autotuner_path_on_the_gpu(monkey
     assert len(tuning._PREPARED) == 2  # the forward and the backward kernel, one key each
     for name, a, b, c in zip(("out", "dq", "dk", "dv"), want, first, second):
         if name == "dq":
-            torch.testing.assert_close(b, a) and torch.testing.assert_close(c, a)
+            torch.testing.assert_close(b, a)
+            torch.testing.assert_close(c, a)
         else:
             assert torch.equal(a, b) and torch.equal(a, c), name
