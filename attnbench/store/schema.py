@@ -151,7 +151,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "profiler_sm_clock_mhz": (
         "Float64",
         "CUDA: median SM clock while the profiler's calls ran (NVML), inside the last timing "
-        "round; blank where profiler_ms is",
+        "round right after its samples; blank where profiler_ms is. The cross-check compares "
+        "like with like: clocks more than 1% apart are compared in SM cycles (time x clock)",
     ),
     "power_w": ("Float64", "CUDA: median board power while timing, W (NVML)"),
     "temp_c": ("Float64", "CUDA: median GPU temperature while timing, C (NVML)"),
