@@ -49,8 +49,8 @@ DRY = dict(tokens=64, heads=2, head_dim=32, seq_len="32", controls="sdpa",
            variants="fwd:ws,bwd:dq_tma", dtype="float16")  # fmt: skip
 RACE = dict(tokens=16384, heads=16, head_dim=128, seq_len="1024,4096,16384", variants="",
             controls="sdpa_cudnn,sdpa_flash,triton_flash_fa2", dtype="bfloat16")  # fmt: skip
-_COLUMNS = ("case", "kind", "variant", "status", "time_ms", "tflops", "x_best_control", "regs",
-            "spill_bytes", "smem", "warps", "reason")  # fmt: skip
+_COLUMNS = ("case", "kind", "variant", "status", "time_ms", "tflops", "x_best_control", "sm_mhz",
+            "regs", "spill_bytes", "smem", "warps", "reason")  # fmt: skip
 
 
 def _args(argv):
@@ -260,15 +260,22 @@ def check(kind: str, got, truth: Truth, dtype) -> list[str]:
     return bad
 
 
-def time_ms(fn, device: str, rep_ms: float) -> float:
-    """The harness's timer (median) on a GPU; on the CPU (dry run) one call's wall time."""
-    if device == "cpu":
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
+def timed(fn, case, rep_ms: float, kind: str) -> dict:
+    """The row's time: the harness's timer (median) on a GPU, with the median SM clock while it
+    ran (NVML; the rows of one call run at whatever clocks the power cap leaves them); on the
+    CPU (dry run) one call's wall time."""
+    from attnbench.measure.clocks import ClockSampler, summarize
     from attnbench.measure.timing import TimerConfig, time_fn
 
-    return time_fn(fn, "cuda", TimerConfig(rep_ms=rep_ms)).median_ms
+    with ClockSampler(case.device) as clocks:
+        if case.device == "cpu":
+            t0 = time.perf_counter()
+            fn()
+            ms = (time.perf_counter() - t0) * 1e3
+        else:
+            ms = time_fn(fn, "cuda", TimerConfig(rep_ms=rep_ms)).median_ms
+    mhz = summarize(clocks.samples)["sm_clock_mhz"]
+    return dict(status="ok", time_ms=ms, tflops=_flops(case, kind) / ms / 1e9, sm_mhz=mhz)
 
 
 # --------------------------------------------------------------------------------- rows
@@ -369,13 +376,10 @@ def _measure(kind, cfg, case, inputs, forward, truth, args) -> dict:
         bad = check(kind, got, truth, case.torch_dtype)
         if bad:
             return dict(status="disagrees", reason="; ".join(bad)[:400])
-        ms = time_ms(lambda: run_variant(kind, cfg, case, inputs, forward), case.device,
-                     args.rep_ms)  # fmt: skip
+        return timed(lambda: run_variant(kind, cfg, case, inputs, forward), case, args.rep_ms,
+                     kind)  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - one variant's failure is its row
-        return dict(
-            status="failed", reason=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-        )
-    return dict(status="ok", time_ms=ms, tflops=_flops(case, kind) / ms / 1e9)
+        return _failed(exc)
 
 
 def _control(impl, case, kind, inputs, args) -> dict:
@@ -390,12 +394,13 @@ def _control(impl, case, kind, inputs, args) -> dict:
     try:
         call = Call.prepare(impl, c, inputs)
         call.check()
-        ms = time_ms(call.timed_fn(), c.device, args.rep_ms)
+        return timed(call.timed_fn(), c, args.rep_ms, kind)
     except Exception as exc:  # noqa: BLE001 - one control's failure is its row
-        return dict(
-            status="failed", reason=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-        )
-    return dict(status="ok", time_ms=ms, tflops=_flops(case, kind) / ms / 1e9)
+        return _failed(exc)
+
+
+def _failed(exc: Exception) -> dict:
+    return dict(status="failed", reason=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
 
 
 def _ratios(rows: list[dict], controls: list[str]) -> None:
