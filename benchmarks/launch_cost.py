@@ -13,9 +13,14 @@ impl and case:
 
     python benchmarks/launch_cost.py [--impls triton_flash,triton_flash_fa2,sdpa_flash]
         [--seq-len 1024,4096] [--head-dim 128] [--mode fwd,bwd] [--calls 100]
+        [--launch-paths cached,autotuner]
 
 prints one line per (impl, case): host µs and GPU µs per call, and "launch-bound" where the
-host's exceeds the GPU's. It needs a CUDA GPU; elsewhere it says so in one line (exit 2).
+host's exceeds the GPU's. ``--launch-paths``: ``triton_flash`` once per launch path
+(``triton_flash/tuning.py``: ``cached`` launches the compiled kernel directly after the first
+tuned call, ``autotuner`` goes through Triton's autotuner and binder on every call), as
+``triton_flash[cached]`` and so on, in the same call. It needs a CUDA GPU; elsewhere it says
+so in one line (exit 2).
 """
 
 from __future__ import annotations
@@ -83,7 +88,16 @@ def main() -> int:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--mode", default="fwd,bwd")
     p.add_argument("--calls", type=int, default=100, help="calls launched per measurement")
+    p.add_argument("--launch-paths", default="", help="triton_flash's, e.g. cached,autotuner")
     args = p.parse_args()
+    paths = [x for x in args.launch_paths.split(",") if x]
+    if paths:
+        from attnbench.impls.triton_flash.tuning import LAUNCH_PATHS  # imports triton
+
+        if any(x not in LAUNCH_PATHS for x in paths):
+            print(f"launch_cost.py: --launch-paths {args.launch_paths}: each one of "
+                  f"{', '.join(LAUNCH_PATHS)}", file=sys.stderr)  # fmt: skip
+            return 2
     if not torch.cuda.is_available():
         print("launch_cost.py: needs a CUDA GPU; none is visible to torch", file=sys.stderr)
         return 2
@@ -92,11 +106,21 @@ def main() -> int:
     if unknown:
         print(f"launch_cost.py: unknown impl(s) {', '.join(unknown)}", file=sys.stderr)
         return 2
-    print(f"{'impl':18} {'case':40} {'host us':>9} {'GPU us':>9}")
+    print(f"{'impl':22} {'case':40} {'host us':>9} {'GPU us':>9}")
+    names = [
+        (n, p)
+        for n in args.impls.split(",")
+        for p in (paths if n == "triton_flash" else [""]) or [""]
+    ]
     for case in cases(args):
         inputs = make_inputs(case, 0)
-        for name in args.impls.split(","):
+        for name, path in names:
             impl = impls[name]
+            if path:  # the module reads it on every call
+                from attnbench.impls.triton_flash import tuning
+
+                tuning.LAUNCH_PATH = path
+                name = f"{name}[{path}]"
             why = "; ".join(impl.reasons(case))
             if not why:
                 try:
@@ -106,10 +130,10 @@ def main() -> int:
                 except Exception as exc:  # noqa: BLE001 (one impl's failure is its line)
                     why = f"{type(exc).__name__}: {exc}"[:120]
             if why:
-                print(f"{name:18} {case.label():40} {'–':>9} {'–':>9}  {why}")
+                print(f"{name:22} {case.label():40} {'–':>9} {'–':>9}  {why}")
                 continue
             bound = "  launch-bound" if host > gpu else ""
-            print(f"{name:18} {case.label():40} {host:9.1f} {gpu:9.1f}{bound}")
+            print(f"{name:22} {case.label():40} {host:9.1f} {gpu:9.1f}{bound}")
     return 0
 
 

@@ -25,6 +25,15 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_2():
     assert proc.stderr.strip() == "launch_cost.py: needs a CUDA GPU; none is visible to torch"
 
 
+def test_an_unknown_launch_path_is_one_line_and_exit_2():
+    pytest.importorskip("triton")
+    proc = run("--launch-paths", "cached,fast")
+    assert proc.returncode == 2 and not proc.stdout
+    assert proc.stderr.strip() == (
+        "launch_cost.py: --launch-paths cached,fast: each one of cached, autotuner"
+    )
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_it_gives_host_and_gpu_microseconds_per_call():

@@ -48,7 +48,7 @@ python3 -m pytest -q -p no:cacheprovider || failed+=("the default test suite")
 # the calls before it brought back
 dry=$(mktemp -d /tmp/attnbench-image-dry-XXXXXX)
 mkdir -p "$dry/lease"
-calls=("tests-triton,env,first-light" "fidelity,tests-rest" "race")
+calls=("xformers,fidelity,launch" "lab-fwd" "lab-bwd")
 for i in "${!calls[@]}"; do
     echo "check_image.sh: dry call $((i + 1)): ${calls[i]}"
     out=$dry/out$((i + 1))

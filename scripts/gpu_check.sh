@@ -14,8 +14,14 @@
 # llama         Llama-3-8B prefill (2k-8k) and decode (4k-128k cache, batch 1 and 32), with
 #               transformers' own attention (hf_*)
 # full          the gpu preset
+# xformers      xformers (from the carried wheel: .whl/) beside sdpa_flash and sdpa_efficient on
+#               the first-light grid; the backend column names the operators it dispatched to
+# launch        benchmarks/launch_cost.py: host and GPU time per call, triton_flash on both
+#               launch paths (cached, autotuner)
+# lab-fwd       benchmarks/kernel_lab.py --kinds fwd: the forward variants and their controls
+# lab-bwd       benchmarks/kernel_lab.py --kinds bwd: the backward variants and their controls
 #
-# docs/gpu.md is the plan for a 30-minute lease (three calls) with the arithmetic behind it.
+# docs/gpu.md is the plan for a 15-minute lease (three calls) with the arithmetic behind it.
 # One call runs up to three stages (the device brings back 8 files: a log and an archive per
 # stage, and cache.tgz) within ATTNBENCH_BUDGET_S (default 450 s) in all; a stage gets its
 # own cap (CAPS below) but always leaves 60 s to each stage after it, and the last stage gets
@@ -37,7 +43,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGES="env tests-triton tests-rest tests first-light fidelity race race-full llama full"
-declare -A CAPS=([env]=60 [tests-triton]=150 [tests-rest]=180 [tests]=300 [fidelity]=210)
+STAGES+=" xformers launch lab-fwd lab-bwd"
+declare -A CAPS=([env]=60 [tests-triton]=150 [tests-rest]=180 [tests]=300 [fidelity]=210
+    [xformers]=150 [launch]=90)
 MAX_STAGES=3
 CACHE_MAX_MIB=15
 
@@ -238,6 +246,39 @@ triton_flash,flex,flex_paged,hf_eager,hf_sdpa,hf_flex)
         ;;
     full)
         sweep "gpu-$slug" sweep --preset gpu "${device[@]}" "${tiny[@]}"
+        ;;
+    xformers)
+        if [[ $plan != 1 ]]; then  # the carried wheel installed? (.whl/, installed above)
+            if python3 -c "import xformers.ops" >/dev/null 2>&1; then
+                python3 -c "import xformers; print('stage xformers: xformers', \
+xformers.__version__, 'from', xformers.__file__)" 2>/dev/null
+            else
+                echo "stage xformers: xformers is not importable: carry .whl (carry_wheels.sh)"
+            fi
+        fi
+        local grid=(--impls xformers,sdpa_flash,sdpa_efficient)
+        [[ $dry == 1 ]] && grid=(--impls xformers,sdpa_math)
+        sweep "xformers-$slug" sweep --preset first-light "${device[@]}" "${grid[@]}" "${tiny[@]}"
+        ;;
+    launch)
+        [[ $plan == 1 ]] && return 0
+        if [[ $dry == 1 ]]; then
+            echo "stage launch: launch_cost.py needs a CUDA GPU; nothing to run in a dry run"
+        else
+            timeout --kill-after=10 "$(left 10)" python3 benchmarks/launch_cost.py \
+                --impls triton_flash,triton_flash_fa2,sdpa_flash,sdpa_cudnn \
+                --launch-paths cached,autotuner --seq-len 1024,4096 2>&1 |
+                tee "$work/logs/launch.log"
+            logs+=("logs/launch.log")
+        fi
+        ;;
+    lab-fwd | lab-bwd)
+        [[ $plan == 1 ]] && return 0
+        local lab=(--kinds "${stage#lab-}" --out "$work/results/$stage-$slug")
+        [[ $dry == 1 ]] && lab+=(--dry-run)
+        timeout --signal=INT --kill-after=20 "$(left 10)" python3 benchmarks/kernel_lab.py \
+            "${lab[@]}" --budget-s "$(left "$reserve")" 2>&1 | tee "$work/logs/$stage.log"
+        logs+=("logs/$stage.log" "results/$stage-$slug")
         ;;
     esac
     [[ $plan == 1 ]] && return 0

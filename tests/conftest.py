@@ -68,6 +68,7 @@ LONGEST_FIRST = (
     "test_accuracy_calibration.py",
     "test_rounds.py",
     "test_triton_hopper.py",
+    "test_kernel_lab.py",
     "test_mask_kinds.py",
     "test_report.py",
 )

@@ -77,7 +77,7 @@ def test_bad_stages_are_one_line_and_exit_2(tmp_path, args, needle):
 @pytest.mark.parametrize(
     "stage",
     # env alone (its ceilings in its log): slow; the resume test below runs it in a call of two
-    [pytest.param(s, marks=pytest.mark.slow) for s in ("env", "tests", "race", "full")],
+    [pytest.param(s, marks=pytest.mark.slow) for s in ("env", "tests", "race", "full", "lab-bwd")],
 )
 def test_each_stage_runs_dry_and_packs_its_results(tmp_path, stage):
     proc = gpu_check(stage, tmp_path)
@@ -94,6 +94,9 @@ def test_each_stage_runs_dry_and_packs_its_results(tmp_path, stage):
         assert "logs/env.log" in names and '"copy_gb_s"' in proc.stdout
     if stage == "tests":  # on the CPU the GPU tests say why they skip
         assert "logs/tests.log" in names and "needs a CUDA GPU" in proc.stdout
+    if stage == "lab-bwd":  # the lab's dry run: its rows and its table
+        assert {"results/lab-bwd-dry-run/kernel_lab.jsonl", "logs/lab-bwd.log"} <= set(names)
+        assert "| bwd | dq_tma | ok |" in proc.stdout
 
 
 @pytest.mark.slow
@@ -181,6 +184,9 @@ def test_the_row_counts_in_docs_gpu_md_are_the_scripts_grids(capsys):
     ).stdout + subprocess.run(
         ["bash", str(SCRIPT), "race-full,llama,full"], capture_output=True, text=True,
         env={**os.environ, "ATTNBENCH_PLAN": "1"}, timeout=60,
+    ).stdout + subprocess.run(
+        ["bash", str(SCRIPT), "xformers,launch,lab-fwd"], capture_output=True, text=True,
+        env={**os.environ, "ATTNBENCH_PLAN": "1"}, timeout=60,
     ).stdout  # fmt: skip
     counts: dict[str, list[int]] = {}
     for line in plan.splitlines():
@@ -188,7 +194,8 @@ def test_the_row_counts_in_docs_gpu_md_are_the_scripts_grids(capsys):
         assert main([*args, "--dry-run"]) == 0
         text = capsys.readouterr().out
         counts.setdefault(stage, []).append(int(re.search(r"= (\d+) rows", text).group(1)))
-    assert set(counts) == {"first-light", "fidelity", "race", "race-full", "llama", "full"}
+    assert set(counts) == {"first-light", "fidelity", "race", "race-full", "llama", "full",
+                           "xformers"}  # fmt: skip
     doc = _doc_rows()
     for stage, ns in counts.items():
         want = str(ns[0]) if len(ns) == 1 else f"{len(ns)} × {ns[0]}"

@@ -159,3 +159,76 @@ def test_clock_sampler_is_blank_on_cpu():
         "temp_c": None,
         "throttle": None,
     }
+
+
+def test_mismatch_note_compares_like_clocks_in_sm_cycles():
+    # 6% apart in time, but the profiled calls ran 6% faster clocks: the same SM cycles
+    assert profiling.mismatch_note(1.0, 0.94, 1700.0, 1808.0) is None
+    assert "+6%" in profiling.mismatch_note(1.0, 0.94)  # clocks unknown: time against time
+    assert "+6%" in profiling.mismatch_note(1.0, 0.94, 1800.0, 1800.0)  # the same clock
+    note = profiling.mismatch_note(1.0, 0.8, 1980.0, 1755.0)
+    assert "in SM cycles (clocks 1980 vs 1755 MHz)" in note and "+29%" in note
+
+
+class _Clocks:
+    """A ClockSampler that reads one SM clock (MHz) and notes when it was entered."""
+
+    def __init__(self, mhz, events, name):
+        self.mhz, self.events, self.name, self.samples = mhz, events, name, []
+
+    def __call__(self, device):
+        return self
+
+    def __enter__(self):
+        self.events.append(self.name)
+        self.samples = [(self.mhz, 300.0, 60.0, 0)]
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def test_the_profiled_calls_run_inside_the_last_timing_round_and_record_their_clock(
+    monkeypatch,
+):
+    """The plumbing on the CPU: the profile comes right after the last round's samples (not
+    after the memory pass), its clock is the row's profiler_sm_clock_mhz, and the cross-check
+    compares the two in SM cycles."""
+    from attnbench import registry
+    from attnbench.case import Case
+    from attnbench.measure.timing import RoundTimer, TimerConfig
+    from attnbench.run import passes, row
+    from attnbench.testing import run_row
+
+    events = []
+    samples = RoundTimer.samples
+
+    def timed(self, index):
+        events.append(f"samples {index}")
+        return samples(self, index)
+
+    def profiled(fn, device_type, trace_path=None):
+        events.append("profile")
+        return profiling.Profile([], 0.5)
+
+    def memory(fn, device_type):
+        events.append("memory")
+        return 1.0
+
+    monkeypatch.setattr(RoundTimer, "samples", timed)
+    monkeypatch.setattr(row, "ClockSampler", _Clocks(1980.0, events, "timed clocks"))
+    monkeypatch.setattr(passes, "ClockSampler", _Clocks(1755.0, events, "profile clocks"))
+    monkeypatch.setattr(passes, "profile_fn", profiled)
+    monkeypatch.setattr(passes, "peak_mem_mib", memory)
+    settings = row.Settings(TimerConfig(rep_ms=1.0, min_samples=1, rounds=3), profile=())
+    impl = registry.discover(entry_points=False)["sdpa"]
+    got = run_row(impl, Case(1, 2, 2, 16, 16, 16), settings=settings)
+    assert got["status"] == "ok", got["reason"]
+    rounds = [e for e in events if e.startswith("samples")]
+    assert rounds == ["samples 0", "samples 1", "samples 2"]
+    last = events.index("samples 2")  # then the profile's clocks, then the profile
+    assert events[last + 1 : last + 3] == ["profile clocks", "profile"], events
+    assert events.index("profile") < events.index("memory")
+    assert got["sm_clock_mhz"] == 1980.0 and got["profiler_sm_clock_mhz"] == 1755.0
+    assert got["profiler_ms"] == 0.5
+    assert "in SM cycles (clocks 1980 vs 1755 MHz)" in got["reason"]

@@ -130,10 +130,11 @@ def _disagreements(got: dict, expected: dict, dtype) -> list[str]:
     return [] if verdict.agrees else verdict.notes
 
 
-def _run_dense(module, q, k, v, do, *, causal, scale, offset, tiles, backward=True):
+def _run_dense(module, q, k, v, do, *, causal, scale, offset, tiles, backward=True,
+               configs=None):  # fmt: skip
     q, k, v = (t.detach().requires_grad_(backward) for t in (q, k, v))
     out = module.flash_attention(
-        q, k, v, causal=causal, scale=scale, causal_offset=offset, tiles=tiles
+        q, k, v, causal=causal, scale=scale, causal_offset=offset, tiles=tiles, configs=configs
     )
     got = {"out": out}
     if backward:
@@ -141,11 +142,12 @@ def _run_dense(module, q, k, v, do, *, causal, scale, offset, tiles, backward=Tr
     return got
 
 
-def _check(q, k, v, do, *, causal, scale=None, offset=0, tiles=None, backward=True):
+def _check(q, k, v, do, *, causal, scale=None, offset=0, tiles=None, backward=True,
+           configs=None):  # fmt: skip
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     got = _run_dense(
         tk, q, k, v, do, causal=causal, scale=scale, offset=offset, tiles=tiles,
-        backward=backward,
+        backward=backward, configs=configs,
     )  # fmt: skip
     expected = _expected(q, k, v, do, causal=causal, scale=scale, offset=offset)
     bad = _disagreements(got, expected, q.dtype)
@@ -186,6 +188,57 @@ CASES = [
 def test_fwd_bwd_agrees(Hq, Hkv, Sq, Skv, D, dtype, causal, offset, scale, tiles):
     q, k, v, do = _inputs(1, Hq, Hkv, Sq, Skv, D, dtype)
     _check(q, k, v, do, causal=causal, scale=scale, offset=offset, tiles=tiles)
+
+
+# ------------------------------------------------------------------------------- variants
+
+# the kernels' variant flags (tuning.FLAGS) at interpreter tile sizes, paired fwd + bwd
+_ONE, _WS, _FLAT, _TMA = ("ONE_LOOP", True), ("WS", True), ("PERSISTENT", False), ("DQ_TMA", True)
+VARIANTS = {
+    "one_loop+dq_tma": {"fwd": (32, 16, 8, 2, False, (_ONE,)), "bwd": (16, 32, 8, 2, (_TMA,))},
+    "ws+dq_tma_m32": {"fwd": (32, 16, 4, 2, False, (_ONE, _WS)), "bwd": (32, 16, 8, 2, (_TMA,))},
+    "flat": {"fwd": (32, 16, 8, 2, True, (_FLAT,))},
+    "flat_ws+dq_tma": {"fwd": (16, 32, 4, 2, False, (_ONE, _WS, _FLAT)),
+                       "bwd": (16, 16, 8, 2, (_TMA,))},
+}  # fmt: skip
+# each variant on the cases that stress it: GQA with odd lengths (CASES[0]), bottom-right with
+# rows that see no key (1), full with Sq > Skv (2), a positive offset (6); fp16 and fp32
+VARIANT_CASES = [
+    ("one_loop+dq_tma", 0), ("one_loop+dq_tma", 1), ("ws+dq_tma_m32", 1), ("ws+dq_tma_m32", 6),
+    ("flat", 2), ("flat", 0), ("flat_ws+dq_tma", 6), ("flat_ws+dq_tma", 2),
+]  # fmt: skip
+
+
+@interpreted
+@pytest.mark.parametrize("variant,case", VARIANT_CASES, ids=[f"{v}-{c}" for v, c in VARIANT_CASES])
+def test_variant_agrees(variant, case):
+    Hq, Hkv, Sq, Skv, D, dtype, causal, offset, scale, _ = CASES[case]
+    q, k, v, do = _inputs(1, Hq, Hkv, Sq, Skv, D, dtype, seed=case)
+    _check(q, k, v, do, causal=causal, scale=scale, offset=offset, configs=VARIANTS[variant])
+
+
+@interpreted
+def test_variants_on_packed_sequences():
+    """ONE_LOOP + WS and DQ_TMA on packed (varlen) sequences: descriptors per sequence."""
+    test_varlen_matches_per_sequence_reference(F16, True, "bottom_right",
+                                               configs=VARIANTS["ws+dq_tma_m32"])  # fmt: skip
+
+
+def test_variant_flags_are_checked():
+    from attnbench.impls.triton_flash import tuning
+
+    meta, warps, stages = tuning.meta_of("fwd", (128, 128, 4, 3, False, (_ONE, _WS)))
+    assert (warps, stages) == (4, 3) and meta["WS"] and meta["ONE_LOOP"] and meta["PERSISTENT"]
+    assert tuning.meta_of("bwd", (64, 64, 8, 2))[0] == {"BLOCK_M": 64, "BLOCK_N": 64,
+                                                        "DQ_TMA": False}  # fmt: skip
+    with pytest.raises(ValueError, match="WS needs ONE_LOOP"):
+        tuning.meta_of("fwd", (128, 128, 4, 2, False, (_WS,)))
+    with pytest.raises(ValueError, match="flag 'DQ_TMA' unknown"):
+        tuning.meta_of("fwd", (128, 128, 4, 2, False, (_TMA,)))
+    # a kept config's tuple round-trips through triton.Config, flags included
+    for kind in ("fwd", "bwd"):
+        for cfg in tuning.LAB[kind].values():
+            assert tuning.config_tuple(kind, tuning._triton_config(kind, cfg)) == cfg
 
 
 @interpreted
@@ -254,7 +307,7 @@ def _unpack(t, cu):  # (T, H, D) -> [(1, H, S_b, D)]
 @pytest.mark.parametrize(
     "dtype,causal,align", [(F32, True, "top_left"), (F16, True, "bottom_right"), (F16, False, "")]
 )
-def test_varlen_matches_per_sequence_reference(dtype, causal, align):
+def test_varlen_matches_per_sequence_reference(dtype, causal, align, configs=None):
     lens_q, lens_k = [5, 21, 1, 12], [9, 17, 11, 12]  # Sq < Skv, Sq > Skv, Sq = 1, equal
     g = torch.Generator().manual_seed(7)
     D, Hq, Hkv, scale = 40, 2, 1, 0.4
@@ -269,7 +322,7 @@ def test_varlen_matches_per_sequence_reference(dtype, causal, align):
     cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()])
     out = tk.flash_attention_varlen(
         q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal, scale=scale,
-        causal_align=align or "top_left", tiles=(16, 16),
+        causal_align=align or "top_left", tiles=None if configs else (16, 16), configs=configs,
     )  # fmt: skip
     got = dict(zip(("out", "dq", "dk", "dv"), (out, *torch.autograd.grad(out, (q, k, v), do))))
     per_seq = [
@@ -302,12 +355,22 @@ PLANTS = {
     "bwd_dq_scale": ("bwd.py", "dq * sm_scale", "dq"),
     "delta_head_pad": ("bwd.py", "ok = (offs_m < S)[:, None] & (offs_d < HEAD_DIM)[None, :]",
                        "ok = (offs_m < S)[:, None] & (offs_d < HEAD_PAD)[None, :]"),
+    # the variants' own paths, run with the variant that takes them
+    "fwd_one_loop_unmasked": ("fwd.py", "qk_scale, True, CAUSAL,\n            IEEE, WS, BLOCK_N",
+                              "qk_scale, False, CAUSAL,\n            IEEE, WS, BLOCK_N",
+                              "ws+dq_tma_m32"),
+    "fwd_flat_tile": ("fwd.py", "tl.program_id(0), n_m, n_bh", "tl.program_id(0) // 2, n_m, n_bh",
+                      "flat"),
+    "bwd_dq_tma_scale": ("bwd.py", "dq_out.atomic_add([m, 0], dq * sm_scale)",
+                         "dq_out.atomic_add([m, 0], dq)", "one_loop+dq_tma"),
+    "bwd_dq_tma_offset": ("bwd.py", "dq_out.atomic_add([m, 0],", "dq_out.atomic_add([m + 1, 0],",
+                          "one_loop+dq_tma"),
 }  # fmt: skip
 
 
 def _planted_copy(tmp_path: Path, name: str):
     """A copy of the kernel package with one bug planted, imported under its own name."""
-    file, text, planted = PLANTS[name]
+    file, text, planted = PLANTS[name][:3]
     pkg = f"planted_{name}"
     dest = tmp_path / pkg
     shutil.copytree(PACKAGE, dest, ignore=shutil.ignore_patterns("__pycache__"))
@@ -334,7 +397,11 @@ def test_planted_bug_is_caught(tmp_path, name):
     # GQA 2:1, ragged 45 x 37 (tiles 16), head dim 40 (padded to 64), causal, scale 0.3
     q, k, v, do = _inputs(1, 2, 1, 45, 37, 40, F32, seed=9)
     module = _planted_copy(tmp_path, name)
-    got = _run_dense(module, q, k, v, do, causal=True, scale=0.3, offset=0, tiles=(16, 16))
+    variant = PLANTS[name][3] if len(PLANTS[name]) > 3 else None
+    got = _run_dense(
+        module, q, k, v, do, causal=True, scale=0.3, offset=0, tiles=None if variant else (16, 16),
+        configs=VARIANTS.get(variant),
+    )  # fmt: skip
     expected = _expected(q, k, v, do, causal=True, scale=0.3, offset=0)
     assert _disagreements(got, expected, F32), f"planted bug {name} went unnoticed"
 
@@ -401,6 +468,21 @@ print(json.dumps([{**r, "config": str(r.get("config")), "goal": c.goal_failures(
 """
 
 
+def _compiled(script: str) -> list[dict]:
+    """The rows a compile script prints (its last line, JSON), run in a subprocess: the
+    compiler needs TRITON_INTERPRET unset; Triton's compile cache makes reruns fast."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_DEFAULT_FP_FUSION="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def _recorded_spills(version: str) -> dict[tuple, int]:
     """The compile report's spill bytes for this Triton version: (kind, arch, head_dim,
     config) -> bytes; empty when the report has no section for it."""
@@ -422,18 +504,9 @@ def test_sm90_compile_goal():
     version (none where it has no section: Triton 3.9 spills nothing there, Triton 3.6 spills
     8 bytes in the backward). A subprocess: the compiler needs TRITON_INTERPRET unset;
     Triton's compile cache makes reruns fast."""
-    import json
-
     import triton
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_DEFAULT_FP_FUSION="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", _GOAL_SCRIPT], cwd=ROOT, env=env, capture_output=True,
-        text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = _compiled(_GOAL_SCRIPT)
     assert len(rows) == 2, rows
     recorded = _recorded_spills(triton.__version__)
     for r in rows:
@@ -441,3 +514,24 @@ def test_sm90_compile_goal():
         other = [g for g in r["goal"] if not g.endswith("B spilled")]
         assert not other, (r["kind"], r["config"], r["goal"])
         assert r["spill_bytes"] <= allowed, (r["kind"], r["config"], r["spill_bytes"], allowed)
+
+
+_LAB_SCRIPT = """
+import json
+from attnbench.impls.triton_flash import compile_report as c
+rows = list(c.lab_rows(causal=(True,), names=("fwd:ws", "bwd:dq_tma")))
+print(json.dumps([{**r, "config": str(r["config"]), "check": c.lab_failures(r)} for r in rows]))
+"""
+
+
+@pytest.mark.skipif(_ptxas_missing() is not None, reason=str(_ptxas_missing()))
+def test_sm90_lab_flags_take_effect():
+    """The lab's flags change the compiled sm90 kernel as meant (bf16, head dim 128, causal):
+    WS launches 12 warps (a producer warpgroup beside two consumers) with ``setmaxnreg``,
+    DQ_TMA adds dQ by TMA reduces (``cp.reduce.async.bulk.tensor``), both within the shared
+    memory limit. Every lab variant is compiled by ``compile_report --lab`` (its section of
+    benchmarks/triton_flash_compile_report.md)."""
+    rows = {r["variant"]: r for r in _compiled(_LAB_SCRIPT)}
+    assert set(rows) == {"ws", "dq_tma"} and not any(r["check"] for r in rows.values()), rows
+    assert rows["ws"]["warps"] == 12 and rows["ws"]["setmaxnreg"] > 0
+    assert rows["dq_tma"]["tma_reduce"] > 0 and rows["dq_tma"]["warps"] == 8

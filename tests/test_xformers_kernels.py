@@ -16,9 +16,10 @@ from attnbench.measure.backends import borrowed_note
         ("fa2B@2.8.3-pt", "pytorch:flash"),
         ("cutlassF-pt", "pytorch:efficient"),  # aten::_efficient_attention_forward
         ("cutlassB-pt", "pytorch:efficient"),
-        ("fa3F@0.0.0", "xformers:fa3F"),  # its own FlashAttention-3 build
-        ("triton_splitKF", "xformers:triton_splitKF"),
-        ("fa2F@2.8.3", "xformers:fa2F"),  # the flash-attn package, not PyTorch
+        ("fa3F@0.0.0", "xformers:fa3"),  # its own FlashAttention-3 build
+        ("fa3B@0.0.0", "xformers:fa3"),
+        ("triton_splitKF", "xformers:triton_splitk"),  # its own Triton split-K decode kernel
+        ("fa2F@2.8.3", "xformers:fa2"),  # the flash-attn package, not PyTorch
     ],
 )
 def test_operator_names_become_backend_labels(name, label):
@@ -120,11 +121,30 @@ def test_an_extension_that_does_not_load_is_one_line_with_the_fix(tmp_path, monk
     assert xk.extension_failure.__wrapped__() is None  # it loads: nothing to say
 
 
-def test_the_impl_is_unavailable_exactly_when_its_extension_does_not_load(impls):
+def test_the_impl_is_available_wherever_xformers_imports_its_extension_or_not(impls):
     import importlib.util
 
     impl = impls["xformers"]
     if importlib.util.find_spec("xformers") is None:
         assert impl.unavailable.startswith("needs xformers, which is not installed")
-    else:  # never PyTorch's kernels under xformers' name
-        assert impl.unavailable == xk.extension_failure()
+    else:  # its dispatcher decides per call; the backend column names whose kernels ran
+        assert impl.available and impl.unavailable is None
+
+
+def test_a_case_no_operator_takes_is_unsupported_with_the_dispatchers_reasons(impls, capfd):
+    """xformers' own dispatcher, not its extension, decides: CPU tensors, which none of its
+    operators takes, give its per-operator not-supported reasons as the row's reason, on one
+    line, with its extension's warning kept off the terminal."""
+    pytest.importorskip("xformers")
+    import torch
+
+    from attnbench.masks import Mask
+    from attnbench.registry import Unsupported
+
+    q = torch.randn(1, 8, 2, 64)  # (B, S, H, D)
+    with pytest.raises(Unsupported) as caught:
+        impls["xformers"].fn(q, q, q, causal=True, scale=0.125, mask=Mask())
+    why = str(caught.value)
+    assert "No operator found for `memory_efficient_attention_forward`" in why, why
+    assert "device=cpu (supported: {'cuda'})" in why and "\n" not in why
+    assert "WARNING[XFORMERS]" not in capfd.readouterr().err

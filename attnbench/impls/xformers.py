@@ -4,14 +4,21 @@ Packed documents (mask document): the batch is flattened into one sequence of B 
 and xformers' block-diagonal bias (one block per document, causal within it when causal)
 keeps attention inside each document; its kernels visit only the blocks on the diagonal.
 
-Whose kernels ran: xformers hands some cases to PyTorch's own kernels; the row's ``backend``
-names the operators used (``xformers_kernels.py``) and its reason says when they were
-PyTorch's. Where its C++/CUDA extension does not load, xformers has none of its own left: the
-impl is unavailable, with the extension's error and the fix as its reason."""
+Whose kernels ran: xformers' own dispatcher decides, per call, which of its operators takes
+the case, or says why none does (each operator's not-supported reasons: the row is then
+``unsupported`` with them). Its operators are PyTorch's kernels (``pytorch:flash``,
+``pytorch:efficient``) and its own (``xformers:triton_splitk``, its Triton split-K decode
+kernel; ``xformers:fa3`` and the like from its C++/CUDA extension): the row's ``backend`` names
+those it used (``xformers_kernels.py``) and the report marks PyTorch's as no independent
+baseline. Its C++/CUDA extension (which in xformers 0.0.35 holds only 2:4-sparsity kernels
+besides FlashAttention-3) need not load: env.json's ``xformers_kernels`` records whether it
+did."""
+
+import functools
 
 from attnbench.case import Case
 from attnbench.errors import one_line
-from attnbench.impls.xformers_kernels import INSTALL, dispatched, extension_failure
+from attnbench.impls.xformers_kernels import INSTALL, dispatched, quiet
 from attnbench.masks import ALIGNS
 from attnbench.registry import Unsupported, register
 
@@ -35,23 +42,33 @@ def document_bias(pattern, causal: bool, device):
     return kind.from_seqlens(lens, device=device)
 
 
+@functools.cache
+def _ops():
+    """xformers.ops, imported once with its extension's 6-line warning kept off the terminal
+    (env.json's ``xformers_kernels`` records whether the extension loaded)."""
+    with quiet():
+        import xformers.ops
+
+    return xformers.ops
+
+
 @register(
     "xformers",
     color="#2ca02c",
     devices=("cuda",),
     layout="bshd",
     requires={"xformers": INSTALL},
-    unavailable=extension_failure(),
     causal_align=ALIGNS,
     check=_gqa_backward,
     masks=("document",),
     backend=lambda run, device_type: dispatched(run),
     description="xformers.ops.memory_efficient_attention (CUDA only: xformers has no CPU "
-    "operator); the backend column names the operators it dispatched to, pytorch:* where "
-    "they are PyTorch's own kernels (xformers_kernels.py)",
+    "operator); its dispatcher picks the operator or says why none takes the case; the "
+    "backend column names the operators it dispatched to, pytorch:* where they are "
+    "PyTorch's own kernels (xformers_kernels.py)",
 )
 def xformers(q, k, v, *, causal, scale, mask):
-    import xformers.ops as xops
+    xops = _ops()
     from xformers.ops.fmha.attn_bias import (
         LowerTriangularFromBottomRightMask,
         LowerTriangularMask,
@@ -77,6 +94,6 @@ def xformers(q, k, v, *, causal, scale, mask):
         v = v.unsqueeze(3).expand(Bx, Skv, Hkv, group, D)
     try:
         out = xops.memory_efficient_attention(q, k, v, attn_bias=bias, scale=scale)
-    except NotImplementedError as exc:  # no xformers operator takes this case
+    except NotImplementedError as exc:  # its dispatcher: no operator takes this case, and why
         raise Unsupported(one_line(exc)) from exc
     return out.reshape(B, Sq, Hq, D)

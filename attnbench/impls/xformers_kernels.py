@@ -10,13 +10,15 @@ newest that installs beside torch 2.11, was built for torch 2.10 and CUDA 12), o
 ``-pt`` operators are left, and an ``xformers`` row would measure PyTorch's kernels, the same
 ones as ``sdpa_flash`` or ``sdpa_efficient``.
 
-``extension_failure()`` says, in one line, why the extension does not load: the ``xformers``
-impl is then unavailable with that reason (it would only measure PyTorch again), and xformers'
-own 6-line ``WARNING[XFORMERS]`` log block is kept off the terminal (``quiet``).
+``extension_failure()`` says, in one line, why the extension does not load (env.json's
+record; the impl stays available: xformers' dispatcher decides per call, and its own Triton
+split-K kernel needs no extension), and xformers' own 6-line ``WARNING[XFORMERS]`` log block is
+kept off the terminal (``quiet``).
 ``xformers_kernels()`` is env.json's record of that; ``dispatched(run)`` names the operators
 that one call used, which becomes the row's ``backend``: ``pytorch:flash`` /
 ``pytorch:efficient`` for PyTorch's kernels (which xformers may pick with its extension
-loaded too), ``xformers:<operator>`` for the others.
+loaded too), ``xformers:<operator>`` for the others (lower case, without the version and the
+F/B direction: ``xformers:triton_splitk``, ``xformers:fa3``).
 
 No registration here (importing this module has no side effect on the registry)."""
 
@@ -89,9 +91,11 @@ def extension_failure() -> str | None:
 
 
 def label(op_name: str) -> str:
-    """A backend label for an xformers operator name."""
+    """A backend label for an xformers operator name: ``triton_splitKF`` ->
+    ``xformers:triton_splitk``, ``cutlassF-pt`` -> ``pytorch:efficient``."""
     if not op_name.endswith("-pt"):
-        return "xformers:" + op_name.split("@")[0]
+        name = op_name.split("@")[0]
+        return "xformers:" + (name[:-1] if name[-1:] in ("F", "B") else name).lower()
     # PyTorch's kernels, called by xformers: cutlass* is PyTorch's efficient backend's
     # kernel, fa2* its flash kernel
     family = {"cutlass": "efficient", "fa2": "flash"}

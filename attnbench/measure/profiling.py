@@ -131,15 +131,23 @@ def device_events(events) -> list:
     ]
 
 
-def mismatch_note(time_ms: float, profiler_ms: float | None) -> str | None:
-    """A note when the harness's median and the profiler's kernel time disagree beyond 5%."""
+def mismatch_note(time_ms: float, profiler_ms: float | None, timed_mhz: float | None = None,
+                  profiler_mhz: float | None = None) -> str | None:  # fmt: skip
+    """A note when the harness's median and the profiler's kernel time disagree beyond 5%.
+    Like with like: where both SM clocks are known (the timed samples', the profiled calls')
+    and differ by more than 1%, the two are compared in SM cycles (time x clock), and the note
+    names both clocks."""
     if profiler_ms is None or not time_ms:
         return None
-    diff = (time_ms - profiler_ms) / time_ms * 100
+    timed, profiled, unit = time_ms, profiler_ms, ""
+    if timed_mhz and profiler_mhz and abs(timed_mhz - profiler_mhz) > 0.01 * timed_mhz:
+        timed, profiled = time_ms * timed_mhz, profiler_ms * profiler_mhz
+        unit = f" in SM cycles (clocks {timed_mhz:.0f} vs {profiler_mhz:.0f} MHz)"
+    diff = (timed - profiled) / timed * 100
     if abs(diff) <= MISMATCH_PCT:
         return None
     why = "idle gaps between kernels (host overhead)" if diff > 0 else "kernels overlapping"
     return (
         f"time_ms {time_ms:.4g} vs profiler kernel time {profiler_ms:.4g} ms per call "
-        f"({diff:+.0f}%; likely {why})"
+        f"({diff:+.0f}%{unit}; likely {why})"
     )

@@ -1,17 +1,20 @@
-"""A row's passes after its timing: the memory pass (peak_mem_mib) and the profiled pass
+"""A row's passes beside its timing: the memory pass (peak_mem_mib) and the profiled pass
 (CUDA: the profiler's kernel time per call, cross-checked against the median; with --profile
-a Chrome trace and the kernel table), each in an NVTX range that nsys and ncu show."""
+a Chrome trace and the kernel table), each in an NVTX range that nsys and ncu show. The
+profiled calls run inside the last timing round (``profile_in_round``), at its clocks."""
 
 from __future__ import annotations
 
 import contextlib
 import re
+from dataclasses import dataclass
 
 import torch
 
 from attnbench.case import Case
+from attnbench.measure.clocks import ClockSampler, summarize
 from attnbench.measure.memory import MemoryUnavailable, peak_mem_mib
-from attnbench.measure.profiling import cross_check_due, mismatch_note, profile_fn
+from attnbench.measure.profiling import Profile, cross_check_due, mismatch_note, profile_fn
 from attnbench.registry import Impl
 from attnbench.run.call import Call
 
@@ -26,29 +29,52 @@ def memory(impl: Impl, case: Case, call: Call, notes: list[str]) -> float | None
         return None
 
 
-def profile(
-    impl: Impl, case: Case, call: Call, settings, row: dict, notes: list[str]
-) -> list[dict]:
-    """CUDA rows: the profiler's kernel time per call (``profiler_ms``), cross-checked
-    against the median, on every row with --profile and else on a sample (the first and every
-    tenth row of each impl: profiling.cross_check_due). With --profile also a Chrome trace and
-    the kernel table of the matching pairs."""
+def profile_due(impl: Impl, case: Case, settings) -> bool:
+    """Whether this row gets a profiled pass: with --profile where it matches, and on CUDA on
+    a sample (the first and every tenth row of each impl: profiling.cross_check_due). Asked
+    once per row, at its check."""
     wanted = settings.profiles(impl, case)
     cuda_due = case.device_type == "cuda" and (
         settings.profile is not None or cross_check_due(impl.name)
     )
-    if not (wanted or cuda_due):
-        return []
+    return bool(wanted or cuda_due)
+
+
+def profile_in_round(impl: Impl, case: Case, call: Call, settings) -> InRound:
+    """The profiled calls, taken inside the last timing round right after its samples, so
+    that they run at the timed samples' clocks (a profile after an idle moment ran at higher
+    clocks than timed rounds at the power cap); the SM clock sampled meanwhile."""
     trace = None
-    if wanted and settings.traces_dir is not None:
+    if settings.profiles(impl, case) and settings.traces_dir is not None:
         trace = settings.traces_dir / f"{impl.name}__{_slug(case.label())}.json"
-    with nvtx(f"{impl.name} {case.label()} profile"):
+    with nvtx(f"{impl.name} {case.label()} profile"), ClockSampler(case.device) as clocks:
         prof = profile_fn(call.timed_fn(), case.device_type, trace_path=trace)
+    return InRound(prof, summarize(clocks.samples)["sm_clock_mhz"])
+
+
+@dataclass(frozen=True)
+class InRound:
+    profile: Profile
+    sm_clock_mhz: float | None  # median SM clock while the profiled calls ran
+
+
+def profile(impl: Impl, case: Case, settings, row: dict, notes: list[str],
+            in_round: InRound | None) -> list[dict]:  # fmt: skip
+    """A profiled row's columns: the profiler's kernel time per call (``profiler_ms``) and
+    the SM clock it ran at (``profiler_sm_clock_mhz``), cross-checked against the median at
+    like clocks (profiling.mismatch_note); with --profile the kernel table of the matching
+    pairs. ``in_round``: the profile taken in the last timing round; None: none was due."""
+    if in_round is None:
+        return []
+    prof = in_round.profile
     row["profiler_ms"] = prof.device_ms_per_call
-    note = mismatch_note(row["time_ms"], prof.device_ms_per_call)
+    row["profiler_sm_clock_mhz"] = in_round.sm_clock_mhz
+    note = mismatch_note(
+        row["time_ms"], prof.device_ms_per_call, row.get("sm_clock_mhz"), in_round.sm_clock_mhz
+    )
     if note:
         notes.append(note)
-    return prof.kernels if wanted else []
+    return prof.kernels if settings.profiles(impl, case) else []
 
 
 def _slug(text: str) -> str:

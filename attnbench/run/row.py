@@ -28,7 +28,7 @@ from attnbench.run.call import Call
 from attnbench.run.failed import Measured, base_row, caught, failed, one_line
 from attnbench.run.inputs import Inputs, make_inputs
 from attnbench.run.layer import Parts, layer_truth
-from attnbench.run.passes import memory, nvtx, profile
+from attnbench.run.passes import InRound, memory, nvtx, profile, profile_due, profile_in_round
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,9 @@ class Checked:
     row: dict
     notes: list[str]
     timer: RoundTimer
+    settings: Settings
+    profile_due: bool = False  # a profiled pass, in the last timing round
+    in_round: InRound | None = None  # that pass, once taken
 
 
 def check(
@@ -158,20 +161,24 @@ def check(
         row["backend"] = _backend(impl, call, case)
         notes.extend(filter(None, [borrowed_note(impl.name, row["backend"]), call.path_note()]))
         timer = RoundTimer(call.timed_fn(), case.device_type, settings.timer)
-        return Checked(impl, case, inputs, call, row, notes, timer)
+        due = profile_due(impl, case, settings)
+        return Checked(impl, case, inputs, call, row, notes, timer, settings, due)
     except Exception as exc:  # noqa: BLE001 - an impl's failure is a row, never a crash
         return caught(impl, case, exc)
 
 
 def time_round(checked: Checked, index: int) -> Slice | Measured:
     """The impl's part of timing round ``index``: a short warm-up, then its samples, clocks
-    sampled and compiles watched alongside; its failed row if it raised."""
+    sampled and compiles watched alongside; in the last round of a profiled row, then its
+    profiled calls (run/passes.py: at the same clocks); its failed row if it raised."""
     impl, case = checked.impl, checked.case
     try:
         checked.timer.warm_up()  # a recompile here is not timed, so not flagged
         label = f"{impl.name} {case.label()} timing"
         with ClockSampler(case.device) as clocks, nvtx(label), Watch() as timed:
             part = checked.timer.samples(index)
+        if checked.profile_due and index == checked.settings.timer.rounds - 1:
+            checked.in_round = profile_in_round(impl, case, checked.call, checked.settings)
         return replace(part, clocks=tuple(clocks.samples), recompiled=timed.compiled)
     except Exception as exc:  # noqa: BLE001 - an impl's failure is a row, never a crash
         return caught(impl, case, exc)
@@ -196,7 +203,7 @@ def finish(checked: Checked, slices: list[Slice], settings: Settings) -> Measure
         row["work_flops"] = work_flops(impl, case, call)
         row.update(roofline(row, case, settings, notes))
         row["peak_mem_mib"] = memory(impl, case, call, notes)
-        kernels = profile(impl, case, call, settings, row, notes)
+        kernels = profile(impl, case, settings, row, notes, checked.in_round)
         row.update(status="ok", reason="; ".join(notes) or None)
         return Measured(row, list(timing.samples_ms), kernels, rounds=timing.rounds)
     except Exception as exc:  # noqa: BLE001 - an impl's failure is a row, never a crash

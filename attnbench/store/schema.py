@@ -148,6 +148,12 @@ COLUMNS: dict[str, tuple[str, str]] = {
         "row of each impl, every row with --profile; blank on the others",
     ),
     "sm_clock_mhz": ("Float64", "CUDA: median SM clock while timing (NVML)"),
+    "profiler_sm_clock_mhz": (
+        "Float64",
+        "CUDA: median SM clock while the profiler's calls ran (NVML), inside the last timing "
+        "round right after its samples; blank where profiler_ms is. The cross-check compares "
+        "like with like: clocks more than 1% apart are compared in SM cycles (time x clock)",
+    ),
     "power_w": ("Float64", "CUDA: median board power while timing, W (NVML)"),
     "temp_c": ("Float64", "CUDA: median GPU temperature while timing, C (NVML)"),
     "throttle": (
@@ -205,6 +211,7 @@ METRICS = (  # blank in every row that is not ok
     "bound",
     "profiler_ms",
     "sm_clock_mhz",
+    "profiler_sm_clock_mhz",
     "power_w",
     "temp_c",
     "throttle",

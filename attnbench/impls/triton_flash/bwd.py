@@ -11,6 +11,8 @@ is the M side of the matmuls (M = BLOCK_N >= 64 on a GPU, which maps to wgmma on
   dP^T = V dO^T,  dS^T = P^T (dP^T - delta),  dK += dS^T Q,
 and dQ += dS K (M = BLOCK_M >= 64) is added in fp32 with atomics to a buffer the host
 converts to the input dtype: 5 matmuls per (query tile, key tile), nothing recomputed twice.
+``DQ_TMA`` (a variant, off by default) adds each dQ tile with one TMA reduce-add through a
+tensor descriptor (``cp.reduce.async.bulk.tensor`` on sm90) instead of element-wise atomics.
 
 Causal (query i sees key j iff j <= i + offset): query tiles that see none of the key tile
 are skipped by the loop bounds; tiles that see only part of it are masked; the rest run
@@ -71,7 +73,7 @@ def _query_tiles(
     do_desc,
     lse_base,
     delta_base,
-    dq_base,
+    dq_out,
     s_gs,
     offs_n,
     lo,
@@ -84,8 +86,10 @@ def _query_tiles(
     HEAD_DIM: tl.constexpr,
     HEAD_PAD: tl.constexpr,
     IEEE: tl.constexpr,
+    DQ_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
+    """``dq_out``: the head's dQ rows, a tensor descriptor when ``DQ_TMA``, else a pointer."""
     offs_d = tl.arange(0, HEAD_PAD)
     for m in range(lo, hi, BLOCK_M):
         offs_m = m + tl.arange(0, BLOCK_M)
@@ -106,13 +110,16 @@ def _query_tiles(
         dq = _dot(
             tl.trans(dst).to(k.dtype), k, tl.zeros([BLOCK_M, HEAD_PAD], tl.float32), IEEE
         )  # (BM, DP)
-        ok = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
-        tl.atomic_add(
-            dq_base + offs_m[:, None] * s_gs + offs_d[None, :],
-            dq * sm_scale,
-            mask=ok,
-            sem="relaxed",
-        )
+        if DQ_TMA:  # one bulk reduce-add of the tile; rows >= sq, cols >= D: dropped
+            dq_out.atomic_add([m, 0], dq * sm_scale)
+        else:  # element-wise fp32 atomics
+            ok = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+            tl.atomic_add(
+                dq_out + offs_m[:, None] * s_gs + offs_d[None, :],
+                dq * sm_scale,
+                mask=ok,
+                sem="relaxed",
+            )
     return dk, dv
 
 
@@ -165,6 +172,7 @@ def bwd_kernel(
     ALIGN_END: tl.constexpr,
     VARLEN: tl.constexpr,
     IEEE: tl.constexpr,
+    DQ_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -215,7 +223,11 @@ def bwd_kernel(
             )
             lse_base = LSE + b * s_lb + h * s_lh + q0
             delta_base = DELTA + b * s_lb + h * s_lh + q0
-            dq_base = DQ + b * s_gb + h * s_gh + q0 * s_gs
+            dq_out = DQ + b * s_gb + h * s_gh + q0 * s_gs
+            if DQ_TMA:
+                dq_out = tl.make_tensor_descriptor(
+                    dq_out, [sq, HEAD_DIM], [s_gs, 1], [BLOCK_M, HEAD_PAD]
+                )
             dk, dv = _query_tiles(
                 dk,
                 dv,
@@ -225,7 +237,7 @@ def bwd_kernel(
                 do_desc,
                 lse_base,
                 delta_base,
-                dq_base,
+                dq_out,
                 s_gs,
                 offs_n,
                 lo,
@@ -238,6 +250,7 @@ def bwd_kernel(
                 HEAD_DIM,
                 HEAD_PAD,
                 IEEE,
+                DQ_TMA,
                 BLOCK_M,
             )
             dk, dv = _query_tiles(
@@ -249,7 +262,7 @@ def bwd_kernel(
                 do_desc,
                 lse_base,
                 delta_base,
-                dq_base,
+                dq_out,
                 s_gs,
                 offs_n,
                 mid,
@@ -262,6 +275,7 @@ def bwd_kernel(
                 HEAD_DIM,
                 HEAD_PAD,
                 IEEE,
+                DQ_TMA,
                 BLOCK_M,
             )
         out = b * s_tb + k0 * s_ts + hk * s_th

@@ -15,6 +15,11 @@ exponential is ``exp2``. The main (unmasked) loop can run as a two-stage ping-po
 (``PIPELINE``): the scores of key tile j+1 are computed before the softmax of tile j, so the
 tensor cores have the next QK^T in flight while the softmax runs.
 
+Variants (constexpr flags; ``tuning.FLAGS`` has their defaults, the kernel as tuned):
+``ONE_LOOP`` runs every key tile in one masked loop instead of unmasked-then-masked; ``WS``
+asks Triton to warp-specialize that loop (sm90, 4 warps: a TMA producer warpgroup beside two
+consumers, 12 warps in all); ``PERSISTENT`` off launches one program per tile.
+
 Causal rule with a diagonal offset: query i sees key j iff ``j <= i + offset``, where offset
 is ``causal_offset`` (+ ``seq_kv - seq_q`` per sequence when ``ALIGN_END``). A query row that
 sees no key has output 0 and log-sum-exp -inf.
@@ -108,10 +113,13 @@ def _attend(
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     IEEE: tl.constexpr,
+    WS: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Key tiles [lo, hi), one after the other."""
-    for n in range(lo, hi, BLOCK_N):
+    """Key tiles [lo, hi), one after the other. ``WS`` asks Triton to warp-specialize the loop
+    (a TMA producer warpgroup beside consumer warpgroups); Triton >= 3.6 does so on sm90 only
+    for the one-loop forward (``ONE_LOOP``) and with 4 warps (with 8 it skips it silently)."""
+    for n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         s = _scores(q, k_desc, n, IEEE, BLOCK_N)
         v = v_desc.load([n, 0])  # (BN, DP)
         acc, m_i, l_i = _softmax_step(
@@ -188,6 +196,8 @@ def _fwd_tile(
     CAUSAL: tl.constexpr,
     IEEE: tl.constexpr,
     PIPELINE: tl.constexpr,
+    ONE_LOOP: tl.constexpr,
+    WS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -213,60 +223,26 @@ def _fwd_tile(
     else:
         hi = skv
         full_end = (skv // BLOCK_N) * BLOCK_N
-    if PIPELINE:
-        acc, m_i, l_i = _attend_pingpong(
-            acc,
-            m_i,
-            l_i,
-            q,
-            k_desc,
-            v_desc,
-            offs_m,
-            0,
-            full_end,
-            skv,
-            offset,
-            qk_scale,
-            IEEE,
-            BLOCK_N,
-        )
-    else:
+    if ONE_LOOP:
         acc, m_i, l_i = _attend(
-            acc,
-            m_i,
-            l_i,
-            q,
-            k_desc,
-            v_desc,
-            offs_m,
-            0,
-            full_end,
-            skv,
-            offset,
-            qk_scale,
-            False,
-            CAUSAL,
-            IEEE,
-            BLOCK_N,
-        )
-    acc, m_i, l_i = _attend(
-        acc,
-        m_i,
-        l_i,
-        q,
-        k_desc,
-        v_desc,
-        offs_m,
-        full_end,
-        hi,
-        skv,
-        offset,
-        qk_scale,
-        True,
-        CAUSAL,
-        IEEE,
-        BLOCK_N,
-    )
+            acc, m_i, l_i, q, k_desc, v_desc, offs_m, 0, hi, skv, offset, qk_scale, True, CAUSAL,
+            IEEE, WS, BLOCK_N,
+        )  # fmt: skip
+    else:  # unmasked tiles, then the masked ones
+        if PIPELINE:
+            acc, m_i, l_i = _attend_pingpong(
+                acc, m_i, l_i, q, k_desc, v_desc, offs_m, 0, full_end, skv, offset, qk_scale,
+                IEEE, BLOCK_N,
+            )  # fmt: skip
+        else:
+            acc, m_i, l_i = _attend(
+                acc, m_i, l_i, q, k_desc, v_desc, offs_m, 0, full_end, skv, offset, qk_scale,
+                False, CAUSAL, IEEE, False, BLOCK_N,
+            )  # fmt: skip
+        acc, m_i, l_i = _attend(
+            acc, m_i, l_i, q, k_desc, v_desc, offs_m, full_end, hi, skv, offset, qk_scale, True,
+            CAUSAL, IEEE, False, BLOCK_N,
+        )  # fmt: skip
     seen = l_i > 0.0  # false only for rows that see no key (causal offset < 0)
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
     o_desc = tl.make_tensor_descriptor(
@@ -278,98 +254,64 @@ def _fwd_tile(
 
 
 @triton.jit
+def _fwd_work(
+    t, n_m, n_bh, Q, K, V, O, LSE, CU_Q, CU_K,
+    s_qb, s_qh, s_qs, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_oh, s_os, s_lb, s_lh,
+    Hq, GROUP, Sq, Skv, qk_scale, causal_offset,
+    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, CAUSAL: tl.constexpr,
+    ALIGN_END: tl.constexpr, VARLEN: tl.constexpr, IEEE: tl.constexpr, PIPELINE: tl.constexpr,
+    ONE_LOOP: tl.constexpr, WS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Work tile t: query block t // n_bh (the last first when causal), (sequence, q head)
+    t % n_bh."""
+    mb = t // n_bh
+    if CAUSAL:  # heaviest first: the last query block has the most keys to see
+        mb = n_m - 1 - mb
+    bh = t % n_bh
+    b = bh // Hq
+    h = bh % Hq
+    q0, sq = seq_bounds(CU_Q, b, Sq, VARLEN)
+    k0, skv = seq_bounds(CU_K, b, Skv, VARLEN)
+    offset = causal_offset
+    if ALIGN_END:
+        offset += skv - sq
+    if mb * BLOCK_M < sq:
+        _fwd_tile(
+            Q, K, V, O, LSE, b.to(tl.int64), h.to(tl.int64), (h // GROUP).to(tl.int64),
+            q0.to(tl.int64), sq, k0.to(tl.int64), skv, mb * BLOCK_M,
+            s_qb, s_qh, s_qs, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_oh, s_os, s_lb, s_lh,
+            qk_scale, offset, HEAD_DIM, HEAD_PAD, CAUSAL, IEEE, PIPELINE, ONE_LOOP, WS,
+            BLOCK_M, BLOCK_N,
+        )  # fmt: skip
+
+
+@triton.jit
 def fwd_kernel(
-    Q,
-    K,
-    V,
-    O,
-    LSE,
-    CU_Q,
-    CU_K,
-    s_qb,
-    s_qh,
-    s_qs,
-    s_kb,
-    s_kh,
-    s_ks,
-    s_vb,
-    s_vh,
-    s_vs,
-    s_ob,
-    s_oh,
-    s_os,
-    s_lb,
-    s_lh,
-    n_seq,
-    Hq,
-    GROUP,
-    Sq,
-    Skv,
-    qk_scale,
-    causal_offset,
-    SQ_KEY,
-    SKV_KEY,
-    HEAD_DIM: tl.constexpr,
-    HEAD_PAD: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    ALIGN_END: tl.constexpr,
-    VARLEN: tl.constexpr,
-    IEEE: tl.constexpr,
-    PIPELINE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """Sq/Skv: the (maximum) lengths; n_seq: batch size, or number of packed sequences."""
+    Q, K, V, O, LSE, CU_Q, CU_K,
+    s_qb, s_qh, s_qs, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_oh, s_os, s_lb, s_lh,
+    n_seq, Hq, GROUP, Sq, Skv, qk_scale, causal_offset, SQ_KEY, SKV_KEY,
+    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, CAUSAL: tl.constexpr,
+    ALIGN_END: tl.constexpr, VARLEN: tl.constexpr, IEEE: tl.constexpr, PIPELINE: tl.constexpr,
+    ONE_LOOP: tl.constexpr, WS: tl.constexpr, PERSISTENT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Sq/Skv: the (maximum) lengths; n_seq: batch size, or number of packed sequences.
+    ``PERSISTENT``: each program walks tiles pid, pid + nprog, ...; else one tile per
+    program (the grid is every tile)."""
     n_m = tl.cdiv(Sq, BLOCK_M)
     n_bh = n_seq * Hq
-    for t in range(tl.program_id(0), n_m * n_bh, tl.num_programs(0)):
-        mb = t // n_bh
-        if CAUSAL:  # heaviest first: the last query block has the most keys to see
-            mb = n_m - 1 - mb
-        bh = t % n_bh
-        b = bh // Hq
-        h = bh % Hq
-        q0, sq = seq_bounds(CU_Q, b, Sq, VARLEN)
-        k0, skv = seq_bounds(CU_K, b, Skv, VARLEN)
-        offset = causal_offset
-        if ALIGN_END:
-            offset += skv - sq
-        if mb * BLOCK_M < sq:
-            _fwd_tile(
-                Q,
-                K,
-                V,
-                O,
-                LSE,
-                b.to(tl.int64),
-                h.to(tl.int64),
-                (h // GROUP).to(tl.int64),
-                q0.to(tl.int64),
-                sq,
-                k0.to(tl.int64),
-                skv,
-                mb * BLOCK_M,
-                s_qb,
-                s_qh,
-                s_qs,
-                s_kb,
-                s_kh,
-                s_ks,
-                s_vb,
-                s_vh,
-                s_vs,
-                s_ob,
-                s_oh,
-                s_os,
-                s_lb,
-                s_lh,
-                qk_scale,
-                offset,
-                HEAD_DIM,
-                HEAD_PAD,
-                CAUSAL,
-                IEEE,
-                PIPELINE,
-                BLOCK_M,
-                BLOCK_N,
-            )
+    if PERSISTENT:
+        for t in range(tl.program_id(0), n_m * n_bh, tl.num_programs(0)):
+            _fwd_work(
+                t, n_m, n_bh, Q, K, V, O, LSE, CU_Q, CU_K,
+                s_qb, s_qh, s_qs, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_oh, s_os, s_lb,
+                s_lh, Hq, GROUP, Sq, Skv, qk_scale, causal_offset, HEAD_DIM, HEAD_PAD, CAUSAL,
+                ALIGN_END, VARLEN, IEEE, PIPELINE, ONE_LOOP, WS, BLOCK_M, BLOCK_N,
+            )  # fmt: skip
+    else:
+        _fwd_work(
+            tl.program_id(0), n_m, n_bh, Q, K, V, O, LSE, CU_Q, CU_K,
+            s_qb, s_qh, s_qs, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_oh, s_os, s_lb, s_lh,
+            Hq, GROUP, Sq, Skv, qk_scale, causal_offset, HEAD_DIM, HEAD_PAD, CAUSAL, ALIGN_END,
+            VARLEN, IEEE, PIPELINE, ONE_LOOP, WS, BLOCK_M, BLOCK_N,
+        )  # fmt: skip

@@ -140,25 +140,31 @@ def _consts(q, seqs: _Seqs, causal: bool, align_end: bool) -> dict:
     )
 
 
-def _forward(q, k, v, seqs: _Seqs, *, causal, scale, offset, align_end, tiles):
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)  # like q
-    lse = torch.empty(seqs.lse_shape(), device=q.device, dtype=torch.float32)
-    args = (
+def forward_args(q, k, v, o, lse, seqs: _Seqs, *, scale: float, offset: int) -> tuple:
+    """The forward kernel's runtime arguments (``fwd_kernel``'s, constexprs left out)."""
+    return (
         q, k, v, o, lse, seqs.cu_q, seqs.cu_k,
         *seqs.strides(q), *seqs.strides(k), *seqs.strides(v), *seqs.strides(o),
         *seqs.lse_strides(), seqs.n, seqs.hq, seqs.hq // seqs.hkv, seqs.sq, seqs.skv,
-        scale * LOG2E, int(offset) if causal else 0, *seqs.keys(),
+        scale * LOG2E, int(offset), *seqs.keys(),
     )  # fmt: skip
+
+
+def _forward(q, k, v, seqs: _Seqs, *, causal, scale, offset, align_end, tiles, config=None):
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)  # like q
+    lse = torch.empty(seqs.lse_shape(), device=q.device, dtype=torch.float32)
+    args = forward_args(q, k, v, o, lse, seqs, scale=scale, offset=offset if causal else 0)
 
     def grid(meta):
         tiles_m = triton.cdiv(seqs.sq, meta["BLOCK_M"]) * seqs.n * seqs.hq
         return (tuning.programs(tiles_m, meta),)
 
-    tuning.launch("fwd", grid, args, _consts(q, seqs, causal, align_end), tiles)
+    tuning.launch("fwd", grid, args, _consts(q, seqs, causal, align_end), tiles, config)
     return o, lse
 
 
-def _backward(do, q, k, v, o, lse, seqs: _Seqs, *, causal, scale, offset, align_end, tiles):
+def _backward(do, q, k, v, o, lse, seqs: _Seqs, *, causal, scale, offset, align_end, tiles,
+              config=None):  # fmt: skip
     do = _tma_ready(do)
     d = q.shape[-1]
     delta = torch.empty_like(lse)
@@ -185,55 +191,59 @@ def _backward(do, q, k, v, o, lse, seqs: _Seqs, *, causal, scale, offset, align_
         args,
         _consts(q, seqs, causal, align_end),
         tiles,
+        config,
     )
     return dq.to(q.dtype), dk, dv
 
 
-def forward(q, k, v, *, causal: bool, scale: float, causal_offset: int = 0, tiles=None):
-    """Dense forward: (out (B, Hq, Sq, D), lse (B, Hq, Sq) float32, natural log)."""
+def forward(q, k, v, *, causal: bool, scale: float, causal_offset: int = 0, tiles=None,
+            config=None):  # fmt: skip
+    """Dense forward: (out (B, Hq, Sq, D), lse (B, Hq, Sq) float32, natural log).
+    ``config``: one whole forward config tuple (``tuning.meta_of``), run as given."""
     _check(q, k, v, 4)
     q, k, v = (_tma_ready(t) for t in (q, k, v))
     seqs = _Seqs(q, k)
     return _forward(
         q, k, v, seqs, causal=causal, scale=scale, offset=causal_offset, align_end=False,
-        tiles=tiles,
+        tiles=tiles, config=config,
     )  # fmt: skip
 
 
 def backward(do, q, k, v, o, lse, *, causal: bool, scale: float, causal_offset: int = 0,
-             tiles=None):  # fmt: skip
-    """Dense backward: (dq, dk, dv); dk/dv summed over each GQA group."""
+             tiles=None, config=None):  # fmt: skip
+    """Dense backward: (dq, dk, dv); dk/dv summed over each GQA group. ``config``: one
+    whole backward config tuple, run as given."""
     q, k, v = (_tma_ready(t) for t in (q, k, v))
     return _backward(
         do, q, k, v, o, lse, _Seqs(q, k), causal=causal, scale=scale, offset=causal_offset,
-        align_end=False, tiles=tiles,
+        align_end=False, tiles=tiles, config=config,
     )  # fmt: skip
 
 
 class _Dense(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, offset, tiles):
-        o, lse = forward(q, k, v, causal=causal, scale=scale, causal_offset=offset, tiles=tiles)
+    def forward(ctx, q, k, v, causal, scale, offset, tiles, configs):
+        args = dict(causal=causal, scale=scale, causal_offset=offset, tiles=tiles)
+        o, lse = forward(q, k, v, **args, config=configs.get("fwd"))
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.args = dict(causal=causal, scale=scale, causal_offset=offset, tiles=tiles)
+        ctx.args = dict(args, config=configs.get("bwd"))
         return o
 
     @staticmethod
     def backward(ctx, do):
         dq, dk, dv = backward(do, *ctx.saved_tensors, **ctx.args)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 class _Packed(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, align_end, tiles):
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, align_end, tiles,
+                configs):  # fmt: skip
         seqs = _Seqs(q, k, cu_q, cu_k, max_q, max_k)
-        o, lse = _forward(
-            q, k, v, seqs, causal=causal, scale=scale, offset=0, align_end=align_end,
-            tiles=tiles,
-        )  # fmt: skip
+        args = dict(causal=causal, scale=scale, offset=0, align_end=align_end, tiles=tiles)
+        o, lse = _forward(q, k, v, seqs, **args, config=configs.get("fwd"))
         ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
-        ctx.args = dict(causal=causal, scale=scale, offset=0, align_end=align_end, tiles=tiles)
+        ctx.args = dict(args, config=configs.get("bwd"))
         ctx.max = (max_q, max_k)
         return o
 
@@ -242,25 +252,28 @@ class _Packed(torch.autograd.Function):
         q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
         seqs = _Seqs(q, k, cu_q, cu_k, *ctx.max)
         dq, dk, dv = _backward(do, q, k, v, o, lse, seqs, **ctx.args)
-        return dq, dk, dv, *([None] * 8)
+        return dq, dk, dv, *([None] * 9)
 
 
 def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
-                    causal_offset: int = 0, tiles=None):  # fmt: skip
+                    causal_offset: int = 0, tiles=None, configs=None):  # fmt: skip
     """q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D) -> out (B, Hq, Sq, D), differentiable.
 
     ``causal_offset``: query i sees key j iff j <= i + causal_offset (when ``causal``);
     ``causal_offset_for("bottom_right", Sq, Skv)`` gives the bottom-right alignment.
-    ``tiles=(BLOCK_M, BLOCK_N[, PIPELINE])`` skips autotuning."""
+    ``tiles=(BLOCK_M, BLOCK_N[, PIPELINE])`` skips autotuning; ``configs={"fwd": ...,
+    "bwd": ...}`` runs whole config tuples (variant flags included, ``tuning.meta_of``)."""
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    return _Dense.apply(q, k, v, bool(causal), float(scale), int(causal_offset), tiles)
+    return _Dense.apply(
+        q, k, v, bool(causal), float(scale), int(causal_offset), tiles, dict(configs or {})
+    )
 
 
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                            max_seqlen_k: int, *, causal: bool = False,
                            scale: float | None = None, causal_align: str = "top_left",
-                           tiles=None):  # fmt: skip
+                           tiles=None, configs=None):  # fmt: skip
     """Packed sequences: q (total_q, Hq, D); k, v (total_k, Hkv, D); ``cu_seqlens_*``
     (n + 1,) int cumulative lengths starting at 0 -> out (total_q, Hq, D), differentiable.
     Sequence b's queries attend only to sequence b's keys; ``causal_align`` picks the
@@ -275,5 +288,5 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     cu_q, cu_k = (c.to(device=q.device, dtype=torch.int32) for c in (cu_seqlens_q, cu_seqlens_k))
     return _Packed.apply(
         q, k, v, cu_q, cu_k, int(max_seqlen_q), int(max_seqlen_k), bool(causal), float(scale),
-        causal_align == "bottom_right", tiles,
+        causal_align == "bottom_right", tiles, dict(configs or {}),
     )  # fmt: skip

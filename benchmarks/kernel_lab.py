@@ -1,0 +1,449 @@
+"""The kernel lab: every variant of ``triton_flash``'s kernels (``tuning.LAB``) in one call.
+
+A lease is short and may land on an H100 or an H200, so one call answers the kernels'
+questions with its own controls beside them: timings compare only inside one call.
+
+1. **compile**: each (variant, causal) is compiled in its own process, all at once, sharing
+   Triton's on-disk cache (the timing pass then finds them there); each reports the compiled
+   kernel's registers, spilled bytes, shared memory and warps as launched (12 where warp
+   specialization took).
+2. **check**: per case, the float64 reference (out, and dq, dk, dv for the backward) and its
+   magnitudes; each variant's output is judged by the harness's rule (``measure.agreement``),
+   its LSE to within one unit roundoff of the case's dtype (an LSE off by u scales every
+   probability by 1 +- u: one rounding of the output).
+3. **time**: each variant that agrees (forward alone, or backward alone after an untimed
+   forward), then the controls (``--controls``, through the harness's ``Call``, the same mode),
+   with the harness's timer.
+
+Each row is one JSON line in ``OUT/kernel_lab.jsonl`` as soon as it is known; the Markdown
+table goes to ``OUT/kernel_lab.md`` and stdout at the end. ``--budget-s``: rows not started
+in time are written as ``skipped`` with the reason. One variant's failure (compile, launch,
+disagreement) costs its row only.
+
+    python benchmarks/kernel_lab.py [--kinds fwd,bwd] [--variants today,fwd:ws,bwd:dq_tma]
+        [--extra 'fwd:try=(128,128,4,3,False,(("ONE_LOOP",True),("WS",True)))']
+        [--seq-len 1024,4096,16384] [--tokens 16384] [--heads 16] [--head-dim 128]
+        [--controls sdpa_cudnn,sdpa_flash,triton_flash_fa2] [--budget-s 420] [--out DIR]
+    python benchmarks/kernel_lab.py --dry-run --out DIR
+
+``--dry-run`` runs on the CPU in Triton's interpreter: tiny shapes, tiles shrunk to 16, the
+variants fwd:ws and bwd:dq_tma, the control ``sdpa``; it checks the lab itself, not speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import sys
+import time
+import uuid
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+DRY = dict(tokens=64, heads=2, head_dim=32, seq_len="32", controls="sdpa",
+           variants="fwd:ws,bwd:dq_tma", dtype="float16")  # fmt: skip
+RACE = dict(tokens=16384, heads=16, head_dim=128, seq_len="1024,4096,16384", variants="",
+            controls="sdpa_cudnn,sdpa_flash,triton_flash_fa2", dtype="bfloat16")  # fmt: skip
+_COLUMNS = ("case", "kind", "variant", "status", "time_ms", "tflops", "x_best_control", "sm_mhz",
+            "regs", "spill_bytes", "smem", "warps", "reason")  # fmt: skip
+
+
+def _args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dry-run", action="store_true", help="CPU, interpreter, tiny shapes")
+    p.add_argument("--kinds", default="fwd,bwd")
+    p.add_argument("--variants", default=None, help="names or kind:name (default: all)")
+    p.add_argument("--extra", action="append", default=[], help="kind:name=CONFIG_TUPLE")
+    p.add_argument("--seq-len", default=None)
+    p.add_argument("--tokens", type=int, default=None, help="batch = tokens / N")
+    p.add_argument("--heads", type=int, default=None)
+    p.add_argument("--head-dim", type=int, default=None)
+    p.add_argument("--causal", default="false,true")
+    p.add_argument("--controls", default=None, help="registered impls timed in the same call")
+    p.add_argument("--budget-s", type=float, default=420.0)
+    p.add_argument("--rep-ms", type=float, default=100.0, help="the timer's time per row")
+    p.add_argument("--jobs", type=int, default=8, help="compile processes")
+    p.add_argument("--out", type=Path, default=Path("results/kernel_lab"))
+    a = p.parse_args(argv)
+    for key, value in (DRY if a.dry_run else RACE).items():
+        if getattr(a, key, None) is None:
+            setattr(a, key, value)
+    a.dtype = (DRY if a.dry_run else RACE)["dtype"]
+    return a
+
+
+def variants(args) -> list[tuple[str, str, tuple]]:
+    """(kind, name, config tuple) of the variants asked for; ValueError names a bad one."""
+    from attnbench.impls.triton_flash import tuning
+
+    kinds = args.kinds.split(",")
+    chosen = [v for v in (args.variants or "").split(",") if v]
+    out = [(k, n, c) for k in kinds for n, c in tuning.LAB[k].items()
+           if not chosen or n in chosen or f"{k}:{n}" in chosen]  # fmt: skip
+    every = tuning.LAB.items()  # a name of a kind not asked for is no error, only left out
+    known = {n for _, v in every for n in v} | {f"{k}:{n}" for k, v in every for n in v}
+    unknown = [v for v in chosen if v not in known]
+    if unknown:
+        raise ValueError(
+            f"unknown variant(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+        )
+    if args.dry_run:  # the interpreter: the lab's tiles shrunk to 16 rows (--extra's as given)
+        out = [(k, n, (16, 16, *c[2:])) for k, n, c in out]
+    for spec in args.extra:
+        head, _, text = spec.partition("=")
+        kind, _, name = head.partition(":")
+        if kind not in ("fwd", "bwd") or not name or not text:
+            raise ValueError(f"--extra {spec!r}: write kind:name=CONFIG_TUPLE (kind fwd or bwd)")
+        try:
+            cfg = ast.literal_eval(text)
+            tuning.meta_of(kind, cfg)
+        except (ValueError, SyntaxError, TypeError, IndexError) as exc:
+            raise ValueError(f"--extra {spec!r}: {exc}") from None
+        out.append((kind, name, cfg))
+    return out
+
+
+def cases(args) -> list:
+    from attnbench.case import Case
+
+    device = "cpu" if args.dry_run else "cuda"
+    return [
+        Case(
+            max(1, args.tokens // n),
+            args.heads,
+            args.heads,
+            n,
+            n,
+            args.head_dim,
+            dtype=args.dtype,
+            causal=causal,
+            mode="fwd",
+            device=device,
+        )  # fmt: skip
+        for causal in (c.strip() == "true" for c in args.causal.split(","))
+        for n in (int(s) for s in args.seq_len.split(","))
+    ]
+
+
+# ---------------------------------------------------------------------------------- compile
+
+
+def _compiled_facts(kind: str) -> dict:
+    """Registers, spills, shared memory and warps of the kernel this process compiled."""
+    from attnbench.impls.triton_flash import compile_report, tuning
+
+    fn = tuning._KERNELS[kind]
+    caches = getattr(fn, "device_caches", None)
+    if caches is None:
+        return {"compile_note": "interpreted: nothing compiled"}
+    kernels = [k for cache in caches.values() for k in cache[0].values()]
+    if not kernels:
+        return {"compile_note": "no compiled kernel found"}
+    k = kernels[-1]
+    k._init_handles()
+    return dict(regs=k.n_regs, spill_bytes=k.n_spills, smem=k.metadata.shared,
+                warps=compile_report.launched_warps(k.asm["ptx"]))  # fmt: skip
+
+
+def compile_job(kind: str, cfg: tuple, case_fields: dict) -> dict:
+    """In a fresh process: one call of the variant (which compiles it), then its facts."""
+    try:
+        from attnbench.case import Case
+
+        run_variant(kind, cfg, Case(**case_fields), _inputs(Case(**case_fields)))
+        return _compiled_facts(kind)
+    except Exception as exc:  # noqa: BLE001 - a failed compile is the variant's row
+        return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"}
+
+
+def compile_all(todo, case, jobs: int) -> dict:
+    """(kind, name, causal) -> facts, compiled in parallel processes."""
+    from dataclasses import asdict
+
+    keys = [(k, n, c) for k, n, _ in todo for c in (False, True)]
+    fields = {c: {**asdict(case), "causal": c} for c in (False, True)}
+    cfgs = {(k, n): cfg for k, n, cfg in todo}
+    import multiprocessing as mp
+
+    with ProcessPoolExecutor(
+        max(1, min(jobs, len(keys))), mp_context=mp.get_context("spawn")
+    ) as ex:
+        futures = {
+            key: ex.submit(compile_job, key[0], cfgs[key[:2]], fields[key[2]]) for key in keys
+        }
+        return {key: f.result() for key, f in futures.items()}
+
+
+# ---------------------------------------------------------------------------- check, time
+
+
+def _inputs(case):
+    """The harness's seeded inputs, dout included (drawn for a backward mode)."""
+    from dataclasses import replace
+
+    from attnbench.run.inputs import make_inputs
+
+    return make_inputs(replace(case, mode="fwd_bwd"), 0)
+
+
+def run_variant(kind: str, cfg: tuple, case, inputs, forward=None):
+    """The variant's call: fwd -> (out, lse); bwd -> (dq, dk, dv) after ``forward``
+    ((out, lse), computed here with the default config when not given)."""
+    from attnbench.impls.triton_flash import kernel as tk
+
+    q, k, v = inputs.q, inputs.k, inputs.v
+    common = dict(causal=case.causal, scale=inputs.scale)
+    if kind == "fwd":
+        return tk.forward(q, k, v, **common, config=cfg)
+    o, lse = forward or tk.forward(q, k, v, **common, tiles=_default_tiles())
+    return tk.backward(inputs.dout, q, k, v, o, lse, **common, config=cfg)
+
+
+def _default_tiles():
+    from attnbench.impls.triton_flash import tuning
+
+    return tuning.INTERPRET_TILES if tuning.interpreting() else None
+
+
+class Truth:
+    """The float64 reference of one case: out, LSE, and the grads for ``dout``."""
+
+    def __init__(self, case, inputs, dout):
+        from attnbench.measure.reference import magnitude, reference
+
+        q, k, v = inputs.q, inputs.k, inputs.v
+        args = dict(causal=case.causal, scale=inputs.scale)
+        out, grads = reference(q, k, v, **args, dout=dout)
+        self.ref = {"out": out, **dict(zip(("dq", "dk", "dv"), grads or ()))}
+        mags = magnitude(q, k, v, **args, dout=dout)
+        self.mag = dict(zip(("out", "dq", "dk", "dv"), mags))
+        self.lse = lse_reference(q, k, inputs.scale, case.causal)
+
+
+def lse_reference(q, k, scale: float, causal: bool, rows: int = 1024):
+    """log-sum-exp of the scaled scores per query row, float64, ``rows`` query rows at a time:
+    (B, Hq, Sq). Top-left causal: query i sees keys j <= i."""
+    import torch
+
+    kk = k.double().repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, Hq, Skv, D)
+    parts = []
+    for i0 in range(0, q.shape[2], rows):
+        s = q[:, :, i0 : i0 + rows].double() @ kk.transpose(-1, -2) * scale
+        if causal:
+            i = torch.arange(i0, i0 + s.shape[2], device=q.device)[:, None]
+            j = torch.arange(k.shape[2], device=q.device)[None, :]
+            s = s.masked_fill(j > i, float("-inf"))
+        parts.append(s.logsumexp(-1))
+    return torch.cat(parts, dim=2)
+
+
+def check(kind: str, got, truth: Truth, dtype) -> list[str]:
+    """Disagreements of one variant's call with the reference; [] when it agrees."""
+    from attnbench.measure.agreement import rule, unit_roundoff
+
+    names = ["out"] if kind == "fwd" else ["dq", "dk", "dv"]
+    tensors = [got[0]] if kind == "fwd" else list(got)
+    verdict = rule(names, tensors, [truth.ref[n] for n in names],
+                   [truth.mag[n] for n in names], dtype)  # fmt: skip
+    bad = [] if verdict.agrees else list(verdict.notes)
+    if kind == "fwd":
+        lse, ref = got[1].double(), truth.lse
+        seen = ref.isfinite()
+        err = float((lse[seen] - ref[seen]).abs().max()) if seen.any() else 0.0
+        if err > unit_roundoff(dtype) or not bool((lse[~seen] == ref[~seen]).all()):
+            bad.append(f"lse max-abs {err:.3g} > {unit_roundoff(dtype):.3g}")
+    return bad
+
+
+def timed(fn, case, rep_ms: float, kind: str) -> dict:
+    """The row's time: the harness's timer (median) on a GPU, with the median SM clock while it
+    ran (NVML; the rows of one call run at whatever clocks the power cap leaves them); on the
+    CPU (dry run) one call's wall time."""
+    from attnbench.measure.clocks import ClockSampler, summarize
+    from attnbench.measure.timing import TimerConfig, time_fn
+
+    with ClockSampler(case.device) as clocks:
+        if case.device == "cpu":
+            t0 = time.perf_counter()
+            fn()
+            ms = (time.perf_counter() - t0) * 1e3
+        else:
+            ms = time_fn(fn, "cuda", TimerConfig(rep_ms=rep_ms)).median_ms
+    mhz = summarize(clocks.samples)["sm_clock_mhz"]
+    return dict(status="ok", time_ms=ms, tflops=_flops(case, kind) / ms / 1e9, sm_mhz=mhz)
+
+
+# --------------------------------------------------------------------------------- rows
+
+
+class Lab:
+    def __init__(self, args):
+        self.args, self.t0 = args, time.monotonic()
+        self.call = uuid.uuid4().hex[:8]  # rows compare only within one call
+        self.rows: list[dict] = []
+        args.out.mkdir(parents=True, exist_ok=True)
+        self.jsonl = (args.out / "kernel_lab.jsonl").open("a")
+
+    def left_s(self) -> float:
+        return self.args.budget_s - (time.monotonic() - self.t0)
+
+    def write(self, row: dict) -> None:
+        row = {"call": self.call, **row}
+        self.rows.append(row)
+        self.jsonl.write(json.dumps(row, default=str) + "\n")
+        self.jsonl.flush()
+        shown = ("case", "variant", "status", "time_ms", "reason")
+        print(" ".join(f"{k}={row[k]}" for k in shown if row.get(k) is not None), flush=True)
+
+    def table(self) -> str:
+        lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+        for r in self.rows:
+            cells = []
+            for c in _COLUMNS:
+                v = r.get(c)
+                cells.append("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v))
+            lines.append("| " + " | ".join(cells) + " |")
+        return "\n".join(lines) + "\n"
+
+
+def run(args, todo, impls, controls) -> int:
+    import torch
+
+    lab = Lab(args)
+    all_cases = cases(args)
+    facts = {}
+    if todo and lab.left_s() > 0:
+        facts = compile_all(todo, all_cases[0], args.jobs)
+    device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    for case in all_cases:
+        rows_here = todo + [(m, c, None) for m in args.kinds.split(",") for c in controls]
+        if lab.left_s() <= 0:
+            for kind, name, _ in rows_here:
+                lab.write(dict(case=_label(case, kind), kind=kind, variant=name, status="skipped",
+                               reason=f"budget of {args.budget_s:g} s spent"))  # fmt: skip
+            continue
+        inputs = _inputs(case)
+        truth = {"fwd": Truth(case, inputs, None)} if "fwd" in args.kinds else {}
+        if "bwd" in args.kinds:
+            truth["bwd"] = Truth(case, inputs, inputs.dout)
+        forward = run_variant("fwd", None, case, inputs) if "bwd" in args.kinds else None
+        for kind, name, cfg in todo:
+            row = dict(case=_label(case, kind), kind=kind, variant=name, config=str(cfg),
+                       device=device_name)  # fmt: skip
+            row.update(facts.get((kind, name, case.causal), {}))
+            if lab.left_s() <= 0:
+                row.update(status="skipped", reason=f"budget of {args.budget_s:g} s spent")
+            elif "error" in row:
+                row.update(status="failed", reason=f"compile: {row.pop('error')}")
+            else:
+                row.update(_measure(kind, cfg, case, inputs, forward, truth[kind], args))
+            lab.write(row)
+        for kind in args.kinds.split(","):
+            for name in controls:
+                row = dict(case=_label(case, kind), kind=kind, variant=name, device=device_name)
+                if lab.left_s() <= 0:
+                    row.update(status="skipped", reason=f"budget of {args.budget_s:g} s spent")
+                else:
+                    row.update(_control(impls[name], case, kind, inputs, args))
+                lab.write(row)
+    _ratios(lab.rows, controls)
+    text = f"# Kernel lab: {device_name}, call {lab.call}\n\n" + lab.table()
+    (args.out / "kernel_lab.md").write_text(text)
+    print(text)
+    return 0
+
+
+def _label(case, kind: str) -> str:
+    from dataclasses import replace
+
+    return replace(case, mode=kind).label()
+
+
+def _flops(case, kind: str) -> float:
+    from dataclasses import replace
+
+    return replace(case, mode="fwd" if kind == "fwd" else "bwd").flops()
+
+
+def _measure(kind, cfg, case, inputs, forward, truth, args) -> dict:
+    try:
+        got = run_variant(kind, cfg, case, inputs, forward)
+        bad = check(kind, got, truth, case.torch_dtype)
+        if bad:
+            return dict(status="disagrees", reason="; ".join(bad)[:400])
+        return timed(lambda: run_variant(kind, cfg, case, inputs, forward), case, args.rep_ms,
+                     kind)  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - one variant's failure is its row
+        return _failed(exc)
+
+
+def _control(impl, case, kind, inputs, args) -> dict:
+    from dataclasses import replace
+
+    from attnbench.run.call import Call
+
+    c = replace(case, mode=kind)
+    why = "; ".join(impl.reasons(c))
+    if why:
+        return dict(status="unsupported", reason=why[:300])
+    try:
+        call = Call.prepare(impl, c, inputs)
+        call.check()
+        return timed(call.timed_fn(), c, args.rep_ms, kind)
+    except Exception as exc:  # noqa: BLE001 - one control's failure is its row
+        return _failed(exc)
+
+
+def _failed(exc: Exception) -> dict:
+    return dict(status="failed", reason=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+
+
+def _ratios(rows: list[dict], controls: list[str]) -> None:
+    """x_best_control: the fastest control's time over the row's, per (case, kind); > 1:
+    faster than every control."""
+    for key in {(r["case"], r["kind"]) for r in rows}:
+        mine = [r for r in rows if (r["case"], r["kind"]) == key]
+        best = [r["time_ms"] for r in mine if r["variant"] in controls and r.get("time_ms")]
+        for r in mine:
+            if r.get("time_ms") and best:
+                r["x_best_control"] = min(best) / r["time_ms"]
+
+
+def main(argv=None) -> int:
+    args = _args(argv)
+    if args.dry_run:
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            print("kernel_lab.py: --dry-run needs TRITON_INTERPRET=1 before triton's import",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        os.environ["TRITON_INTERPRET"] = "1"  # the compile processes inherit it
+    else:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("kernel_lab.py: needs a CUDA GPU (none is visible to torch); "
+                  "--dry-run checks the lab on the CPU", file=sys.stderr)  # fmt: skip
+            return 2
+    from attnbench import registry
+
+    impls = registry.discover()
+    controls = [c for c in args.controls.split(",") if c]
+    try:
+        todo = variants(args)
+        unknown = [c for c in controls if c not in impls]
+        if unknown:
+            raise ValueError(f"unknown control impl(s) {', '.join(unknown)}; --controls takes "
+                             "registered impls (attnbench list)")  # fmt: skip
+    except ValueError as exc:
+        print(f"kernel_lab.py: {exc}", file=sys.stderr)
+        return 2
+    return run(args, todo, impls, controls)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
