@@ -204,7 +204,7 @@ def test_xformers_takes_documents_on_cuda_only(impls):
 @pytest.mark.gpu  # xformers builds its bias in pinned memory, which needs CUDA
 def test_xformers_block_diagonal_bias_is_the_document_rule():
     pytest.importorskip("xformers.ops.fmha.attn_bias")
-    from attnbench.impls.xformers import document_bias
+    from attnbench.impls.xformers_mea import document_bias
 
     for causal in (False, True):
         pattern = make_inputs(doc_case("uniform:5-30", seq=48, causal=causal), 0).mask.pattern
