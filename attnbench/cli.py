@@ -16,17 +16,17 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnbench import plugins as run_plugins
 from attnbench import registry
 from attnbench.errors import UsageError, did_you_mean
 from attnbench.options import OPTIONS, flag, load_config, parse_value
 from attnbench.report.terminal import list_impls, models_table, summary_table
+from attnbench.repro import repro_command
 from attnbench.run import executors
 from attnbench.run.plan import Plan, warn_if_busy
 from attnbench.run.target import Target, check_device
-from attnbench.store import plugins as run_plugins
 from attnbench.store.atomic import write_json_atomic
 from attnbench.store.env import version_line
-from attnbench.store.repro import repro_command
 from attnbench.store.results import done_keys, load_run, read_results
 from attnbench.store.rundir import RunDir
 

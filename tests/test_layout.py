@@ -152,6 +152,8 @@ CLI_MAY_IMPORT = (
     "attnbench.run",
     "attnbench.report",
     "attnbench.store",
+    "attnbench.repro",
+    "attnbench.plugins",
     "attnbench.options",
     "attnbench.registry",
     "attnbench.errors",

@@ -95,7 +95,7 @@ def test_every_measuring_option_is_given_back_by_the_reproducer():
     such option's flag parses to the value it was run with (a toggle: switched off)."""
     from attnbench.cli import build_parser
     from attnbench.options import MEASURE_OPTIONS, OPTIONS
-    from attnbench.store.repro import measure_flags
+    from attnbench.repro import measure_flags
 
     assert {"threads", "timeout", "isolate", "malloc_tunables"} <= set(MEASURE_OPTIONS)
     ran = {n: "false" if OPTIONS[n].style == "toggle" else "3" for n in MEASURE_OPTIONS}

@@ -18,6 +18,7 @@ from attnbench.errors import UsageError
 from attnbench.measure import allocator
 from attnbench.measure.timing import TimerConfig
 from attnbench.options import MEASURE_OPTIONS, as_text
+from attnbench.plugins import records
 from attnbench.run.row import Settings
 from attnbench.run.selection import (
     check_profile_filter,
@@ -29,7 +30,6 @@ from attnbench.run.sweep import run_sweep
 from attnbench.run.target import Target
 from attnbench.run.worker import WorkerSpec
 from attnbench.spec import GPU_PRESETS, SPEC_OPTIONS, Spec
-from attnbench.store.plugins import records
 from attnbench.store.rundir import RunDir
 
 DRY_RUN_CASES = 10  # --dry-run names this many cases, then counts the rest
