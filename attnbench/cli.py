@@ -23,10 +23,10 @@ from attnbench.options import OPTIONS, flag, load_config, parse_value
 from attnbench.report.terminal import list_impls, models_table, summary_table
 from attnbench.repro import repro_command
 from attnbench.run import executors
+from attnbench.run.environment import version_line
 from attnbench.run.plan import Plan, warn_if_busy
 from attnbench.run.target import Target, check_device
-from attnbench.store.atomic import write_json_atomic
-from attnbench.store.env import version_line
+from attnbench.store.env import write_env
 from attnbench.store.results import done_keys, load_run, read_results
 from attnbench.store.rundir import RunDir
 
@@ -232,7 +232,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         if warning := warn_if_busy(plan.device):
             print(warning, file=sys.stderr)
         env = plan.env(argv) | pool.measure_devices()
-        write_json_atomic(run.env_to_write(args.resume), env)
+        write_env(run.env_to_write(args.resume), env)
         try:
             plan.sweep(run, run_id, pool.executors, done, args.no_progress, args.row_lines)
         except KeyboardInterrupt:

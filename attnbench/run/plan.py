@@ -184,8 +184,8 @@ class Plan:
         return run_id, run
 
     def env(self, argv: list[str]) -> dict:
-        """env.json's fields that the plan knows (store/env.py collects the machine's)."""
-        from attnbench.store.env import collect_env
+        """env.json's fields that the plan knows (run/environment.py collects the machine's)."""
+        from attnbench.run.environment import collect_env
 
         argv = ["attnbench", self.command, *argv]
         env = collect_env(argv, self.seed, self.device, self.packages)
