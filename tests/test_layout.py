@@ -44,8 +44,100 @@ def test_no_import_cycles():
             visit(module, [module])
 
 
+# The house's floors, ground first, declared once: a room (a top-level module or a folder of
+# attnbench/) imports only rooms on floors below its own, so no arrow goes up or sideways and
+# the rooms cannot form a circle. A new room is placed here before it can be imported.
+FLOORS = (
+    ("errors", "seeds", "heads", "checkout", "module_layout"),
+    ("masks",),
+    ("dims",),
+    ("case",),
+    ("store",),  # files and formats
+    ("measure", "models", "registry"),
+    ("impls", "spec", "plugins"),
+    ("options",),
+    ("run", "report", "repro"),
+    ("cli", "testing"),
+    ("__main__", "__init__"),
+)
+
+
+def room(module: str) -> str:
+    """attnbench.run.worker -> run; attnbench.cli -> cli; attnbench (the package) -> __init__."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def room_arrows() -> dict[tuple[str, str], list[str]]:
+    """(room, room it imports) -> the modules whose imports draw that arrow."""
+    arrows: dict[tuple[str, str], list[str]] = {}
+    for module, deps in imports().items():
+        for dep in deps:
+            if room(dep) != room(module) and dep != "attnbench":
+                arrows.setdefault((room(module), room(dep)), []).append(f"{module} -> {dep}")
+    return arrows
+
+
+def test_every_room_is_on_a_floor():
+    floors = [r for floor in FLOORS for r in floor]
+    assert len(floors) == len(set(floors)), "a room is declared on two floors"
+    rooms = {room(m) for m in imports()}
+    assert rooms == set(floors), f"undeclared: {rooms - set(floors)}, gone: {set(floors) - rooms}"
+
+
+def test_no_arrow_goes_up_or_sideways():
+    """Every import between rooms goes down the declared floors; a failure names the arrow,
+    the modules that draw it, and the floors the imports give each room (one above the
+    highest room it imports), from which the fix is read."""
+    floor_of = {r: n for n, floor in enumerate(FLOORS) for r in floor}
+    arrows = room_arrows()
+    computed: dict[str, int] = {}
+
+    def height(r: str, path: tuple = ()) -> int:
+        assert r not in path, f"a circle of rooms: {' -> '.join([*path, r])}"
+        if r not in computed:
+            computed[r] = 1 + max((height(b, (*path, r)) for a, b in arrows if a == r), default=-1)
+        return computed[r]
+
+    wrong = [
+        f"{a} (floor {floor_of[a]}) imports {b} (floor {floor_of[b]}): {sorted(arrows[a, b])[:3]}"
+        for a, b in sorted(arrows)
+        if floor_of[b] >= floor_of[a]
+    ]
+    assert not wrong, "\n".join(
+        [*wrong, f"floors by imports: {[(r, height(r)) for r in floor_of]}"]
+    )
+
+
+def test_store_only_stores():
+    """store/ holds files and formats: it imports the rooms below it and itself, nothing that
+    measures, probes the machine, loads code or builds a command line."""
+    below = {r for floor in FLOORS[: FLOORS.index(("store",))] for r in floor}
+    for module, deps in imports().items():
+        if room(module) == "store":
+            out = [d for d in deps if room(d) not in below | {"store"}]
+            assert not out, f"{module} imports {out}"
+
+
+def test_no_module_is_named_after_a_library_its_folder_imports():
+    """A module named like a library (impls/xformers.py beside ``import xformers``) is a trap:
+    a reader, or a tool, takes the library's import for the sibling."""
+    for folder in {p.parent for p in PACKAGE.rglob("*.py")}:
+        names = {p.stem for p in folder.glob("*.py")}
+        libraries = set()
+        for path in folder.glob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    libraries.add(node.module.split(".")[0])
+                elif isinstance(node, ast.Import):
+                    libraries.update(a.name.split(".")[0] for a in node.names)
+            libraries.discard(path.stem)  # a module may import its namesake, not a sibling's
+        assert not names & libraries, f"{folder.relative_to(PACKAGE)}: {names & libraries}"
+
+
 def test_measure_modules_import_nothing_above_them():
     allowed = ("attnbench.measure", "attnbench.case", "attnbench.errors", "attnbench.masks")
+    allowed += ("attnbench.store.env",)  # env.json's GPU-state field names (clocks fills them)
     for module, deps in imports().items():
         if module.startswith("attnbench.measure"):
             above = [d for d in deps if not d.startswith(allowed)]
@@ -101,9 +193,27 @@ def sized_modules() -> list[Path]:
     )
 
 
-def test_row_measure_reads_as_the_loop():
-    lines = functions(PACKAGE / "run" / "row.py")["measure"]
-    assert lines <= 45, f"run/row.py::measure is {lines} lines (at most 45)"
+def test_the_worker_reads_as_the_loop():
+    lines = functions(PACKAGE / "run" / "worker.py")["Worker.run_case"]
+    assert lines <= 45, f"run/worker.py::Worker.run_case is {lines} lines (at most 45)"
+
+
+def test_one_driver_runs_the_steps():
+    """A row's steps (check, time_round, finish) are driven by the worker alone, and the test
+    API measures through it: no second loop over the steps for one impl."""
+    steps = {"time_round", "finish"}
+    for path in PACKAGE.rglob("*.py"):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            called = {
+                getattr(n.func, "attr", getattr(n.func, "id", None))
+                for n in ast.walk(fn)
+                if isinstance(n, ast.Call)
+            }
+            where = f"{path.relative_to(PACKAGE).as_posix()}::{fn.name}"
+            assert not (called >= steps), f"{where} times and finishes a row itself"
+    assert "attnbench.run.worker" in imports()["attnbench.testing"]
 
 
 def test_no_function_over_the_limit():
@@ -223,3 +333,81 @@ def test_only_the_plan_reads_the_raw_options():
             if isinstance(node, ast.arg) and node.arg == "opts":
                 readers.add(path.relative_to(PACKAGE).as_posix())
     assert readers == {"run/plan.py", "run/target.py"}, readers
+
+
+# the columns a sweep adds to a row after the worker gives it: what ran it, the run, the speed
+SWEEP_COLUMNS = {"host", "device_name", "node", "actor", "gpu_index", "gpu_uuid", "run_id", "seed"}
+SWEEP_COLUMNS |= {"speed_compute", "speed_memory"}
+
+
+def _is_row(node: ast.AST) -> bool:
+    """``row`` or ``<something>.row``: how run/ names a row dict."""
+    return getattr(node, "id", None) == "row" or getattr(node, "attr", None) == "row"
+
+
+def _columns_set(tree: ast.AST) -> set[str]:
+    """The constant columns a module sets on a row: ``row["x"] = ...``, ``row.update(x=...)``."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            out.update(
+                t.slice.value
+                for t in node.targets
+                if isinstance(t, ast.Subscript)
+                and _is_row(t.value)
+                and isinstance(t.slice, ast.Constant)
+            )
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "update":
+            if _is_row(node.func.value):
+                out.update(k.arg for k in node.keywords if k.arg)
+    return out
+
+
+def test_a_row_is_completed_in_one_place():
+    """After the worker, a row's columns are filled in run/complete.py alone: the sweep loop
+    hands it over and the writer only writes (no room of run/ or store/ stamps it)."""
+    setters = {
+        path.relative_to(PACKAGE).as_posix(): found
+        for folder in ("run", "store")
+        for path in (PACKAGE / folder).glob("*.py")
+        if (found := _columns_set(ast.parse(path.read_text())) & SWEEP_COLUMNS)
+    }
+    assert set(setters) == {"run/complete.py"}, setters
+    measure = [d for d in imports()["attnbench.run.writer"] if d.startswith("attnbench.measure")]
+    assert not measure, f"run/writer.py imports {measure}"
+
+
+def test_the_transport_protocol_is_whole():
+    """``where`` and ``replace`` are part of the transport protocol: every transport has them,
+    and no module asks with getattr whether a transport or an executor has them."""
+    from attnbench.run.worker import Transport
+
+    assert "where" in Transport.__annotations__ and "replace" in vars(Transport)
+    transports = []
+    for path in (PACKAGE / "run").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr":
+                name = node.args[1] if len(node.args) > 1 else None
+                assert not (
+                    isinstance(name, ast.Constant) and name.value in ("where", "replace")
+                ), f"run/{path.name}:{node.lineno} asks getattr for {name.value!r}"
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            methods = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)}
+            if "call" in methods and "host" in _attributes_set(cls):  # a transport
+                transports.append(cls.name)
+                assert "replace" in methods, f"run/{path.name}::{cls.name} has no replace()"
+                assert "where" in _attributes_set(cls), f"run/{path.name}::{cls.name}: no where"
+    assert {"InProcess", "Subprocess", "RayActor"} <= set(transports), transports
+
+
+def _attributes_set(cls: ast.ClassDef) -> set[str]:
+    """The attributes a class's code assigns (``self.x = ...``, ``self.x, self.y = ...``)."""
+    return {
+        t.attr
+        for node in ast.walk(cls)
+        if isinstance(node, (ast.Assign, ast.AnnAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        for t in ast.walk(target)
+        if isinstance(t, ast.Attribute)
+    }
