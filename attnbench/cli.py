@@ -17,7 +17,6 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench import plugins as run_plugins
-from attnbench import registry
 from attnbench.errors import UsageError, did_you_mean
 from attnbench.options import OPTIONS, flag, load_config, parse_value
 from attnbench.report.terminal import list_impls, models_table, summary_table
@@ -289,14 +288,14 @@ def list_command(argv: list[str]) -> int:
     args = p.parse_args(argv)
     plugins = [x for text in args.plugin for x in parse_value("plugin", text, "--plugin")]
     for text in plugins:
-        registry.plugin_source(text)
+        run_plugins.plugin_source(text)
     # what runs on a device is a question worth asking on a machine without one
     device = (
         check_device(None)
         if args.device is None
         else parse_value("device", args.device, "--device")
     )
-    print(list_impls(registry.discover(plugins), device.split(":")[0]))
+    print(list_impls(run_plugins.discover(plugins), device.split(":")[0]))
     return EXIT_OK
 
 

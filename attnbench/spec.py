@@ -10,7 +10,7 @@ from attnbench.dims import DIMS
 from attnbench.masks import ALIGNS, KINDS, MASKS, MODS, canonical_mod
 from attnbench.masks.blocks import block_kinds, fits
 from attnbench.models import model as find_model
-from attnbench.registry import unknown_hint
+from attnbench.plugins import unknown_hint
 
 # --mask values: the masks (KIND or KIND:SPEC), and "causal" for mask none with causal true
 MASK_CHOICES = ("none", "causal", *MASKS[1:])

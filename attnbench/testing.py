@@ -1,9 +1,9 @@
 """Testing attention impls with attnbench, for plugin authors and for attnbench's own tests.
 
-    from attnbench import registry
+    from attnbench import plugins
     from attnbench.testing import conformance_cases, run_row
 
-    impl = registry.discover(["my_attn.py"])["my_attn"]
+    impl = plugins.discover(["my_attn.py"])["my_attn"]
     for case in conformance_cases(impl):
         row = run_row(impl, case)
         assert row["status"] == "unsupported" or row["agrees"], row["reason"]
@@ -29,7 +29,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import replace
 
-from attnbench import registry
+from attnbench import plugins, registry
 from attnbench.case import Case
 from attnbench.masks import KINDS, MODS
 from attnbench.measure.timing import TimerConfig
@@ -95,11 +95,11 @@ def registered() -> Iterator[None]:
     """Registrations inside the block (impls, loaded plugin files, mask kinds, score
     modifiers) are undone after it; the built-ins are loaded first, as a module imported
     once never registers again."""
-    registry.discover()
-    saved = dict(registry._IMPLS), set(registry._LOADED), dict(KINDS), dict(MODS)
+    plugins.discover()
+    saved = dict(registry._IMPLS), set(plugins._LOADED), dict(KINDS), dict(MODS)
     try:
         yield
     finally:
-        for live, before in zip((registry._IMPLS, registry._LOADED, KINDS, MODS), saved):
+        for live, before in zip((registry._IMPLS, plugins._LOADED, KINDS, MODS), saved):
             live.clear()
             live.update(before)

@@ -27,8 +27,7 @@ def _threads_per_worker() -> int | None:
 # torch is set in pytest_configure)
 if (_threads := _threads_per_worker()) is not None:
     os.environ["OMP_NUM_THREADS"] = str(_threads)
-
-from attnbench import registry, testing  # noqa: E402
+from attnbench import plugins, testing  # noqa: E402
 from attnbench.run import heap  # noqa: E402
 
 
@@ -38,13 +37,13 @@ def pytest_configure(config):
     garbage collection then skips torch and the impls' libraries."""
     if _threads is not None:
         torch.set_num_threads(_threads)
-    registry.discover()
+    plugins.discover()
     heap.freeze_startup()
 
 
 @pytest.fixture(scope="session")
 def impls():
-    return registry.discover()
+    return plugins.discover()
 
 
 @pytest.fixture

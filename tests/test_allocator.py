@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.case import Case
 from attnbench.measure import allocator, timing
 from attnbench.measure.timing import TimerConfig
@@ -106,7 +106,7 @@ def test_with_the_thresholds_pinned_in_process_a_large_block_stays_in_the_heap()
 def test_a_row_with_faults_inside_the_timing_records_and_flags_them(monkeypatch):
     count = iter(range(0, 10**9, 5000))  # each reading 5000 faults later than the last
     monkeypatch.setattr(timing, "minor_faults", lambda: next(count))
-    impl = registry.discover(entry_points=False)["naive"]
+    impl = plugins.discover(entry_points=False)["naive"]
     case = Case(batch=1, heads=2, kv_heads=2, seq_q=32, seq_kv=32, head_dim=16)
     inputs = make_inputs(case, 0)
     row = measure(

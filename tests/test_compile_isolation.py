@@ -6,7 +6,7 @@ import textwrap
 import pytest
 import torch._dynamo
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.case import Case
 from attnbench.measure import compiling
 from attnbench.run.inputs import make_inputs
@@ -49,7 +49,7 @@ def test_dynamo_is_reset_only_when_another_compiled_impl_ran_last(monkeypatch):
 def test_a_compiled_flex_plugin_after_flex_compiles_its_own_code_and_agrees(tmp_path):
     plugin = tmp_path / "flex_copy.py"
     plugin.write_text(textwrap.dedent(FLEX_COPY))
-    impls = registry.discover([str(plugin)], entry_points=False)
+    impls = plugins.discover([str(plugin)], entry_points=False)
     for case in (
         Case(1, 2, 1, 128, 128, 16, causal=True),
         Case(1, 2, 1, 128, 128, 16, mask="window", pattern="32", causal=True),

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.case import Case
 from attnbench.measure.compiling import Watch, compile_events, eagerly
 from attnbench.measure.timing import TimerConfig
@@ -119,7 +119,7 @@ def recompiling(q, k, v, *, causal, scale):
 def test_a_recompile_inside_the_timing_pass_is_flagged(tmp_path):
     path = tmp_path / "recompiling.py"
     path.write_text(textwrap.dedent(RECOMPILING))
-    impl = registry.discover([str(path)], builtin=False, entry_points=False)["recompiling"]
+    impl = plugins.discover([str(path)], builtin=False, entry_points=False)["recompiling"]
     case = Case(batch=1, heads=2, kv_heads=2, seq_q=16, seq_kv=16, head_dim=8)
     settings = Settings(TimerConfig(rep_ms=100.0, min_samples=1))  # rounds of many calls
     row = run_row(impl, case, settings=settings)

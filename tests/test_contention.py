@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from synth import env, ok_row, write_run
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.case import Case
 from attnbench.measure import ceilings, contention, timing
 from attnbench.measure.contention import Contention, Usage, between
@@ -82,7 +82,7 @@ def test_a_timed_loop_sharing_its_cpu_with_a_busy_process_is_contended():
 
 def test_a_contended_row_records_its_share_and_says_so(monkeypatch):
     monkeypatch.setattr(timing.contention, "between", lambda *a: Contention(0.3, 0.6, 2))
-    impl = registry.discover(entry_points=False)["naive"]
+    impl = plugins.discover(entry_points=False)["naive"]
     case = Case(batch=1, heads=2, kv_heads=2, seq_q=32, seq_kv=32, head_dim=16)
     row = run_row(impl, case, settings=Settings(TimerConfig(rep_ms=1.0)))
     # the share of several timed slices is their wall-weighted mean: 0.3 up to rounding

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnbench import registry
+from attnbench import plugins, registry
 from attnbench.case import Case
 from attnbench.measure.memory import peak_mem_mib
 from attnbench.measure.timing import TimerConfig
@@ -183,7 +183,7 @@ def test_agreement_rule_catches_a_wrong_impl(tmp_path, bug):
             return s.masked_fill(~({keep}), float("-inf")).softmax(-1) @ v
     """)
     )
-    impl = registry.discover([str(path)], builtin=False, entry_points=False)[bug]
+    impl = plugins.discover([str(path)], builtin=False, entry_points=False)[bug]
     row = run_row(impl, case)
     assert row["status"] == "ok", row["reason"]
     assert row["agrees"] is False
@@ -207,7 +207,7 @@ def test_a_row_failing_only_max_abs_carries_its_bound_and_names_it(tmp_path):
             return out
     """)
     )
-    impl = registry.discover([str(path)], builtin=False, entry_points=False)["one_element"]
+    impl = plugins.discover([str(path)], builtin=False, entry_points=False)["one_element"]
     case = Case(batch=1, heads=2, kv_heads=2, seq_q=64, seq_kv=64, head_dim=32)
     row = run_row(impl, case)
     assert row["status"] == "ok" and row["agrees"] is False

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnbench import registry
+from attnbench import plugins, registry
 from attnbench.case import Case
 from attnbench.module_layout import LayerModule, ModuleLayout, QKNorm
 from attnbench.run.call import Call
@@ -124,7 +124,7 @@ def torch_mha(register, tmp_path):
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     path = tmp_path / "torch_mha.py"
     path.write_text(next(b for b in blocks if "@register(" in b and "MultiheadAttention(" in b))
-    registry._load_file(path)
+    plugins._load_file(path)
     return registry._IMPLS["torch_mha"]
 
 

@@ -54,7 +54,8 @@ FLOORS = (
     ("case",),
     ("store",),  # files and formats
     ("measure", "models", "registry"),
-    ("impls", "spec", "plugins"),
+    ("impls", "plugins"),
+    ("spec",),
     ("options",),
     ("run", "report", "repro"),
     ("cli", "testing"),
@@ -411,3 +412,21 @@ def _attributes_set(cls: ast.ClassDef) -> set[str]:
         for t in ast.walk(target)
         if isinstance(t, ast.Attribute)
     }
+
+
+def test_impl_reasons_is_a_tuple_of_small_checks():
+    """Impl.reasons asks each capability's check in turn (registry.CHECKS), each a few lines,
+    and plugin loading and discovery live in plugins.py, not in the registry."""
+    from attnbench import registry
+
+    sizes = functions(PACKAGE / "registry.py")
+    assert sizes["Impl.reasons"] <= 12, sizes["Impl.reasons"]
+    long = {c.__name__: sizes[c.__name__] for c in registry.CHECKS if sizes[c.__name__] > 10}
+    assert not long, f"checks over 10 lines: {long}"
+    loading = {"importlib.metadata", "pkgutil"} & {
+        a.name
+        for n in ast.walk(ast.parse((PACKAGE / "registry.py").read_text()))
+        if isinstance(n, ast.Import)
+        for a in n.names
+    }
+    assert not loading, f"registry.py imports {loading}: discovery belongs in plugins.py"

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.cli import main
 from attnbench.masks import KINDS
 from attnbench.store.results import read_results, row_key
@@ -130,7 +130,7 @@ def unload(plugin, monkeypatch) -> None:
     """As a new process finds the registry: the plugin's kind not registered, its file not
     loaded."""
     KINDS.pop("every2", None)
-    monkeypatch.setattr(registry, "_LOADED", registry._LOADED - {str(plugin.resolve())})
+    monkeypatch.setattr(plugins, "_LOADED", plugins._LOADED - {str(plugin.resolve())})
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import socket
 import tempfile
 from pathlib import Path
 
+from attnbench import plugins
 from attnbench.measure import allocator
 from attnbench.run import heap
 from attnbench.run.environment import device_name
@@ -33,14 +34,13 @@ def _set_threads(threads: int | None) -> None:
 
 class InProcess:
     def __init__(self, spec: WorkerSpec):
-        from attnbench import registry
 
         self.host, self.device_name = socket.gethostname(), device_name(spec.device)
         self.where: dict = {}  # this machine: no node or actor to name
         if spec.settings.malloc_tunables:
             allocator.pin_in_process()
         _set_threads(spec.threads)
-        self.steps = Steps(registry.discover(spec.plugins), spec.seed, spec.device)
+        self.steps = Steps(plugins.discover(spec.plugins), spec.seed, spec.device)
 
     def call(self, msg: tuple, timeout_s: float | None):
         return self.steps.handle(msg)
@@ -72,9 +72,8 @@ def _serve(conn, spec: WorkerSpec, stderr_path: str) -> None:
     os.dup2(fd, 2)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
     _set_threads(spec.threads)
-    from attnbench import registry
 
-    steps = Steps(registry.discover(spec.plugins), spec.seed, spec.device)
+    steps = Steps(plugins.discover(spec.plugins), spec.seed, spec.device)
     heap.freeze_startup()  # a row's garbage collection then skips the start-up's objects
     conn.send(READY)
     while True:

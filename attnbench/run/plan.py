@@ -12,7 +12,7 @@ from datetime import datetime
 
 import torch
 
-from attnbench import registry
+from attnbench import plugins, registry
 from attnbench.case import Case
 from attnbench.errors import UsageError
 from attnbench.measure import allocator
@@ -133,7 +133,7 @@ class Plan:
     def worker(self) -> WorkerSpec:
         """The workers' one configuration (run/worker.py)."""
         return WorkerSpec(
-            plugins=tuple(str(registry.plugin_source(p)) for p in self.target.plugins),
+            plugins=tuple(str(plugins.plugin_source(p)) for p in self.target.plugins),
             seed=self.seed,
             settings=self.settings,
             timeout_s=self.run.timeout_s,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.case import Case
 from attnbench.errors import UsageError
 from attnbench.spec import Spec
@@ -38,7 +38,7 @@ def select_impls(
     for name in names:
         if name not in impls:
             raise UsageError(
-                f"--impls: unknown impl {name!r}{registry.unknown_hint(name, impls)} "
+                f"--impls: unknown impl {name!r}{plugins.unknown_hint(name, impls)} "
                 f"(known: {', '.join(impls)}; see attnbench list)"
             )
     return [impls[n] for n in names], {}
