@@ -217,7 +217,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
     plan = Plan.from_options(opts, target, command=command, default_preset=default_preset)
     if args.dry_run:
         return _print(plan.dry_run_text())
-    if opts.get("retry") and not args.resume:
+    if plan.run.retry and not args.resume:
         raise UsageError("--retry: only with --resume (it names rows of a run to run again)")
     _check_folders(("--results-dir", args.results_dir), ("--reports-dir", args.reports_dir))
     run_id, run = plan.run_dir(args.results_dir, args.run_id, resume=args.resume)
@@ -225,7 +225,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         if pool.started:
             print(pool.started)
         pool.on_head_lost(_head_lost(plan, argv, run, run_id, bool(args.run_id)))
-        done = done_keys(run.path, opts.get("retry", ())) if args.resume else set()
+        done = done_keys(run.path, plan.run.retry) if args.resume else set()
         run.write_grid(plan.grid)
         print(plan.start_text(run, len(done)))
         if warning := warn_if_busy(plan.device):

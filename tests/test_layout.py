@@ -2,6 +2,7 @@
 measuring leaves import nothing above them."""
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "attnbench"
@@ -249,14 +250,24 @@ def test_run_modules_are_small():
 
 
 def test_the_worker_state_machine_is_written_once():
-    """One worker (run/worker.py) for every transport: a case that cannot be prepared is
-    named in one place."""
-    said = [
-        path.relative_to(PACKAGE).as_posix()
-        for path in PACKAGE.rglob("*.py")
-        for _ in range(path.read_text().count("while preparing the case"))
-    ]
-    assert said == ["run/worker.py"], said
+    """One worker (run/worker.py) for every transport: one class runs a case's steps
+    (``run_case``), transports raise WorkerFailed and only the worker handles it (the Ray
+    transport's actor, beside it, turns one into a message back to it)."""
+    runners, raisers, handlers = set(), set(), set()
+    for path in PACKAGE.rglob("*.py"):
+        where = path.relative_to(PACKAGE).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                methods = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+                runners |= {f"{where}::{node.name}"} if "run_case" in methods else set()
+            elif isinstance(node, ast.Raise) and "WorkerFailed" in ast.unparse(node.exc or node):
+                raisers.add(where)
+            elif isinstance(node, ast.ExceptHandler) and node.type is not None:
+                if "WorkerFailed" in ast.unparse(node.type):
+                    handlers.add(where)
+    assert runners == {"run/worker.py::Worker"}, runners
+    assert raisers <= {"run/local.py", "run/ray_executor.py", "run/worker.py"}, raisers
+    assert handlers <= {"run/worker.py", "run/ray_executor.py"}, handlers
 
 
 CLI_MAY_IMPORT = (
@@ -303,37 +314,59 @@ def test_run_folder_file_names_are_spelled_only_in_rundir():
             assert not spelled, f"{path.relative_to(PACKAGE)} spells {name!r}: use RunDir"
 
 
-def _files_saying(word: str) -> set[str]:
-    """The package's modules outside masks/ and impls/ whose text has ``word``."""
-    return {
-        path.relative_to(PACKAGE).as_posix()
-        for path in PACKAGE.rglob("*.py")
-        if not path.relative_to(PACKAGE).as_posix().startswith(("masks/", "impls/"))
-        and word in path.read_text()
-    }
+# who may import the interval geometry: the mask kinds, the impls that draw it, case.py (which
+# re-exports its pair counts) and measure/diagnose.py (which shifts a window by one)
+INTERVAL_IMPORTERS = ("attnbench.masks", "attnbench.impls", "attnbench.case")
+INTERVAL_IMPORTERS += ("attnbench.measure.diagnose",)
 
 
 def test_mask_kinds_follow_one_protocol():
-    """Every mask kind is a layout passed as one Mask: no module outside masks/ and impls/
-    handles key padding's lengths, and a window is named only where it is data: its column
-    (dims.py), its --window alias (options.py, and the grid field it fills in spec.py), model
-    presets that have one (models.py) and the conformance grid (testing.py)."""
-    assert _files_saying("kv_lens") == set()
-    allowed = {"dims.py", "options.py", "spec.py", "models.py", "testing.py"}
-    assert _files_saying("window") <= allowed, _files_saying("window") - allowed
+    """Every mask kind is a layout passed as one Mask: outside masks/ and impls/ no module
+    reads a mask's layout views (``kv_lens``, ``window``), and the interval geometry is
+    imported only where it is drawn."""
+    for path in PACKAGE.rglob("*.py"):
+        where = path.relative_to(PACKAGE).as_posix()
+        if where.startswith(("masks/", "impls/")):
+            continue
+        views = [
+            f"{where}:{n.lineno} .{n.attr}"
+            for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Attribute) and n.attr in ("kv_lens", "window")
+        ]
+        assert not views, views
+    for module, deps in imports().items():
+        if "attnbench.masks.interval" in deps:
+            assert module.startswith(INTERVAL_IMPORTERS), f"{module} imports masks.interval"
 
 
 def test_only_the_plan_reads_the_raw_options():
-    """The options dict (cli's resolve_options) is read once, by the plan: cli.py hands it to
-    Target and Plan, which turn it into typed fields; nothing below them takes ``opts``."""
-    readers = set()
+    """The options dict (cli's ``resolve_options``) is read once, by the plan: wherever it is
+    made it is only handed to a ``from_options`` of run/plan.py or run/target.py, and those
+    hand it on to nothing but another ``from_options`` there."""
+    readers = {"run/plan.py", "run/target.py"}
     for path in PACKAGE.rglob("*.py"):
-        if path.relative_to(PACKAGE).parts[0] == "impls":
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.arg) and node.arg == "opts":
-                readers.add(path.relative_to(PACKAGE).as_posix())
-    assert readers == {"run/plan.py", "run/target.py"}, readers
+        where = path.relative_to(PACKAGE).as_posix()
+        tree = ast.parse(path.read_text())
+        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        names = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and "resolve_options" in ast.unparse(node.value):
+                names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+            if where in readers and isinstance(node, ast.FunctionDef):
+                if node.name == "from_options":
+                    names |= {a.arg for a in node.args.args[1:2]}
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Name) and node.id in names):
+                continue
+            if isinstance(node.ctx, ast.Store):
+                continue
+            up = parents[node]
+            if isinstance(up, ast.Call) and node in up.args:
+                assert getattr(up.func, "attr", None) == "from_options", (
+                    f"{where}:{node.lineno} hands the options to {ast.unparse(up.func)}"
+                )
+            else:
+                assert where in readers, f"{where}:{node.lineno} reads the options"
 
 
 # the columns a sweep adds to a row after the worker gives it: what ran it, the run, the speed
@@ -430,3 +463,28 @@ def test_impl_reasons_is_a_tuple_of_small_checks():
         for a in n.names
     }
     assert not loading, f"registry.py imports {loading}: discovery belongs in plugins.py"
+
+
+LAYOUT_MAP = PACKAGE.parent / "docs" / "layout.md"
+SUBFOLDERS = ("run", "store", "measure", "report", "masks", "impls")  # each has its heading
+
+
+def test_the_layout_map_names_every_module():
+    """docs/layout.md names every module (and kernel folder) of each folder of attnbench/
+    under that folder's heading, and nothing that is not there; its floors are FLOORS."""
+    text = LAYOUT_MAP.read_text()
+    sections = re.split(r"^### `attnbench/(\w*)/?`$", text, flags=re.M)
+    named = {
+        folder: set(re.findall(r"`(\w+\.py|\w+/)`", body))
+        for folder, body in zip(sections[1::2], sections[2::2])
+    }
+    assert set(named) == {"", *SUBFOLDERS}, sorted(named)
+    for key in named:
+        folder = PACKAGE / key
+        there = {p.name for p in folder.glob("*.py")}
+        there |= {f"{p.name}/" for p in folder.iterdir() if (p / "__init__.py").is_file()}
+        there -= {f"{f}/" for f in SUBFOLDERS}
+        assert named[key] == there, (key or "attnbench/", named[key] ^ there)
+    floors = re.search(r"^## Floors$(.*?)^## ", text, flags=re.M | re.S).group(1)
+    lines = re.findall(r"^\d+\. .*$", floors, flags=re.M)
+    assert [tuple(re.findall(r"`(\w+)`", line)) for line in lines] == list(FLOORS)

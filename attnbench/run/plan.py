@@ -46,6 +46,7 @@ class RunOptions:
     group_by_device_name: bool = True
     ray_address: str | None = None  # None: a local Ray instance
     ray_actors: int | None = None  # None: one per device
+    retry: tuple[str, ...] = ()  # --retry: the statuses a resumed run runs again
     measured: dict = field(default_factory=dict)  # the measure-scope options given, as text
 
     @classmethod
@@ -58,6 +59,7 @@ class RunOptions:
             group_by_device_name=opts.get("group_by_device_name", True),
             ray_address=opts.get("ray_address"),
             ray_actors=opts.get("ray_actors"),
+            retry=tuple(opts.get("retry", ())),
             measured={k: as_text(opts[k]) for k in MEASURE_OPTIONS if k in opts},
         )
 
