@@ -2,6 +2,7 @@
 measuring leaves import nothing above them."""
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -488,3 +489,33 @@ def test_the_layout_map_names_every_module():
     floors = re.search(r"^## Floors$(.*?)^## ", text, flags=re.M | re.S).group(1)
     lines = re.findall(r"^\d+\. .*$", floors, flags=re.M)
     assert [tuple(re.findall(r"`(\w+)`", line)) for line in lines] == list(FLOORS)
+
+
+def test_the_grid_builds_cases_from_the_dimensions():
+    """spec.py makes each case from its point in the grid, one value per dimension of DIMS
+    (``Case(**{name: point[name] ...})``), never by spelling the dimensions as keywords: a
+    dimension the grid does not set is a KeyError, not a silent default."""
+    tree = ast.parse((PACKAGE / "spec.py").read_text())
+    spelled = [
+        f"spec.py:{n.lineno} Case({', '.join(k.arg for k in n.keywords if k.arg)})"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and getattr(n.func, "id", None) == "Case"
+        and any(k.arg for k in n.keywords)
+    ]
+    assert not spelled, spelled
+
+
+def test_the_test_order_comes_from_measured_durations():
+    """tests/conftest.py hands out the longest test files first by their measured seconds
+    (durations.json, or the last run's), not by a list of names kept by hand; durations.json
+    names only test files that exist."""
+    tests = PACKAGE.parent / "tests"
+    spelled = [
+        n.value
+        for n in ast.walk(ast.parse((tests / "conftest.py").read_text()))
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.endswith(".py")
+    ]
+    assert not spelled, f"tests/conftest.py names test files: {spelled}"
+    recorded = json.loads((tests / "durations.json").read_text())
+    assert recorded and all((tests / name).is_file() for name in recorded), sorted(recorded)
