@@ -87,7 +87,7 @@ _SECONDS: dict[str, float] = {}
 
 def pytest_runtest_logreport(report):
     """A test's phases (setup, call, teardown) add to its file's seconds."""
-    name = report.nodeid.split("::")[0].rsplit("/", 1)[-1]
+    name = report.nodeid.split("::")[0]  # its file, from the repository's root
     _SECONDS[name] = _SECONDS.get(name, 0.0) + report.duration
 
 
@@ -96,6 +96,7 @@ def pytest_sessionfinish(session):
         return  # the controller (or a run without xdist) keeps the seconds
     config = session.config
     seconds = {**file_seconds(config), **{k: round(v, 1) for k, v in _SECONDS.items()}}
+    seconds = {k: v for k, v in seconds.items() if (config.rootpath / k).is_file()}  # not gone
     if getattr(config, "cache", None):
         config.cache.set(CACHE_KEY, seconds)
     if config.getoption("store_durations"):
@@ -104,7 +105,7 @@ def pytest_sessionfinish(session):
 
 def pytest_collection_modifyitems(config, items):
     seconds = file_seconds(config)
-    items.sort(key=lambda item: -seconds.get(item.path.name, 0.0))  # stable: the rest as found
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))  # stable
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; none is visible to torch")

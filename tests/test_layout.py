@@ -518,4 +518,4 @@ def test_the_test_order_comes_from_measured_durations():
     ]
     assert not spelled, f"tests/conftest.py names test files: {spelled}"
     recorded = json.loads((tests / "durations.json").read_text())
-    assert recorded and all((tests / name).is_file() for name in recorded), sorted(recorded)
+    assert recorded and all((tests.parent / name).is_file() for name in recorded), sorted(recorded)
