@@ -129,12 +129,13 @@ def test_no_module_is_named_after_a_library_its_folder_imports():
         names = {p.stem for p in folder.glob("*.py")}
         libraries = set()
         for path in folder.glob("*.py"):
+            found = set()
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                    libraries.add(node.module.split(".")[0])
+                    found.add(node.module.split(".")[0])
                 elif isinstance(node, ast.Import):
-                    libraries.update(a.name.split(".")[0] for a in node.names)
-            libraries.discard(path.stem)  # a module may import its namesake, not a sibling's
+                    found.update(a.name.split(".")[0] for a in node.names)
+            libraries |= found - {path.stem}  # a module may import its namesake, not a sibling's
         assert not names & libraries, f"{folder.relative_to(PACKAGE)}: {names & libraries}"
 
 
