@@ -16,17 +16,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench import registry
+from attnbench import plugins as run_plugins
 from attnbench.errors import UsageError, did_you_mean
 from attnbench.options import OPTIONS, flag, load_config, parse_value
 from attnbench.report.terminal import list_impls, models_table, summary_table
+from attnbench.repro import repro_command
 from attnbench.run import executors
+from attnbench.run.environment import version_line
 from attnbench.run.plan import Plan, warn_if_busy
 from attnbench.run.target import Target, check_device
-from attnbench.store import plugins as run_plugins
-from attnbench.store.atomic import write_json_atomic
-from attnbench.store.env import version_line
-from attnbench.store.repro import repro_command
+from attnbench.store.env import write_env
 from attnbench.store.results import done_keys, load_run, read_results
 from attnbench.store.rundir import RunDir
 
@@ -218,7 +217,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
     plan = Plan.from_options(opts, target, command=command, default_preset=default_preset)
     if args.dry_run:
         return _print(plan.dry_run_text())
-    if opts.get("retry") and not args.resume:
+    if plan.run.retry and not args.resume:
         raise UsageError("--retry: only with --resume (it names rows of a run to run again)")
     _check_folders(("--results-dir", args.results_dir), ("--reports-dir", args.reports_dir))
     run_id, run = plan.run_dir(args.results_dir, args.run_id, resume=args.resume)
@@ -226,13 +225,13 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         if pool.started:
             print(pool.started)
         pool.on_head_lost(_head_lost(plan, argv, run, run_id, bool(args.run_id)))
-        done = done_keys(run.path, opts.get("retry", ())) if args.resume else set()
+        done = done_keys(run.path, plan.run.retry) if args.resume else set()
         run.write_grid(plan.grid)
         print(plan.start_text(run, len(done)))
         if warning := warn_if_busy(plan.device):
             print(warning, file=sys.stderr)
         env = plan.env(argv) | pool.measure_devices()
-        write_json_atomic(run.env_to_write(args.resume), env)
+        write_env(run.env_to_write(args.resume), env)
         try:
             plan.sweep(run, run_id, pool.executors, done, args.no_progress, args.row_lines)
         except KeyboardInterrupt:
@@ -289,14 +288,14 @@ def list_command(argv: list[str]) -> int:
     args = p.parse_args(argv)
     plugins = [x for text in args.plugin for x in parse_value("plugin", text, "--plugin")]
     for text in plugins:
-        registry.plugin_source(text)
+        run_plugins.plugin_source(text)
     # what runs on a device is a question worth asking on a machine without one
     device = (
         check_device(None)
         if args.device is None
         else parse_value("device", args.device, "--device")
     )
-    print(list_impls(registry.discover(plugins), device.split(":")[0]))
+    print(list_impls(run_plugins.discover(plugins), device.split(":")[0]))
     return EXIT_OK
 
 

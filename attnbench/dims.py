@@ -70,7 +70,7 @@ class Dim:
         return getattr(case, self.name) if self.cell is None else self.cell(case)
 
     def flags(self, case) -> list[str]:
-        """The sweep flags that select ``case``'s value of this dimension (store/repro.py)."""
+        """The sweep flags that select ``case``'s value of this dimension (repro.py)."""
         if self.repro is not None:
             return self.repro(case)
         value = self.value(case)

@@ -1,4 +1,5 @@
-"""The plugin registry: capabilities as data, ``reasons(case)``, and discovery.
+"""The plugin registry: ``register``, capabilities as data and ``reasons(case)``; finding and
+loading plugins is plugins.py.
 
 An impl is a function ``(q, k, v, *, causal, scale) -> out`` in the canonical layout
 (q (B, Hq, Sq, D), k/v (B, Hkv, Skv, D), out (B, Hq, Sq, D)) or in the layout it declares
@@ -23,41 +24,32 @@ level layer only; the harness loads the seeded weights into it (docs/plugins.md)
 ``head_order`` says which kv head query head h reads under GQA (attnbench/heads.py); the
 harness maps an impl of the other order outside the timing (run/call.py, run/layer.py).
 
-Impls come from four places: the built-ins (the package ``attnbench.impls``, shipped in the
-wheel), every module in the checkout's drop-in ``impls/`` folder (only when attnbench runs from
-its checkout: an installed wheel imports no folder it was not given), each ``--plugin`` file,
-folder (its modules) or module, and the entry-point group ``attnbench.impls`` of installed
-packages. A plugin that fails to import, or needs a package that is missing, is still listed,
-as unavailable with a reason. ``origin(impl)`` says which of the four it came from.
+Impls come from four places (plugins.py): the built-ins (``attnbench.impls``), the checkout's
+drop-in ``impls/`` folder, ``--plugin`` files, folders and modules, and installed packages'
+entry points; ``origin(impl)`` says which it came from.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import importlib
-import importlib.metadata
 import importlib.util
 import inspect
-import pkgutil
-import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from attnbench import checkout
-from attnbench.case import DEVICES, DTYPES, Case, CaseError
-from attnbench.errors import AttnbenchError, UsageError, did_you_mean, one_line
+from attnbench.case import DEVICES, DTYPES, Case
+from attnbench.errors import AttnbenchError, UsageError
 from attnbench.heads import HEAD_ORDERS
 from attnbench.masks import ALIGNS, ANY, KINDS, MODS
-from attnbench.masks.contract import ContractError
-from attnbench.masks.kind import try_kind
 from attnbench.masks.scores import NEEDS, lacking
 
 BUILTIN_PACKAGE = "attnbench.impls"
 DROP_IN = "impls"  # the checkout's folder of one-file plugins, loaded in a checkout only
-ENTRY_POINT_GROUP = "attnbench.impls"
 LAYOUTS = ("bhsd", "bshd")
 
 
@@ -134,50 +126,11 @@ class Impl:
         return declared and takes_keyword(self.fn, "mask")
 
     def reasons(self, case: Case) -> list[str]:
-        """Why this impl cannot run ``case``; empty when it can."""
+        """Why this impl cannot run ``case``; empty when it can (its own ``check`` is asked
+        only when every declared capability fits)."""
         if self.unavailable:
             return [self.unavailable]
-        out = []
-        if case.device_type not in self.devices:
-            out.append(f"device={case.device_type} (supported: {', '.join(self.devices)})")
-        if case.dtype not in self.dtypes:
-            out.append(f"dtype={case.dtype} (supported: {', '.join(self.dtypes)})")
-        if self.head_dims is not None and case.head_dim not in self.head_dims:
-            out.append(
-                f"head_dim={case.head_dim} (supported: {', '.join(map(str, self.head_dims))})"
-            )
-        if case.causal and not self.causal:
-            out.append("causal=True (supported: False)")
-        if case.cross and not self.cross:
-            out.append(f"seq_q={case.seq_q} != seq_kv={case.seq_kv} (supported: equal lengths)")
-        if case.gqa and not self.gqa:
-            out.append(
-                f"kv_heads={case.kv_heads} < heads={case.heads} (supported: kv_heads == heads)"
-            )
-        if case.backward and not self.backward_on(case.device_type):
-            out.append(self._backward_reason(case))
-        if case.mask not in self.masks and ANY[0] not in self.masks:
-            out.append(f"mask={case.mask} (supported: {', '.join(self.masks)})")
-        modifier = case.score_mod.partition(":")[0]
-        if modifier and modifier not in self.score_mods and ANY[0] not in self.score_mods:
-            out.append(
-                f"score_mod={case.score_mod} (supported: {', '.join(self.score_mods) or 'none'})"
-            )
-        elif modifier:
-            out += lacking(MODS[modifier], self.score_mod_needs, case.score_mod, case.backward)
-        if case.causal_align not in self.causal_align and aligned_differently(case):
-            out.append(
-                f"causal_align={case.causal_align} (supported: {', '.join(self.causal_align)})"
-            )
-        if self.module and case.level != "layer":
-            out.append(
-                f"level={case.level} (supported: layer; a module brings its own projections)"
-            )
-        if self.paged and case.level != "op":
-            out.append(f"level={case.level} (supported: op; a paged KV cache is an op input)")
-        if self.paged and case.backward and self.backward_on(case.device_type):
-            out.append(f"mode={case.mode} (supported: fwd; a paged KV cache is read-only)")
-        out.extend(self._sm_reasons(case))
+        out = [reason for check in CHECKS for reason in check(self, case)]
         if not out and self.check is not None:
             out.extend(self.check(case))
         return out
@@ -207,6 +160,106 @@ def aligned_differently(case: Case) -> bool:
     mask, or a kind the alignment places, across unequal lengths. Elsewhere an impl of either
     alignment runs it."""
     return (case.causal or case.kind.aligned) and case.seq_q != case.seq_kv
+
+
+# Impl.reasons: each capability's check, (impl, case) -> its reasons, in the order they are said
+
+
+def _device(impl: Impl, case: Case) -> list[str]:
+    if case.device_type in impl.devices:
+        return []
+    return [f"device={case.device_type} (supported: {', '.join(impl.devices)})"]
+
+
+def _dtype(impl: Impl, case: Case) -> list[str]:
+    if case.dtype in impl.dtypes:
+        return []
+    return [f"dtype={case.dtype} (supported: {', '.join(impl.dtypes)})"]
+
+
+def _head_dim(impl: Impl, case: Case) -> list[str]:
+    if impl.head_dims is None or case.head_dim in impl.head_dims:
+        return []
+    return [f"head_dim={case.head_dim} (supported: {', '.join(map(str, impl.head_dims))})"]
+
+
+def _causal(impl: Impl, case: Case) -> list[str]:
+    return ["causal=True (supported: False)"] if case.causal and not impl.causal else []
+
+
+def _cross(impl: Impl, case: Case) -> list[str]:
+    if not case.cross or impl.cross:
+        return []
+    return [f"seq_q={case.seq_q} != seq_kv={case.seq_kv} (supported: equal lengths)"]
+
+
+def _gqa(impl: Impl, case: Case) -> list[str]:
+    if not case.gqa or impl.gqa:
+        return []
+    return [f"kv_heads={case.kv_heads} < heads={case.heads} (supported: kv_heads == heads)"]
+
+
+def _backward_pass(impl: Impl, case: Case) -> list[str]:
+    if not case.backward or impl.backward_on(case.device_type):
+        return []
+    return [impl._backward_reason(case)]
+
+
+def _mask(impl: Impl, case: Case) -> list[str]:
+    if case.mask in impl.masks or ANY[0] in impl.masks:
+        return []
+    return [f"mask={case.mask} (supported: {', '.join(impl.masks)})"]
+
+
+def _score_mod(impl: Impl, case: Case) -> list[str]:
+    modifier = case.score_mod.partition(":")[0]
+    if not modifier:
+        return []
+    if modifier in impl.score_mods or ANY[0] in impl.score_mods:
+        return lacking(MODS[modifier], impl.score_mod_needs, case.score_mod, case.backward)
+    supported = ", ".join(impl.score_mods) or "none"
+    return [f"score_mod={case.score_mod} (supported: {supported})"]
+
+
+def _align(impl: Impl, case: Case) -> list[str]:
+    if case.causal_align in impl.causal_align or not aligned_differently(case):
+        return []
+    return [f"causal_align={case.causal_align} (supported: {', '.join(impl.causal_align)})"]
+
+
+def _level(impl: Impl, case: Case) -> list[str]:
+    if impl.module and case.level != "layer":
+        return [f"level={case.level} (supported: layer; a module brings its own projections)"]
+    if impl.paged and case.level != "op":
+        return [f"level={case.level} (supported: op; a paged KV cache is an op input)"]
+    return []
+
+
+def _paged_backward(impl: Impl, case: Case) -> list[str]:
+    if not (impl.paged and case.backward and impl.backward_on(case.device_type)):
+        return []
+    return [f"mode={case.mode} (supported: fwd; a paged KV cache is read-only)"]
+
+
+def _sm(impl: Impl, case: Case) -> list[str]:
+    return impl._sm_reasons(case)
+
+
+CHECKS = (
+    _device,
+    _dtype,
+    _head_dim,
+    _causal,
+    _cross,
+    _gqa,
+    _backward_pass,
+    _mask,
+    _score_mod,
+    _align,
+    _level,
+    _paged_backward,
+    _sm,
+)
 
 
 def _cuda_visible() -> bool:
@@ -250,8 +303,7 @@ def _check_mask_param(impl: Impl) -> None:
 
 
 _IMPLS: dict[str, Impl] = {}
-_LOADED: set[str] = set()
-_current_source = ""
+_current_source = ""  # where the impls being registered come from (``registering_from``)
 
 
 def register(
@@ -298,7 +350,7 @@ def register(
     def decorate(fn: Callable) -> Callable:
         if module and paged:
             raise RegistryError(f"impl {name!r}: module=True takes x, not a paged KV cache")
-        missing = [(mod, cmd) for mod, cmd in (requires or {}).items() if not _importable(mod)]
+        missing = [(mod, cmd) for mod, cmd in (requires or {}).items() if not importable(mod)]
         why = [f"needs {mod}, which is not installed (install: {cmd})" for mod, cmd in missing]
         why += [unavailable] if unavailable and not missing else []
         fields = {k: v for k, v in declared.items() if k != "unmasked"} | dict(
@@ -326,6 +378,11 @@ def register(
     return decorate
 
 
+def impls() -> dict[str, Impl]:
+    """The registered impls by name (plugins.discover loads them first)."""
+    return dict(_IMPLS)
+
+
 def add(impl: Impl) -> None:
     if not impl.name or impl.name != impl.name.lower() or not impl.name.replace("_", "").isalnum():
         raise RegistryError(f"impl name {impl.name!r} must be short lowercase letters, digits, _")
@@ -336,6 +393,18 @@ def add(impl: Impl) -> None:
             f"{impl.source or 'this process'}; rename one of them"
         )
     _IMPLS[impl.name] = impl
+
+
+@contextlib.contextmanager
+def registering_from(source: str) -> Iterator[None]:
+    """The impls registered inside the block record ``source`` (a plugin's file, module or
+    entry point: ``origin``)."""
+    global _current_source
+    _current_source = source
+    try:
+        yield
+    finally:
+        _current_source = ""
 
 
 def _masks(name: str, masks: Iterable[str], unmasked: bool) -> tuple[str, ...]:
@@ -380,168 +449,12 @@ def _valid(name: str, what: str, values: Iterable[str], allowed: Iterable[str]) 
     return values
 
 
-def _importable(module: str) -> bool:
+def importable(module: str) -> bool:
+    """Whether ``module`` can be imported (found, not imported)."""
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         return False
-
-
-class PluginImportError(RegistryError):
-    """A plugin the user named (``--plugin``) failed to import."""
-
-
-def _load(
-    source: str, loader: Callable[[], object], fallback_name: str, named: str | None = None
-) -> None:
-    """Run ``loader`` with ``source`` recorded; a failure becomes an unavailable impl, or,
-    for a plugin the user ``named`` (a --plugin value), PluginImportError."""
-    global _current_source
-    if source in _LOADED:
-        return
-    _LOADED.add(source)
-    _current_source = source
-    try:
-        _run_plugin(loader)
-    except NameClash:
-        raise  # bad input: the user must rename one of the two
-    except Exception as exc:  # noqa: BLE001 - any other plugin failure is reported, not raised
-        error = one_line(f"{type(exc).__name__}: {exc}")
-        if named is not None:
-            _LOADED.discard(source)
-            if isinstance(exc, (ContractError, RegistryError)):  # it names what and the fix
-                raise PluginImportError(f"--plugin {named}: {exc}") from None
-            raise PluginImportError(
-                f"--plugin {named}: {source} failed to import ({error}); fix it or leave "
-                f"out this --plugin"
-            ) from None
-        name = "".join(c if c.isalnum() else "_" for c in fallback_name.lower()) or "plugin"
-        if name in _IMPLS:
-            name = f"{name}_plugin"
-        _IMPLS[name] = Impl(
-            name=name,
-            fn=None,
-            source=source,
-            unavailable=f"plugin {source} failed to import: {error}".strip(),
-        )
-    finally:
-        _current_source = ""
-
-
-def _run_plugin(loader: Callable[[], object]) -> None:
-    """Run a plugin's ``loader``, then each mask kind it registered on a small case (a bad one
-    is taken out of the registry again, and its ContractError raised)."""
-    before = set(KINDS)
-    loader()
-    added = [KINDS[name] for name in KINDS if name not in before]
-    try:
-        for kind in added:
-            for case in _small_cases(kind.name):
-                try_kind(kind, case)
-    except ContractError:
-        for kind in added:
-            KINDS.pop(kind.name, None)
-        raise
-
-
-def _small_cases(mask: str) -> list[Case]:
-    """Small self-attention cases of ``mask``, without and with causal, that its own checks
-    accept (none for a kind that needs more, such as a spec without a default: its rows say
-    what fails)."""
-    out = []
-    for causal in (False, True):
-        try:
-            out.append(
-                Case(batch=2, heads=2, kv_heads=2, seq_q=16, seq_kv=16, head_dim=8,
-                     causal=causal, mask=mask)
-            )  # fmt: skip
-        except CaseError:
-            continue
-    return out
-
-
-def _load_file(path: Path) -> None:
-    module_name = f"attnbench_plugin_{path.stem}_{abs(hash(str(path))) % 10**8}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-
-
-def plugin_source(spec: str) -> Path | str:
-    """A ``--plugin`` value as a file or folder path or a module name; CaseError if it is
-    none of them."""
-    path = Path(spec)
-    if path.suffix == ".py" or "/" in spec or path.exists():
-        if path.is_dir():
-            if not plugin_files(path):
-                raise CaseError(f"--plugin {spec}: the folder holds no .py file to load")
-            return path.resolve()
-        if not path.is_file():
-            raise CaseError(
-                f"--plugin {spec}: no such file (give a .py file, a folder of them or an "
-                f"importable module name)"
-            )
-        return path.resolve()
-    if not all(part.isidentifier() for part in spec.split(".")):
-        raise CaseError(f"--plugin {spec!r} is neither a file nor a module name")
-    if not _importable(spec):
-        raise CaseError(f"--plugin {spec}: no such file or importable module")
-    return spec
-
-
-def discover(
-    plugins: Iterable[str] = (), *, builtin: bool = True, entry_points: bool = True
-) -> dict[str, Impl]:
-    """Load the built-in impls, the drop-in folders, entry points and ``plugins``; return the
-    registry by name."""
-    if builtin:
-        package = importlib.import_module(BUILTIN_PACKAGE)
-        for info in pkgutil.iter_modules(package.__path__):
-            module = f"{BUILTIN_PACKAGE}.{info.name}"
-            _load(
-                f"{BUILTIN_PACKAGE}.{info.name}",
-                lambda m=module: importlib.import_module(m),
-                info.name,
-            )
-        root = checkout.root()
-        for path in plugin_files(root / DROP_IN) if root else []:
-            _load(str(path), lambda p=path: _load_file(p), path.stem)
-    if entry_points:
-        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            _load(f"entry point {ep.name} ({ep.value})", ep.load, ep.name)
-    for spec in plugins:
-        src = plugin_source(spec)
-        if isinstance(src, Path):
-            for path in plugin_files(src) if src.is_dir() else [src]:
-                _load(str(path), lambda p=path: _load_file(p), path.stem, named=spec)
-        else:
-            _load(f"module {src}", lambda m=src: importlib.import_module(m), src, named=spec)
-    return dict(_IMPLS)
-
-
-def unknown_hint(name: str, known: Iterable[str]) -> str:
-    """What to add to "unknown impl (or mask, score_mod) NAME": a close known name; else the
-    file of the working folder's impls/ that names it, where that folder is not loaded (an
-    installed attnbench, or another folder than the checkout's); else the --plugin hint."""
-    close = did_you_mean(name, known)
-    if close:
-        return close
-    here, root = Path(DROP_IN), checkout.root()
-    loaded = root is not None and here.resolve() == (root / DROP_IN).resolve()
-    for path in [] if loaded else plugin_files(here):
-        text = path.read_text(errors="replace")
-        if f'"{name}"' in text or f"'{name}'" in text:
-            return (
-                f"; {DROP_IN}/{path.name} names it, but only attnbench's own checkout loads "
-                f"its {DROP_IN}/ folder unasked: add --plugin {DROP_IN}/{path.name}"
-            )
-    return "; did you forget --plugin FILE (the file that registers it)?"
-
-
-def plugin_files(folder: Path) -> list[Path]:
-    """A plugin folder's modules: its .py files, but those named _*.py."""
-    return sorted(folder.resolve().glob("[!_]*.py")) if folder.is_dir() else []
 
 
 def origin(impl: Impl) -> str:

@@ -10,7 +10,7 @@ from attnbench.dims import DIMS
 from attnbench.masks import ALIGNS, KINDS, MASKS, MODS, canonical_mod
 from attnbench.masks.blocks import block_kinds, fits
 from attnbench.models import model as find_model
-from attnbench.registry import unknown_hint
+from attnbench.plugins import unknown_hint
 
 # --mask values: the masks (KIND or KIND:SPEC), and "causal" for mask none with causal true
 MASK_CHOICES = ("none", "causal", *MASKS[1:])
@@ -110,6 +110,7 @@ PRESETS: dict[str, dict] = {
 
 # the options that set a Spec's grid fields (flags and sweep-file keys of the same names)
 SPEC_OPTIONS = tuple(option for dim in DIMS for option in dim.options)
+CASE_FIELDS = tuple(dim.name for dim in DIMS if dim.field is None)  # a case's, one per dimension
 
 # the options that belong to mask kinds: each kind that takes one names it as its spec_flag
 KIND_OPTIONS = ("docs", "sparsity", "window")
@@ -259,47 +260,35 @@ class Spec:
         for align in self.causal_align:
             if align not in ALIGNS:
                 raise CaseError(f"unknown causal_align {align!r} (allowed: {', '.join(ALIGNS)})")
-        dtypes = [canonical_dtype(d) for d in self.dtype]
         out = []
-        mods = [self._score_mod(text) for text in self.score_mod]
-        for mode, dtype, level, (mask, causal, specs), d, b, h, mod in itertools.product(
-            self.mode,
-            dtypes,
-            self.level,
-            self._masks(),
-            self.head_dim,
-            self.batch,
-            self.heads,
-            mods,
-        ):
-            h = self.hidden // d if self.hidden else h
+        axes = {  # the grid's lists, the last varying fastest (seq_len fastest of all, below)
+            "mode": self.mode,
+            "dtype": [canonical_dtype(d) for d in self.dtype],
+            "level": self.level,
+            "mask": self._masks(),  # (mask, causal, its specs)
+            "head_dim": self.head_dim,
+            "batch": self.batch,
+            "heads": self.heads,
+            "score_mod": [self._score_mod(text) for text in self.score_mod],
+        }
+        for combo in itertools.product(*axes.values()):
+            point = dict(zip(axes, combo), device=self.device, model=model, phase=phase)
+            point["mask"], point["causal"], specs = point["mask"]
+            if self.hidden:
+                point["heads"] = self.hidden // point["head_dim"]
             # the alignment moves only a causal mask or a kind it places: others stay top-left
-            aligned = causal or KINDS[mask].aligned
+            aligned = point["causal"] or KINDS[point["mask"]].aligned
             aligns = self.causal_align if aligned else ["top_left"]
-            for align, hkv, s in itertools.product(aligns, self.kv_heads or [h], self.seq_len):
-                b = max(1, self.tokens // s) if self.tokens else b
-                for skv, spec in itertools.product(self.seq_len_kv or [s], specs):
-                    out.append(
-                        Case(
-                            batch=b,
-                            heads=h,
-                            kv_heads=hkv,
-                            seq_q=s,
-                            seq_kv=skv,
-                            head_dim=d,
-                            dtype=dtype,
-                            causal=causal,
-                            mode=mode,
-                            device=self.device,
-                            mask=mask,
-                            level=level,
-                            causal_align=align,
-                            model=model,
-                            phase=phase,
-                            pattern=spec,
-                            score_mod=mod,
-                        )
-                    )
+            kv_heads = self.kv_heads or [point["heads"]]
+            for point["causal_align"], point["kv_heads"], s in itertools.product(
+                aligns, kv_heads, self.seq_len
+            ):
+                point["seq_q"] = s
+                point["batch"] = max(1, self.tokens // s) if self.tokens else point["batch"]
+                for point["seq_kv"], point["pattern"] in itertools.product(
+                    self.seq_len_kv or [s], specs
+                ):
+                    out.append(Case(**{name: point[name] for name in CASE_FIELDS}))
         if not out:
             raise CaseError("the grid is empty: every list needs at least one value")
         return list(dict.fromkeys(out))  # drop duplicates, keep order

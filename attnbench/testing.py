@@ -1,17 +1,20 @@
 """Testing attention impls with attnbench, for plugin authors and for attnbench's own tests.
 
-    from attnbench import registry
+    from attnbench import plugins
     from attnbench.testing import conformance_cases, run_row
 
-    impl = registry.discover(["my_attn.py"])["my_attn"]
+    impl = plugins.discover(["my_attn.py"])["my_attn"]
     for case in conformance_cases(impl):
         row = run_row(impl, case)
         assert row["status"] == "unsupported" or row["agrees"], row["reason"]
 
 - ``FAST``: settings that check a row and time it for about a millisecond: for correctness
   tests, not for measuring.
-- ``run_row(impl, case)``: one row measured in this process, as a sweep measures it (the
-  float64 reference, the agreement rule, the timing rounds, the memory pass): the CSV row.
+- ``run_row(impl, case)``: one row measured in this process, as a sweep measures it, by the
+  sweep's own worker (run/worker.py: the float64 reference, the agreement rule, the timing
+  rounds interleaved with the speed anchor, the memory pass): the CSV row.
+  ``run_rows(impls, case, baseline)``: a case's rows, timed in the same rounds, each paired
+  with the ``baseline``'s (``speedup``).
 - ``conformance_cases(impl)``: a small grid every impl is held to (GQA, causal in both
   alignments, a cross-length case, padding, a window, bfloat16, forward and backward), within
   the head dims, dtypes and GQA ``impl`` declares; an impl skips a case by its own reasons
@@ -24,12 +27,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import replace
 
-from attnbench import registry
+from attnbench import plugins, registry
 from attnbench.case import Case
 from attnbench.masks import KINDS, MODS
 from attnbench.measure.timing import TimerConfig
-from attnbench.run.row import Prepared, Settings
+from attnbench.run.local import InProcess
+from attnbench.run.row import Settings
+from attnbench.run.worker import Worker, WorkerSpec
 
 FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 
@@ -37,7 +43,25 @@ FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 def run_row(impl: registry.Impl, case: Case, seed: int = 0, settings: Settings = FAST) -> dict:
     """``impl``'s row of ``case``: status, reason, agreement and metrics, as results.csv has
     them (a failure is a row with its status and reason, never an exception)."""
-    return Prepared(case, seed, settings).measure(impl).row
+    return run_rows([impl], case, seed=seed, settings=settings)[impl.name]
+
+
+def run_rows(
+    impls: list[registry.Impl],
+    case: Case,
+    baseline: registry.Impl | None = None,
+    seed: int = 0,
+    settings: Settings = FAST,
+) -> dict[str, dict]:
+    """Each impl's row of ``case`` by name, as a sweep's worker gives them, in this process
+    (whose allocator is left as it is)."""
+    settings = replace(settings, malloc_tunables=False)
+    spec = WorkerSpec(seed=seed, settings=settings, device=case.device)
+    worker = Worker(spec, InProcess(spec))
+    try:
+        return {m.row["impl"]: m.row for m in worker.run_case(case, impls, baseline)}
+    finally:
+        worker.close()
 
 
 def conformance_cases(impl: registry.Impl | None = None, device: str = "cpu") -> list[Case]:
@@ -71,11 +95,11 @@ def registered() -> Iterator[None]:
     """Registrations inside the block (impls, loaded plugin files, mask kinds, score
     modifiers) are undone after it; the built-ins are loaded first, as a module imported
     once never registers again."""
-    registry.discover()
-    saved = dict(registry._IMPLS), set(registry._LOADED), dict(KINDS), dict(MODS)
+    plugins.discover()
+    saved = dict(registry._IMPLS), set(plugins._LOADED), dict(KINDS), dict(MODS)
     try:
         yield
     finally:
-        for live, before in zip((registry._IMPLS, registry._LOADED, KINDS, MODS), saved):
+        for live, before in zip((registry._IMPLS, plugins._LOADED, KINDS, MODS), saved):
             live.clear()
             live.update(before)

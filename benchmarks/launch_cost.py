@@ -34,8 +34,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
-from attnbench import registry  # noqa: E402
+from attnbench import plugins  # noqa: E402
 from attnbench.case import Case  # noqa: E402
 from attnbench.run.call import Call  # noqa: E402
 from attnbench.run.inputs import make_inputs  # noqa: E402
@@ -101,7 +100,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("launch_cost.py: needs a CUDA GPU; none is visible to torch", file=sys.stderr)
         return 2
-    impls = registry.discover()
+    impls = plugins.discover()
     unknown = [n for n in args.impls.split(",") if n not in impls]
     if unknown:
         print(f"launch_cost.py: unknown impl(s) {', '.join(unknown)}", file=sys.stderr)

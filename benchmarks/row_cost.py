@@ -23,8 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
-from attnbench import registry  # noqa: E402
+from attnbench import plugins  # noqa: E402
 from attnbench.case import Case  # noqa: E402
 from attnbench.measure.timing import TimerConfig  # noqa: E402
 from attnbench.run.local import InProcess, Subprocess  # noqa: E402
@@ -50,7 +49,7 @@ def tiny_cases(rows: int) -> list[Case]:
 
 def per_row_s(executor: str, rows: int) -> float:
     """Seconds per tiny row, the executor already started and warm."""
-    impls = registry.discover()
+    impls = plugins.discover()
     sdpa = impls["sdpa"]
     spec = WorkerSpec(settings=Settings(timer=TimerConfig(rep_ms=REP_MS)))
     ex = Worker(spec, Subprocess(spec) if executor == "subprocess" else InProcess(spec))

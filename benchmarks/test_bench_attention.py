@@ -12,7 +12,7 @@ answers "did it get slower?".
 import pytest
 import torch
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.case import Case
 from attnbench.registry import Unsupported
 from attnbench.run.call import Call
@@ -79,7 +79,7 @@ CASES = {
         ),
     ],
 }
-IMPLS = registry.discover()
+IMPLS = plugins.discover()
 
 
 COMPILE_ON_CPU = (  # the test run's check that each benchmark runs; measuring runs it

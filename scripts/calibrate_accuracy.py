@@ -47,7 +47,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from attnbench import registry
+from attnbench import plugins, registry
 from attnbench.case import Case
 from attnbench.dims import DIMS
 from attnbench.masks import ALIGNS, ANY, MODS, ScoreMod, register_mod
@@ -457,7 +457,7 @@ def calibration_mods():
 
 def population(shapes, seeds, dtypes, device, progress=True) -> pd.DataFrame:
     """Every row of ``case_rows`` over shapes x seeds x dtypes."""
-    impls = registry.discover(entry_points=False) | {KEY_BY_KEY.name: KEY_BY_KEY}
+    impls = plugins.discover(entry_points=False) | {KEY_BY_KEY.name: KEY_BY_KEY}
     rows, t0 = [], time.time()
     with calibration_mods():
         for dt in dtypes:

@@ -1,5 +1,7 @@
+import json
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,8 +29,7 @@ def _threads_per_worker() -> int | None:
 # torch is set in pytest_configure)
 if (_threads := _threads_per_worker()) is not None:
     os.environ["OMP_NUM_THREADS"] = str(_threads)
-
-from attnbench import registry, testing  # noqa: E402
+from attnbench import plugins, testing  # noqa: E402
 from attnbench.run import heap  # noqa: E402
 
 
@@ -38,13 +39,13 @@ def pytest_configure(config):
     garbage collection then skips torch and the impls' libraries."""
     if _threads is not None:
         torch.set_num_threads(_threads)
-    registry.discover()
+    plugins.discover()
     heap.freeze_startup()
 
 
 @pytest.fixture(scope="session")
 def impls():
-    return registry.discover()
+    return plugins.discover()
 
 
 @pytest.fixture
@@ -55,28 +56,56 @@ def registered():
         yield
 
 
-# the test files that take longest on 2 CPU cores (their module fixtures run whole sweeps and
-# reports: `pytest --durations`), longest first. They are handed out first (pyproject's addopts:
-# --dist loadfile --no-loadscope-reorder), so that the parallel workers finish together: last,
-# one would run alone for a minute. A file missing here only runs in its usual order.
-LONGEST_FIRST = (
-    "test_documented_commands.py",
-    "test_ray.py",
-    "test_cli_smoke.py",
-    "test_faults.py",
-    "test_rounds_report.py",
-    "test_accuracy_calibration.py",
-    "test_rounds.py",
-    "test_triton_hopper.py",
-    "test_kernel_lab.py",
-    "test_mask_kinds.py",
-    "test_report.py",
-)
+# The test files are handed out longest first (pyproject's addopts: --dist loadfile
+# --no-loadscope-reorder), so that the parallel workers finish together: last, one would run
+# alone for a minute. Each file's seconds come from the last run in this checkout (pytest's
+# cache, written after every run), else from DURATIONS (written by a full run with
+# --store-durations); a file in neither runs in its usual order.
+DURATIONS = Path(__file__).with_name("durations.json")
+CACHE_KEY = "attnbench/file_seconds"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--store-durations",
+        action="store_true",
+        help=f"write each test file's seconds to {DURATIONS.name} (the order of a fresh run)",
+    )
+
+
+def file_seconds(config) -> dict[str, float]:
+    """Each test file's seconds in the last run that timed it."""
+    cache = getattr(config, "cache", None)  # None with -p no:cacheprovider
+    cached = cache.get(CACHE_KEY, None) if cache else None
+    if cached:
+        return cached
+    return json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+
+
+_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """A test's phases (setup, call, teardown) add to its file's seconds."""
+    name = report.nodeid.split("::")[0]  # its file, from the repository's root
+    _SECONDS[name] = _SECONDS.get(name, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    if os.environ.get("PYTEST_XDIST_WORKER") or not _SECONDS:
+        return  # the controller (or a run without xdist) keeps the seconds
+    config = session.config
+    seconds = {**file_seconds(config), **{k: round(v, 1) for k, v in _SECONDS.items()}}
+    seconds = {k: v for k, v in seconds.items() if (config.rootpath / k).is_file()}  # not gone
+    if getattr(config, "cache", None):
+        config.cache.set(CACHE_KEY, seconds)
+    if config.getoption("store_durations"):
+        DURATIONS.write_text(json.dumps(dict(sorted(seconds.items())), indent=1) + "\n")
 
 
 def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest as found
+    seconds = file_seconds(config)
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))  # stable
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; none is visible to torch")

@@ -9,12 +9,12 @@ import os
 
 import pytest
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.case import Case
 from attnbench.measure import allocator, timing
 from attnbench.measure.timing import TimerConfig
-from attnbench.run.inputs import make_inputs
-from attnbench.run.row import Settings, ground_truth, measure
+from attnbench.run.row import Settings
+from attnbench.testing import run_row
 
 glibc = pytest.mark.skipif(not allocator.is_glibc(), reason="glibc only")
 LARGE_BYTES = 64 * 2**20  # above glibc's default mmap threshold, which grows to 32 MiB at most
@@ -106,11 +106,8 @@ def test_with_the_thresholds_pinned_in_process_a_large_block_stays_in_the_heap()
 def test_a_row_with_faults_inside_the_timing_records_and_flags_them(monkeypatch):
     count = iter(range(0, 10**9, 5000))  # each reading 5000 faults later than the last
     monkeypatch.setattr(timing, "minor_faults", lambda: next(count))
-    impl = registry.discover(entry_points=False)["naive"]
+    impl = plugins.discover(entry_points=False)["naive"]
     case = Case(batch=1, heads=2, kv_heads=2, seq_q=32, seq_kv=32, head_dim=16)
-    inputs = make_inputs(case, 0)
-    row = measure(
-        impl, case, inputs, ground_truth(case, inputs), Settings(TimerConfig(rep_ms=1.0))
-    ).row
+    row = run_row(impl, case, settings=Settings(TimerConfig(rep_ms=1.0)))
     assert row["status"] == "ok" and row["page_faults"] > 0
     assert f"page faults inside the timing: {row['page_faults']:.0f} per call" in row["reason"]

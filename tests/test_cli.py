@@ -358,7 +358,7 @@ def test_help_names_every_command_and_version_says_which_attnbench(capsys):
 
 
 def test_row_lines_shorten_a_long_reason_between_words():
-    from attnbench.run.writer import _outcome
+    from attnbench.run.progress import _outcome
 
     reason = " ".join(f"word{i:03d}" for i in range(60))  # 479 characters, cut anywhere
     line = _outcome({"status": "error", "reason": reason})

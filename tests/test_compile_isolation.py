@@ -6,12 +6,10 @@ import textwrap
 import pytest
 import torch._dynamo
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.case import Case
 from attnbench.measure import compiling
-from attnbench.run.inputs import make_inputs
-from attnbench.run.row import ground_truth, measure
-from attnbench.testing import FAST
+from attnbench.testing import FAST, run_rows
 
 FLEX_COPY = """
 from torch.nn.attention.flex_attention import flex_attention
@@ -49,15 +47,14 @@ def test_dynamo_is_reset_only_when_another_compiled_impl_ran_last(monkeypatch):
 def test_a_compiled_flex_plugin_after_flex_compiles_its_own_code_and_agrees(tmp_path):
     plugin = tmp_path / "flex_copy.py"
     plugin.write_text(textwrap.dedent(FLEX_COPY))
-    impls = registry.discover([str(plugin)], entry_points=False)
+    impls = plugins.discover([str(plugin)], entry_points=False)
     for case in (
         Case(1, 2, 1, 128, 128, 16, causal=True),
         Case(1, 2, 1, 128, 128, 16, mask="window", pattern="32", causal=True),
     ):
-        inputs = make_inputs(case, 0)
-        truth = ground_truth(case, inputs)
+        rows = run_rows([impls["flex"], impls["flex_copy"]], case, settings=FAST)
         for name in ("flex", "flex_copy"):
-            row = measure(impls[name], case, inputs, truth, FAST).row
+            row = rows[name]
             assert row["status"] == "ok" and row["agrees"] is True, (name, row["reason"])
             # its first call compiled: it did not run the code flex compiled just before
             assert row["compile_ms"] > 0 and "reused code" not in (row["reason"] or "")

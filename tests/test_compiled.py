@@ -9,13 +9,13 @@ import textwrap
 import pytest
 import torch
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.case import Case
 from attnbench.measure.compiling import Watch, compile_events, eagerly
 from attnbench.measure.timing import TimerConfig
 from attnbench.run.call import Call
 from attnbench.run.inputs import make_inputs
-from attnbench.run.row import Settings, ground_truth, measure
+from attnbench.run.row import Settings
 from attnbench.testing import run_row
 
 SHAPE = dict(batch=2, heads=4, kv_heads=2, seq_q=80, seq_kv=72, head_dim=16)
@@ -119,11 +119,10 @@ def recompiling(q, k, v, *, causal, scale):
 def test_a_recompile_inside_the_timing_pass_is_flagged(tmp_path):
     path = tmp_path / "recompiling.py"
     path.write_text(textwrap.dedent(RECOMPILING))
-    impl = registry.discover([str(path)], builtin=False, entry_points=False)["recompiling"]
+    impl = plugins.discover([str(path)], builtin=False, entry_points=False)["recompiling"]
     case = Case(batch=1, heads=2, kv_heads=2, seq_q=16, seq_kv=16, head_dim=8)
-    inputs = make_inputs(case, 0)
     settings = Settings(TimerConfig(rep_ms=100.0, min_samples=1))  # rounds of many calls
-    row = measure(impl, case, inputs, ground_truth(case, inputs), settings).row
+    row = run_row(impl, case, settings=settings)
     assert row["status"] == "ok", row["reason"]
     assert row["compile_ms"] > 0
     assert row["recompiled"] is True

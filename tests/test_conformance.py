@@ -5,11 +5,11 @@ alignment it does not declare, the layer level), which the skip shows."""
 
 import pytest
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.case import Case
 from attnbench.testing import conformance_cases, run_row
 
-IMPLS = registry.discover()
+IMPLS = plugins.discover()
 # torch.compile impls compile each shape (seconds each): the default run keeps their own tests
 # (test_compiled.py, test_mask_kinds.py), the grid runs with -m ""
 NAMES = [pytest.param(n, marks=pytest.mark.slow) if IMPLS[n].compiled else n for n in sorted(IMPLS)]

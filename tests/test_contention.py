@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 from synth import env, ok_row, write_run
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.case import Case
 from attnbench.measure import ceilings, contention, timing
 from attnbench.measure.contention import Contention, Usage, between
 from attnbench.measure.timing import TimerConfig
 from attnbench.report.checks import checks_section
 from attnbench.report.header import header_lines
-from attnbench.run.inputs import make_inputs
-from attnbench.run.row import Settings, ground_truth, measure
+from attnbench.run.row import Settings
 from attnbench.store.results import read_results
+from attnbench.testing import run_row
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,12 +82,9 @@ def test_a_timed_loop_sharing_its_cpu_with_a_busy_process_is_contended():
 
 def test_a_contended_row_records_its_share_and_says_so(monkeypatch):
     monkeypatch.setattr(timing.contention, "between", lambda *a: Contention(0.3, 0.6, 2))
-    impl = registry.discover(entry_points=False)["naive"]
+    impl = plugins.discover(entry_points=False)["naive"]
     case = Case(batch=1, heads=2, kv_heads=2, seq_q=32, seq_kv=32, head_dim=16)
-    inputs = make_inputs(case, 0)
-    row = measure(
-        impl, case, inputs, ground_truth(case, inputs), Settings(TimerConfig(rep_ms=1.0))
-    ).row
+    row = run_row(impl, case, settings=Settings(TimerConfig(rep_ms=1.0)))
     # the share of several timed slices is their wall-weighted mean: 0.3 up to rounding
     assert row["status"] == "ok" and row["cpu_share"] == pytest.approx(0.3)
     assert row["contended"] is True

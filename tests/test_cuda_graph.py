@@ -10,9 +10,9 @@ from attnbench.case import Case
 from attnbench.cli import main
 from attnbench.measure.cuda_graph import GraphCaptureError, capture
 from attnbench.measure.timing import TimerConfig, time_fn
-from attnbench.run.inputs import make_inputs
-from attnbench.run.row import Settings, ground_truth, measure
+from attnbench.run.row import Settings
 from attnbench.store.schema import COLUMNS, METRICS
+from attnbench.testing import run_row
 
 GRAPHED = Settings(TimerConfig(rep_ms=5.0, cuda_graph=True))
 
@@ -32,7 +32,7 @@ def test_the_cpu_timer_refuses_a_graph():
 
 def test_backward_modes_are_not_captured_and_say_why(impls):
     c = Case(batch=1, heads=2, kv_heads=2, seq_q=32, seq_kv=32, head_dim=16, mode="fwd_bwd")
-    row = measure(impls["sdpa"], c, None, None, GRAPHED).row
+    row = run_row(impls["sdpa"], c, settings=GRAPHED)
     assert row["status"] == "unsupported"
     assert row["reason"] == (
         "mode=fwd_bwd with --cuda-graph (supported: fwd; a backward is not captured)"
@@ -84,8 +84,7 @@ def test_a_decode_row_timed_by_graph_replay_agrees_and_says_so(impls, name):
         causal_align="bottom_right",
         device="cuda",
     )
-    inputs = make_inputs(c, 0)
-    row = measure(impl, c, inputs, ground_truth(c, inputs), GRAPHED).row
+    row = run_row(impl, c, settings=GRAPHED)
     assert row["status"] in ("ok", "unsupported"), row["reason"]
     if row["status"] == "ok":
         assert row["agrees"] is True and row["cuda_graph"] is True, row["reason"]

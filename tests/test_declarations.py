@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from attnbench import registry
+from attnbench import plugins, registry
 from attnbench.case import Case
 from attnbench.testing import run_row
 
@@ -76,7 +76,7 @@ def plugin(tmp_path, registered):
         def __missing__(self, name):
             path = tmp_path / f"{name}_plugin.py"
             path.write_text(textwrap.dedent(LIBRARY + PLUGINS[name]))
-            return registry.discover([str(path)], builtin=False, entry_points=False)[name]
+            return plugins.discover([str(path)], builtin=False, entry_points=False)[name]
 
     return Loaded()
 

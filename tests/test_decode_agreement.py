@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch.nn.functional as F
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.case import Case
 from attnbench.measure import agreement
 from attnbench.run.call import Call
@@ -19,7 +19,7 @@ from attnbench.run.inputs import make_inputs
 from attnbench.run.row import ground_truth
 
 IMPLS = ("sdpa", "naive", "tiled")
-BUILTIN = registry.discover(entry_points=False)
+BUILTIN = plugins.discover(entry_points=False)
 
 
 def decode(heads, kv_heads, seq_kv, head_dim):

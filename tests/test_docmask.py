@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.case import Case, CaseError
 from attnbench.cli import main
 from attnbench.measure import reference
@@ -184,7 +184,7 @@ def test_a_leak_into_the_previous_document_disagrees(tmp_path):
             return s.masked_fill(~keep, float("-inf")).softmax(-1) @ v
     """)
     )
-    impl = registry.discover([str(path)], builtin=False, entry_points=False)["leaky"]
+    impl = plugins.discover([str(path)], builtin=False, entry_points=False)["leaky"]
     row = run_row(impl, doc_case("fixed:24"))
     assert row["status"] == "ok" and row["agrees"] is False
     assert "disagrees with the float64 reference" in row["reason"]
@@ -204,7 +204,7 @@ def test_xformers_takes_documents_on_cuda_only(impls):
 @pytest.mark.gpu  # xformers builds its bias in pinned memory, which needs CUDA
 def test_xformers_block_diagonal_bias_is_the_document_rule():
     pytest.importorskip("xformers.ops.fmha.attn_bias")
-    from attnbench.impls.xformers import document_bias
+    from attnbench.impls.xformers_mea import document_bias
 
     for causal in (False, True):
         pattern = make_inputs(doc_case("uniform:5-30", seq=48, causal=causal), 0).mask.pattern

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import torch
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.cli import COMMANDS, main
 from attnbench.options import load_config
 from attnbench.spec import GPU_PRESETS
@@ -137,7 +137,7 @@ def shrink(argv: list[str], compiled: bool) -> list[str]:
 
 
 def _compiles(name: str) -> bool:
-    impl = registry.discover().get(name)
+    impl = plugins.discover().get(name)
     return bool(impl and impl.compiled)
 
 

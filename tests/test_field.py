@@ -13,7 +13,7 @@ import pytest
 import torch
 from fake_attention_libs import fake_flash_attn, fake_flashinfer
 
-from attnbench import registry
+from attnbench import plugins, registry
 from attnbench.case import Case
 from attnbench.cli import list_impls
 from attnbench.testing import run_row
@@ -39,7 +39,7 @@ MODULE = {  # impl -> (module it imports, its stand-in)
 
 def impl_module(name: str):
     """An impl module, imported by discovery (so its impls keep their source)."""
-    registry.discover()
+    plugins.discover()
     return importlib.import_module(f"attnbench.impls.{name}")
 
 

@@ -10,7 +10,8 @@ from attnbench.measure.profiling import profile_fn
 from attnbench.measure.timing import TimerConfig, time_fn
 from attnbench.run.call import Call
 from attnbench.run.inputs import make_inputs
-from attnbench.run.row import Settings, ground_truth, measure
+from attnbench.run.row import Settings
+from attnbench.testing import run_row
 
 pytestmark = pytest.mark.gpu
 GPU_IMPLS = ["naive", "sdpa", "tiled", "triton_flash", "xformers"]
@@ -44,10 +45,7 @@ def test_every_gpu_impl_agrees_or_says_why_not(impls, name, case):
     impl = impls[name]
     if not impl.available:
         pytest.skip(impl.unavailable)
-    inputs = make_inputs(case, 0)
-    row = measure(
-        impl, case, inputs, ground_truth(case, inputs), Settings(TimerConfig(rep_ms=20))
-    ).row
+    row = run_row(impl, case, settings=Settings(TimerConfig(rep_ms=20)))
     assert row["status"] in ("ok", "unsupported"), row["reason"]
     if row["status"] == "ok":
         assert row["agrees"] is True, row["reason"]

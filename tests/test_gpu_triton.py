@@ -2,7 +2,7 @@
 kernel is right on hardware: head dims 40, 80, 96 and 256 (padded tiles), bottom-right causal,
 one query row (Sq = 1, decoding), GQA, Sq > Skv, and packed sequences of different lengths.
 
-Dense cases go through the harness itself (registry, autotuning, ``row.measure`` and its
+Dense cases go through the harness itself (registry, autotuning, ``testing.run_row`` and its
 agreement rule against the float64 reference); packed sequences call the kernel's varlen
 entry and compare each sequence with its own float64 reference. All are marked ``gpu``
 (skipped without CUDA) and match ``-k triton`` (scripts/gpu_check.sh's tests-triton stage).
@@ -18,8 +18,8 @@ from attnbench.masks import Mask
 from attnbench.measure.agreement import rule
 from attnbench.measure.reference import magnitude, reference
 from attnbench.measure.timing import TimerConfig
-from attnbench.run.inputs import make_inputs
-from attnbench.run.row import Settings, ground_truth, measure
+from attnbench.run.row import Settings
+from attnbench.testing import run_row
 
 pytestmark = pytest.mark.gpu
 
@@ -51,9 +51,7 @@ def test_triton_flash_hard_cases_agree_on_the_gpu(
         causal=causal, causal_align=align, mode=mode, device="cuda",
     )  # fmt: skip
     assert impl.reasons(case) == []
-    inputs = make_inputs(case, 0)
-    settings = Settings(TimerConfig(rep_ms=5))
-    row = measure(impl, case, inputs, ground_truth(case, inputs), settings).row
+    row = run_row(impl, case, settings=Settings(TimerConfig(rep_ms=5)))
     assert row["status"] == "ok", row["reason"]
     assert row["agrees"] is True, row["reason"]
 

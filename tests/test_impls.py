@@ -9,15 +9,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnbench import registry
+from attnbench import plugins, registry
 from attnbench.case import Case
 from attnbench.measure.memory import peak_mem_mib
 from attnbench.measure.timing import TimerConfig
 from attnbench.run.call import Call
 from attnbench.run.inputs import make_inputs
 from attnbench.run.layer import layer_reference
-from attnbench.run.row import Settings, ground_truth, measure
-from attnbench.testing import FAST, run_row
+from attnbench.run.row import Settings
+from attnbench.testing import FAST, run_row, run_rows
 
 SHAPES = [  # (heads, kv_heads, seq_q, seq_kv, head_dim)
     (2, 2, 64, 64, 32),
@@ -183,7 +183,7 @@ def test_agreement_rule_catches_a_wrong_impl(tmp_path, bug):
             return s.masked_fill(~({keep}), float("-inf")).softmax(-1) @ v
     """)
     )
-    impl = registry.discover([str(path)], builtin=False, entry_points=False)[bug]
+    impl = plugins.discover([str(path)], builtin=False, entry_points=False)[bug]
     row = run_row(impl, case)
     assert row["status"] == "ok", row["reason"]
     assert row["agrees"] is False
@@ -207,7 +207,7 @@ def test_a_row_failing_only_max_abs_carries_its_bound_and_names_it(tmp_path):
             return out
     """)
     )
-    impl = registry.discover([str(path)], builtin=False, entry_points=False)["one_element"]
+    impl = plugins.discover([str(path)], builtin=False, entry_points=False)["one_element"]
     case = Case(batch=1, heads=2, kv_heads=2, seq_q=64, seq_kv=64, head_dim=32)
     row = run_row(impl, case)
     assert row["status"] == "ok" and row["agrees"] is False
@@ -278,10 +278,10 @@ LAYER_IMPLS = ["naive", "sdpa", "sdpa_flash", "sdpa_math", "tiled"]
 )
 def test_layer_level_agrees_and_every_impl_gives_the_same_output(impls, case):
     inputs = make_inputs(case, 0)
-    truth = ground_truth(case, inputs)
+    rows = run_rows([impls[name] for name in LAYER_IMPLS], case, settings=FAST)
     outs = {}
     for name in LAYER_IMPLS:
-        row = measure(impls[name], case, inputs, truth, FAST).row
+        row = rows[name]
         assert row["status"] == "ok" and row["agrees"] is True, (name, row["reason"])
         outs[name] = Call.prepare(impls[name], case, inputs).check()
     first, *others = outs.values()
@@ -386,9 +386,8 @@ def test_noisy_samples_and_a_ceiling_below_the_rate_are_said_in_the_reason():
 
     impl = registry.Impl(name="jumpy", fn=jumpy)
     case = Case(batch=1, heads=2, kv_heads=2, seq_q=32, seq_kv=32, head_dim=16)
-    inputs = make_inputs(case, 0)
     settings = Settings(TimerConfig(rep_ms=40, min_samples=10), matmul_tflops={"float32": 1e-9})
-    row = measure(impl, case, inputs, ground_truth(case, inputs), settings).row
+    row = run_row(impl, case, settings=settings)
     assert row["status"] == "ok" and row["agrees"] is True
     assert "noisy: the p20-p80 spread" in row["reason"]
     assert row["pct_peak"] > 100 and "above the measured ceilings" in row["reason"]

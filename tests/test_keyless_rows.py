@@ -5,7 +5,7 @@ on the CPU: exactly zero in those rows, and the harness's verdict (agreement.jud
 import pytest
 import torch
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.case import Case
 from attnbench.measure import agreement
 from attnbench.run.call import Call
@@ -13,7 +13,7 @@ from attnbench.run.inputs import make_inputs
 from attnbench.run.row import ground_truth
 
 SHAPES = [(37, 1), (20, 8)]  # (seq_q, seq_kv): 36 and 12 keyless rows
-BUILTIN = registry.discover(entry_points=False)
+BUILTIN = plugins.discover(entry_points=False)
 
 
 def keyless_case(seq_q, seq_kv, mode):

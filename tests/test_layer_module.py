@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnbench import registry
+from attnbench import plugins, registry
 from attnbench.case import Case
 from attnbench.module_layout import LayerModule
 from attnbench.run.call import Call
@@ -149,7 +149,7 @@ def test_the_plugin_guide_module_example_agrees(register, tmp_path):
     block = next(b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "module=" in b)
     path = tmp_path / "module_example.py"
     path.write_text(block)
-    registry._load_file(path)
+    plugins._load_file(path)
     for c in (case(), case(causal=False, mode="fwd")):
         r = run_row(registry._IMPLS["my_module"], c)
         assert r["status"] == "ok" and r["agrees"] is True, r["reason"]

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnbench import registry
+from attnbench import plugins, registry
 from attnbench.case import Case
 from attnbench.module_layout import LayerModule, ModuleLayout, QKNorm
 from attnbench.run.call import Call
@@ -50,18 +50,22 @@ def expand(t: torch.Tensor, group: int, order: str) -> torch.Tensor:
 
 
 class Block(torch.nn.Module):
-    """A model's attention module: biases, an RMSNorm (torch.nn.RMSNorm) over each head of q
-    and of k, GQA in ``order``; ``bug`` plants one mistake."""
+    """A model's attention module: biases, an RMSNorm (torch.nn.RMSNorm; ``layer_norm``: a
+    LayerNorm, with a bias) over each head of q and of k, GQA in ``order``; ``bug`` plants one
+    mistake."""
 
-    def __init__(self, c: Case, norm: bool = True, order: str = "grouped", bug: str = ""):
+    def __init__(
+        self, c: Case, norm: bool = True, order: str = "grouped", bug: str = "", layer_norm=False
+    ):
         super().__init__()
         dm, dkv, D = c.d_model, c.kv_heads * c.head_dim, c.head_dim
         self.group, self.D, self.causal = c.heads // c.kv_heads, D, c.causal
         self.order, self.bug = order, bug
         self.q_proj, self.o_proj = torch.nn.Linear(dm, dm), torch.nn.Linear(dm, dm)
         self.k_proj, self.v_proj = torch.nn.Linear(dm, dkv), torch.nn.Linear(dm, dkv)
-        self.q_norm = torch.nn.RMSNorm(D, eps=1e-6) if norm else None
-        self.k_norm = torch.nn.RMSNorm(D, eps=1e-6) if norm else None
+        kind = torch.nn.LayerNorm if layer_norm else torch.nn.RMSNorm
+        self.q_norm = kind(D, eps=1e-6) if norm else None
+        self.k_norm = kind(D, eps=1e-6) if norm else None
 
     def forward(self, x):  # (B, S, d_model) -> (B, S, d_model)
         B, S, _ = x.shape
@@ -124,7 +128,7 @@ def torch_mha(register, tmp_path):
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     path = tmp_path / "torch_mha.py"
     path.write_text(next(b for b in blocks if "@register(" in b and "MultiheadAttention(" in b))
-    registry._load_file(path)
+    plugins._load_file(path)
     return registry._IMPLS["torch_mha"]
 
 
@@ -167,6 +171,13 @@ def test_a_fused_weight_of_the_wrong_size_is_an_error_never_a_number(torch_mha):
 )
 def test_a_module_with_biases_and_qk_norms_agrees(register, c):
     r = run_row(register("block", blocks(), module=True), c)
+    assert r["status"] == "ok" and r["agrees"] is True, r["reason"]
+
+
+def test_a_module_whose_qk_norms_have_biases_agrees(register):
+    """LayerNorms over each head of q and k: their weights and biases are seeded and hosted
+    like every other part, so the module and the reference share them."""
+    r = run_row(register("block_ln", blocks(layer_norm=True), module=True), case())
     assert r["status"] == "ok" and r["agrees"] is True, r["reason"]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnbench import masks, registry
+from attnbench import masks, plugins, registry
 from attnbench.case import Case, CaseError
 from attnbench.masks import KINDS, MODS
 from attnbench.options import OPTIONS
@@ -33,7 +33,7 @@ CASES = {
 
 
 def impl(name):
-    return registry.discover()[name]
+    return plugins.discover()[name]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -276,7 +276,7 @@ def test_a_sliding_window_with_sinks_is_one_plugin_file():
     why not."""
     plugin = Path(__file__).parent / "plugins" / "sinks.py"
     with registered():
-        registry.discover([str(plugin)])
+        plugins.discover([str(plugin)])
         # S64: where torch's compiled CPU FlexAttention is right (see the tests above)
         shape = {**BASE, "seq_q": 64, "seq_kv": 64}
         case = Case(**shape, causal=True, mask="sliding_window_with_sinks", pattern="8:2")

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from attnbench import registry
+from attnbench import plugins, registry
 from attnbench.case import Case
 from attnbench.cli import main
 from attnbench.masks import KINDS, MODS, Layout, MaskKind, ScoreMod, canonical_mod, register_mod
@@ -33,10 +33,10 @@ GUIDE = ROOT / "docs" / "plugins.md"
 def registries(monkeypatch):
     """Whatever a test registers (kinds, modifiers, impls, loaded plugin files) is gone after;
     the built-ins are loaded first, as a module imported once never registers again."""
-    registry.discover()
+    plugins.discover()
     kinds, mods = dict(KINDS), dict(MODS)
     monkeypatch.setattr(registry, "_IMPLS", dict(registry._IMPLS))
-    monkeypatch.setattr(registry, "_LOADED", set(registry._LOADED))
+    monkeypatch.setattr(plugins, "_LOADED", set(plugins._LOADED))
     yield
     KINDS.clear()
     KINDS.update(kinds)
@@ -242,7 +242,7 @@ def test_a_bad_plugin_kind_or_modifier_is_one_line_exit_2_nothing_written(
 def test_attnbench_list_names_every_kind_and_modifier_and_where_it_came_from(registries, tmp_path):
     path = tmp_path / "hardcap.py"
     path.write_text(guide_block("register_mod"))
-    registry.discover([str(path)], builtin=False, entry_points=False)
+    plugins.discover([str(path)], builtin=False, entry_points=False)
     table = masks_table()
     lines = {line.split()[1].split("[")[0]: line for line in table.splitlines() if line[0] == "-"}
     assert set(lines) == {*KINDS, *MODS}
@@ -261,7 +261,7 @@ def test_attnbench_list_names_every_kind_and_modifier_and_where_it_came_from(reg
     ],
 )
 def test_an_unknown_name_gets_a_close_name_or_the_plugin_hint(name, hint):
-    assert registry.unknown_hint(name, KINDS) == hint
+    assert plugins.unknown_hint(name, KINDS) == hint
 
 
 def test_a_name_in_the_working_folders_impls_that_is_not_loaded_names_the_plugin_flag(
@@ -270,9 +270,9 @@ def test_a_name_in_the_working_folders_impls_that_is_not_loaded_names_the_plugin
     (tmp_path / "impls").mkdir()
     (tmp_path / "impls" / "mine.py").write_text('@register("my_attn")\ndef f(q, k, v): ...\n')
     monkeypatch.chdir(tmp_path)  # not the checkout: its impls/ is not discovered
-    hint = registry.unknown_hint("my_attn", ["naive", "sdpa"])
+    hint = plugins.unknown_hint("my_attn", ["naive", "sdpa"])
     assert hint.endswith("add --plugin impls/mine.py") and "impls/mine.py names it" in hint
-    assert "forget --plugin" in registry.unknown_hint("other", ["naive"])
+    assert "forget --plugin" in plugins.unknown_hint("other", ["naive"])
 
 
 @pytest.mark.parametrize(
@@ -311,13 +311,13 @@ def gym_alibi() -> type:
 
 def measured(name: str, case: Case) -> dict:
     """The row of impl ``name`` on ``case``, measured in this process."""
-    return run_row(registry.discover()[name], case)
+    return run_row(plugins.discover()[name], case)
 
 
 def judged(name: str, case: Case) -> agreement.Verdict:
     """The verdict of impl ``name``'s checked call on ``case`` (a row's check phase, untimed)."""
     inputs = make_inputs(case, 0)
-    out, grads = Call.prepare(registry.discover()[name], case, inputs).check()
+    out, grads = Call.prepare(plugins.discover()[name], case, inputs).check()
     return agreement.judge(case, [out, *(grads or ())], ground_truth(case, inputs))
 
 
@@ -332,7 +332,7 @@ def test_a_plugins_additive_modifier_runs_on_sdpa_as_a_float_mask(registries):
     for name in ("sdpa_math", "naive", "tiled"):  # tiled: additive, its grad is 1
         assert judged(name, case).agrees is True, name
     hardcap = register_mod(modifier(name="hardcap"))
-    reasons = registry.discover()["sdpa"].reasons(Case(**SMALL, score_mod=hardcap.name))
+    reasons = plugins.discover()["sdpa"].reasons(Case(**SMALL, score_mod=hardcap.name))
     assert reasons == [
         "score_mod=hardcap (supported: additive modifiers, which only add a bias: additive = "
         "True and bias(self, h, p, j); hardcap is not additive)"
@@ -344,7 +344,7 @@ def test_a_modifier_without_grad_is_refused_by_a_hand_written_backward_naming_th
 ):
     register_mod(modifier())  # apply s / 2, no grad: an identity default would be wrong
     fwd, bwd = (Case(**SMALL, score_mod="trial", mode=m) for m in ("fwd", "fwd_bwd"))
-    tiled = registry.discover()["tiled"]
+    tiled = plugins.discover()["tiled"]
     assert tiled.reasons(fwd) == []
     (reason,) = tiled.reasons(bwd)
     assert reason.startswith("score_mod=trial (supported: with backward, modifiers that declare")

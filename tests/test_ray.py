@@ -221,10 +221,14 @@ class _Fake:
 
     def __init__(self, device_name):
         self.device_name, self.host, self.ran = device_name, "h", []
+        self.where: dict = {}
 
     def run_case(self, case, impls, baseline=None):
         self.ran.append(case)
         return [failed(impl, case, "error", "fake") for impl in impls]
+
+    def replace(self):
+        return False
 
     def close(self):
         pass

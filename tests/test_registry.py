@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from attnbench import registry
+from attnbench import plugins, registry
 from attnbench.case import Case, CaseError
+from attnbench.errors import UsageError
 
 MISSION = {"naive", "sdpa", "xformers", "tiled"}
 
@@ -71,7 +72,7 @@ def test_plugin_file_registers_its_impl(tmp_path, monkeypatch):
             return q
     """,
     )
-    impls = registry.discover([str(path)], builtin=False, entry_points=False)
+    impls = plugins.discover([str(path)], builtin=False, entry_points=False)
     assert impls["my_attn"].available
     assert impls["my_attn"].source == str(path.resolve())
     assert impls["my_attn"].backward is False
@@ -89,7 +90,7 @@ def test_plugin_module_by_name(tmp_path, monkeypatch):
     """,
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    impls = registry.discover(["attn_mod_plugin"], builtin=False, entry_points=False)
+    impls = plugins.discover(["attn_mod_plugin"], builtin=False, entry_points=False)
     assert impls["mod_attn"].source == "module attn_mod_plugin"
 
 
@@ -109,19 +110,19 @@ def test_entry_point_plugins_are_discovered(tmp_path, monkeypatch):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-attn-pkg\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[attnbench.impls]\nep_attn = ep_attn_pkg\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    impls = registry.discover(builtin=False)
+    impls = plugins.discover(builtin=False)
     assert impls["ep_attn"].available
     assert impls["ep_attn"].source.startswith("entry point ep_attn")
 
 
 def test_a_named_plugin_that_fails_to_import_is_bad_input_naming_file_and_error(tmp_path):
     path = write(tmp_path / "broken_named.py", "def broken(:\n")
-    with pytest.raises(registry.PluginImportError) as exc:
-        registry.discover([str(path)], builtin=False, entry_points=False)
+    with pytest.raises(plugins.PluginImportError) as exc:
+        plugins.discover([str(path)], builtin=False, entry_points=False)
     message = str(exc.value)
     assert str(path.resolve()) in message and "SyntaxError" in message and "\n" not in message
-    with pytest.raises(registry.PluginImportError):  # asked for again: refused again
-        registry.discover([str(path)], builtin=False, entry_points=False)
+    with pytest.raises(plugins.PluginImportError):  # asked for again: refused again
+        plugins.discover([str(path)], builtin=False, entry_points=False)
 
 
 def test_a_dropped_in_plugin_that_fails_to_import_is_unavailable_with_file_and_error(
@@ -130,7 +131,7 @@ def test_a_dropped_in_plugin_that_fails_to_import_is_unavailable_with_file_and_e
     (tmp_path / "impls").mkdir()  # a checkout whose drop-in impls/ holds a broken file
     monkeypatch.setattr(registry.checkout, "root", lambda: tmp_path)
     path = write(tmp_path / "impls" / "broken_attn.py", "import not_a_real_module_xyz\n")
-    impls = registry.discover(entry_points=False)
+    impls = plugins.discover(entry_points=False)
     impl = impls["broken_attn"]
     assert not impl.available
     assert str(path.resolve()) in impl.unavailable
@@ -149,7 +150,7 @@ def test_missing_optional_dependency_gives_the_install_command(tmp_path):
             import fancy_attn_lib_xyz
     """,
     )
-    impl = registry.discover([str(path)], builtin=False, entry_points=False)["needs_dep"]
+    impl = plugins.discover([str(path)], builtin=False, entry_points=False)["needs_dep"]
     assert impl.unavailable == (
         "needs fancy_attn_lib_xyz, which is not installed (install: pip install fancy-attn-lib)"
     )
@@ -167,25 +168,34 @@ def test_a_plugin_cannot_take_a_builtin_name(tmp_path, impls):
     """,
     )
     with pytest.raises(registry.NameClash) as exc:
-        registry.discover([str(path)], builtin=False, entry_points=False)
+        plugins.discover([str(path)], builtin=False, entry_points=False)
     message = str(exc.value)
     assert "attnbench.impls.naive" in message and str(path) in message and "\n" not in message
-    assert registry.discover(builtin=False, entry_points=False)["naive"].source == (
+    assert plugins.discover(builtin=False, entry_points=False)["naive"].source == (
         "attnbench.impls.naive"
     )
 
 
 def test_missing_plugin_path_is_bad_input(tmp_path):
-    with pytest.raises(CaseError, match="no such file"):
-        registry.plugin_source(str(tmp_path / "nope.py"))
-    with pytest.raises(CaseError, match="no such file or importable module"):
-        registry.plugin_source("no_such_module_xyz")
+    """A --plugin value that names nothing is a usage error, not an error of a case."""
+    (tmp_path / "empty").mkdir()
+    given = [
+        str(tmp_path / "nope.py"),
+        "no_such_module_xyz",
+        "not a module",
+        str(tmp_path / "empty"),
+    ]
+    said = ("no such file", "no such file or importable module", "neither", "no .py file")
+    for spec, words in zip(given, said):
+        with pytest.raises(UsageError, match=words) as exc:
+            plugins.plugin_source(spec)
+        assert not isinstance(exc.value, CaseError), exc.value
 
 
 def test_bad_capability_is_refused():
     with pytest.raises(registry.RegistryError, match="dtypes"):
         registry.register("bad_dtype", dtypes=("float64",))(lambda q, k, v, **kw: q)
-    assert "bad_dtype" not in registry.discover(builtin=False, entry_points=False)
+    assert "bad_dtype" not in plugins.discover(builtin=False, entry_points=False)
     sys.modules.pop("bad_dtype", None)
 
 
@@ -209,7 +219,7 @@ def test_masks_are_opt_in_with_readable_reasons(impls):
 def test_register_adds_none_to_the_masks_and_refuses_unknown_ones(monkeypatch):
     monkeypatch.setattr(registry, "_IMPLS", dict(registry._IMPLS))  # leave no impl behind
     registry.register("masked_attn", masks=("window",))(lambda q, k, v, **kw: q)
-    impls = registry.discover(builtin=False, entry_points=False)
+    impls = plugins.discover(builtin=False, entry_points=False)
     assert impls["masked_attn"].masks == ("none", "window")
     with pytest.raises(registry.RegistryError, match="masks"):
         registry.register("bad_mask", masks=("diagonal",))(lambda q, k, v, **kw: q)
@@ -230,7 +240,7 @@ def test_an_impl_without_masks_is_never_called_with_mask(tmp_path):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
     """,
     )
-    impl = registry.discover([str(path)], builtin=False, entry_points=False)["strict_attn"]
+    impl = plugins.discover([str(path)], builtin=False, entry_points=False)["strict_attn"]
     case = cpu_case(causal=True)
     out, _ = Call.prepare(impl, case, make_inputs(case, 0)).check()
     assert out.shape == (1, 2, 8, 16)
@@ -256,14 +266,14 @@ def test_a_working_folders_impls_is_loaded_only_when_asked(tmp_path):
             return q
     """,
     )
-    assert "theirs_dropped" not in registry.discover(entry_points=False)
+    assert "theirs_dropped" not in plugins.discover(entry_points=False)
     assert not marker.exists()
-    impls = registry.discover(["impls"], entry_points=False)
+    impls = plugins.discover(["impls"], entry_points=False)
     assert impls["theirs_dropped"].source == str(dropped.resolve()) and marker.exists()
     assert registry.origin(impls["theirs_dropped"]) == "--plugin"
     assert registry.origin(impls["naive"]) == "built-in"
     registry.register("registered_in_process")(lambda q, k, v, *, causal, scale: q)
-    impls = registry.discover(["impls"], entry_points=False)
+    impls = plugins.discover(["impls"], entry_points=False)
     assert registry.origin(impls["registered_in_process"]) == "register()"
     listing = list_impls(impls, "cpu")
     assert str(dropped.resolve()) in listing
@@ -288,9 +298,9 @@ def test_the_checkouts_impls_folder_is_loaded_in_a_checkout_only(tmp_path, monke
     """,
     )
     monkeypatch.setattr(checkout, "root", lambda: None)  # an installed package
-    assert "co_dropped" not in registry.discover(entry_points=False)
+    assert "co_dropped" not in plugins.discover(entry_points=False)
     monkeypatch.setattr(checkout, "root", lambda: tmp_path / "co")  # a checkout
-    impls = registry.discover(entry_points=False)
+    impls = plugins.discover(entry_points=False)
     assert registry.origin(impls["co_dropped"]) == "impls/"
     assert checkout.version() != "unknown"
 
@@ -327,3 +337,19 @@ def test_an_impl_that_needs_a_mask_does_not_declare_none(impls):
         assert impls[name].reasons(case) == ["mask=none (supported: document)"]
     with pytest.raises(registry.RegistryError, match="unmasked=False needs"):
         registry.register("needs_a_mask", unmasked=False)(lambda q, k, v, *, causal, scale: q)
+
+
+def test_register_mirrors_the_impl_fields():
+    """register's explicit keywords (what a plugin author reads) are Impl's fields, with the
+    same defaults, but fn (the decorated function) and source (where it was loaded from),
+    and with unmasked (folded into masks)."""
+    import dataclasses
+    import inspect
+
+    params = inspect.signature(registry.register).parameters
+    fields = {f.name: f for f in dataclasses.fields(registry.Impl)}
+    assert set(params) == set(fields) - {"fn", "source"} | {"unmasked"}
+    for name, param in params.items():
+        default = fields[name].default if name in fields else dataclasses.MISSING
+        if default is not dataclasses.MISSING:
+            assert param.default == default, name

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.cli import main
 from attnbench.masks import KINDS
 from attnbench.store.results import read_results, row_key
@@ -95,7 +95,7 @@ def test_every_measuring_option_is_given_back_by_the_reproducer():
     such option's flag parses to the value it was run with (a toggle: switched off)."""
     from attnbench.cli import build_parser
     from attnbench.options import MEASURE_OPTIONS, OPTIONS
-    from attnbench.store.repro import measure_flags
+    from attnbench.repro import measure_flags
 
     assert {"threads", "timeout", "isolate", "malloc_tunables"} <= set(MEASURE_OPTIONS)
     ran = {n: "false" if OPTIONS[n].style == "toggle" else "3" for n in MEASURE_OPTIONS}
@@ -130,7 +130,7 @@ def unload(plugin, monkeypatch) -> None:
     """As a new process finds the registry: the plugin's kind not registered, its file not
     loaded."""
     KINDS.pop("every2", None)
-    monkeypatch.setattr(registry, "_LOADED", registry._LOADED - {str(plugin.resolve())})
+    monkeypatch.setattr(plugins, "_LOADED", plugins._LOADED - {str(plugin.resolve())})
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from attnbench.run.sweep import run_sweep
 from attnbench.run.worker import ANCHOR, PREPARING, UNPREPARED, Worker, WorkerFailed, WorkerSpec
 from attnbench.store.results import done_keys, read_results, row_writer
 from attnbench.store.rundir import RunDir
-from attnbench.testing import FAST
+from attnbench.testing import FAST, run_row, run_rows
 
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 CASE = Case(batch=1, heads=1, kv_heads=1, seq_q=32, seq_kv=32, head_dim=16)
@@ -240,6 +240,47 @@ def test_the_anchor_is_relative_to_the_runs_start_across_a_resume(resumed):
         assert got == pytest.approx(_speeds(resumed_anchor, seq, env))
 
 
+def test_the_test_api_measures_through_the_sweeps_worker(impls, monkeypatch):
+    """run_row and run_rows time their rows in rounds interleaved with the speed anchor, as
+    a sweep's worker does, and pair each row with the baseline's rounds."""
+    from attnbench.run.steps import Steps
+
+    anchored, anchor = [], Steps._anchor
+    monkeypatch.setattr(
+        Steps, "_anchor", lambda self, case, r: anchored.append(r) or anchor(self, case, r)
+    )
+    row = run_row(impls["naive"], CASE)
+    assert row["status"] == "ok" and row["rounds"] == ROUNDS
+    assert anchored == list(range(ROUNDS))
+    rows = run_rows([impls["naive"], impls["sdpa"]], CASE, baseline=impls["sdpa"])
+    assert rows["naive"]["speedup"] > 0 and rows["sdpa"]["speedup"] is None
+
+
+def test_the_anchor_speeds_are_a_function_of_the_reference_and_the_rounds():
+    """measure/anchor.py: the first case of a dtype sets the reference; a case twice as slow
+    has speed 0.5; nothing is read or written."""
+    from attnbench.measure import anchor
+
+    def rounds(compute_ms, memory_ms):
+        return tuple(
+            {"round": r, "t_unix": 100.0 + r, "compute": [compute_ms] * 2, "memory": [memory_ms]}
+            for r in range(3)
+        )
+
+    start = {"start_unix": 100.0, "compute_ms": {}, "memory_ms": None}
+    ref = anchor.reference(start, "float32", rounds(2.0, 4.0))
+    assert ref == {"start_unix": 100.0, "compute_ms": {"float32": 2.0}, "memory_ms": 4.0}
+    assert start["compute_ms"] == {}  # the given reference is left as it was
+    assert anchor.reference(ref, "float32", rounds(9.0, 9.0)) == ref  # the first case stays
+    bf16 = anchor.reference(ref, "bfloat16", rounds(1.0, 9.0))
+    assert bf16["compute_ms"] == {"float32": 2.0, "bfloat16": 1.0} and bf16["memory_ms"] == 4.0
+    slow = anchor.speeds(ref, "float32", rounds(4.0, 2.0))
+    assert slow == {"speed_compute": 0.5, "speed_memory": 2.0}
+    assert anchor.speeds(ref, "float16", rounds(4.0, 2.0))["speed_compute"] is None
+    samples = anchor.samples(rounds(2.0, 4.0), start_unix=100.0)
+    assert len(samples) == 3 * 3 and {s["t_s"] for s in samples} == {0.0, 1.0, 2.0}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("graph", [False, True])
 def test_cuda_rounds_time_every_round_with_events(graph):
@@ -305,7 +346,7 @@ def test_resume_runs_lost_rows_again_and_crash_rows_when_asked(impls, tmp_path, 
 class _Recorder:
     """An executor that records the impls it is asked to run; each row an error."""
 
-    host, device_name = "h", "d"
+    host, device_name, where = "h", "d", {}
 
     def __init__(self):
         self.asked: list[tuple[str, int]] = []

@@ -9,7 +9,7 @@ import pytest
 import synth
 import torch
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.case import Case, CaseError
 from attnbench.cli import main
 from attnbench.masks import Mask
@@ -160,7 +160,7 @@ def test_ignoring_global_tokens_disagrees(tmp_path):
             return s.masked_fill(~keep, float("-inf")).softmax(-1) @ v
     """)
     )
-    impl = registry.discover([str(path)], builtin=False, entry_points=False)["no_globals"]
+    impl = plugins.discover([str(path)], builtin=False, entry_points=False)["no_globals"]
     row = run_row(impl, sparse_case("block_sparse", "block=8:local=3:global=1:random=1", seq=64))
     assert row["status"] == "ok" and row["agrees"] is False
     assert "disagrees with the float64 reference" in row["reason"]

@@ -42,7 +42,7 @@ pytest.importorskip("triton")
 
 from interpreter import kernel_tests  # noqa: E402
 
-from attnbench import registry  # noqa: E402
+from attnbench import plugins  # noqa: E402
 from attnbench.case import Case  # noqa: E402
 from attnbench.measure.agreement import bound, error, failed  # noqa: E402
 from attnbench.measure.reference import magnitude, reference  # noqa: E402
@@ -208,7 +208,7 @@ def test_rejects_bad_shapes():
 
 
 def test_registered_unsupported_on_cpu():
-    impl = registry.discover(entry_points=False)["triton_flash_fa2"]
+    impl = plugins.discover(entry_points=False)["triton_flash_fa2"]
     assert impl.available, impl.unavailable
     case = Case(
         batch=1,

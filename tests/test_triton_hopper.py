@@ -49,7 +49,7 @@ pytest.importorskip("triton")
 
 from interpreter import kernel_tests  # noqa: E402
 
-from attnbench import registry  # noqa: E402
+from attnbench import plugins  # noqa: E402
 from attnbench.case import Case  # noqa: E402
 from attnbench.measure.agreement import rule  # noqa: E402
 from attnbench.measure.reference import magnitude, reference  # noqa: E402
@@ -410,9 +410,9 @@ def test_planted_bug_is_caught(tmp_path, name):
 
 
 def test_registered_for_every_head_dim_multiple_of_8():
-    impl = registry.discover(entry_points=False)["triton_flash"]
+    impl = plugins.discover(entry_points=False)["triton_flash"]
     assert impl.available, impl.unavailable
-    assert "triton_flash_fa2" in registry.discover(entry_points=False)
+    assert "triton_flash_fa2" in plugins.discover(entry_points=False)
     cuda = dict(seq_q=64, seq_kv=64, dtype="bfloat16", causal=True, mode="fwd_bwd")
     for d in (16, 40, 72, 80, 96, 112, 192, 256):
         assert impl.reasons(Case(1, 4, 2, head_dim=d, device="cuda", **cuda)) == [], d
@@ -443,7 +443,7 @@ def test_tma_ready_realigns_a_contiguous_view_with_a_misaligned_start():
 
 
 def test_fp32_is_refused_with_its_reason():
-    impl = registry.discover(entry_points=False)["triton_flash"]
+    impl = plugins.discover(entry_points=False)["triton_flash"]
     case = Case(1, 2, 2, 64, 64, 64, dtype="float32", device="cuda")
     assert (
         impl.reasons(case)

@@ -18,9 +18,10 @@ from attnbench.measure.timing import TimerConfig
 from attnbench.models import MODELS, model
 from attnbench.registry import Impl
 from attnbench.run.inputs import make_inputs, paged
-from attnbench.run.row import Prepared, Settings
+from attnbench.run.row import Settings
 from attnbench.spec import DECODE_BATCH, DECODE_TOKENS, Spec
 from attnbench.store.results import read_results
+from attnbench.testing import run_row, run_rows
 
 QUICK = Settings(timer=TimerConfig(rep_ms=2.0))
 
@@ -137,7 +138,7 @@ def test_forced_sdpa_backends_declare_their_work_with_a_bottom_right_mask(impls)
         assert impls[name].work(decode, None) == 2 * 3 * 40, name
         assert impls[name].work(square, None) is None, name
     assert impls["sdpa"].work(decode, None) is None  # causal_lower_right: PyTorch's choice
-    row = Prepared(decode, 0, QUICK).measure(impls["sdpa_math"]).row
+    row = run_row(impls["sdpa_math"], decode, settings=QUICK)
     assert row["status"] == "ok" and row["work_flops"] == 4.0 * 4 * 8 * 2 * 3 * 40
 
 
@@ -161,11 +162,13 @@ def top_left_sdpa(q, k, v, *, causal, scale, mask):
 def test_a_top_left_impl_fails_agreement_on_a_bottom_right_case(impls):
     planted = Impl("planted_top_left", top_left_sdpa, causal_align=("top_left", "bottom_right"))
     case = Case(1, 2, 2, 4, 64, 16, causal=True, causal_align="bottom_right")
-    prepared = Prepared(case, 0, QUICK)
-    bad = prepared.measure(planted).row
+    rows = run_rows(
+        [planted, *(impls[n] for n in ("naive", "sdpa", "tiled"))], case, settings=QUICK
+    )
+    bad = rows[planted.name]
     assert bad["status"] == "ok" and bad["agrees"] is False
     for name in ("naive", "sdpa", "tiled"):
-        good = prepared.measure(impls[name]).row
+        good = rows[name]
         assert good["status"] == "ok" and good["agrees"] is True, (name, good["reason"])
 
 

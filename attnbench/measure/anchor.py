@@ -76,3 +76,33 @@ def speed(reference_ms: float | None, now_ms: float | None) -> float | None:
     if not reference_ms or not now_ms:
         return None
     return reference_ms / now_ms
+
+
+def reference(entry: dict, dtype: str, rounds: tuple[dict, ...]) -> dict:
+    """The run's reference (env.json's ``anchor``) with a case's anchor ``rounds`` where it has
+    none yet: the first timed case gives ``memory_ms``, and ``compute_ms`` for its dtype."""
+    now = median_ms(list(rounds))
+    compute = dict(entry.get("compute_ms") or {})
+    compute.setdefault(dtype, now["compute"])
+    return {**entry, "compute_ms": compute, "memory_ms": entry.get("memory_ms") or now["memory"]}
+
+
+def speeds(reference: dict, dtype: str, rounds: tuple[dict, ...]) -> dict:
+    """A case's ``speed_compute`` and ``speed_memory``: its anchor ``rounds`` against the
+    run's ``reference``."""
+    now = median_ms(list(rounds))
+    return {
+        "speed_compute": speed((reference.get("compute_ms") or {}).get(dtype), now["compute"]),
+        "speed_memory": speed(reference.get("memory_ms"), now["memory"]),
+    }
+
+
+def samples(rounds: tuple[dict, ...], start_unix: float) -> list[dict]:
+    """A case's anchor ``rounds`` as long rows: round, resource, time_ms, and t_s (seconds
+    since the run's start)."""
+    return [
+        {"round": r["round"], "resource": name, "time_ms": t, "t_s": r["t_unix"] - start_unix}
+        for r in rounds
+        for name in RESOURCES
+        for t in r[name]
+    ]

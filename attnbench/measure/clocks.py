@@ -9,6 +9,8 @@ import threading
 
 import torch
 
+from attnbench.store.env import GPU_STATE_FIELDS
+
 SAMPLE_S = 0.01
 # clock-event reasons that mean "slowed down", by NVML bit (idle and user-set clocks excluded)
 THROTTLE_BITS = {
@@ -41,16 +43,6 @@ def driver_version() -> str | None:
         return version.decode() if isinstance(version, bytes) else version
     except Exception:  # noqa: BLE001 - no NVML: the field stays blank
         return None
-
-
-GPU_STATE_FIELDS = (
-    "gpu_sm_clock_mhz",
-    "gpu_sm_clock_max_mhz",
-    "gpu_mem_clock_max_mhz",
-    "gpu_power_w",
-    "gpu_power_limit_w",
-    "gpu_temp_c",
-)
 
 
 def gpu_state(device: str) -> dict:

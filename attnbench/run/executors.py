@@ -63,7 +63,7 @@ class Pool:
             device["ceilings"] = _best(device.get("ceilings"), ceilings)
         for worker in executors:
             worker.use_ceilings(devices[worker.device_name]["ceilings"])
-        from attnbench.store.env import device_name
+        from attnbench.run.environment import device_name
 
         here = devices.get(device_name(plan.device)) or next(iter(devices.values()))
         return {"ceilings": here["ceilings"], "devices": devices}

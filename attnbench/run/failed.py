@@ -38,7 +38,7 @@ class Measured(NamedTuple):
 
 
 def base_row(impl: Impl, case: Case) -> dict:
-    """The row's identity, every other column blank (``measure`` fills them for ok rows)."""
+    """The row's identity, every other column blank (its steps fill them for ok rows)."""
     row = {name: None for name in COLUMNS}
     row.update(case.columns(), impl=impl.name)
     return row

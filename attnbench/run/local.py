@@ -13,11 +13,12 @@ import socket
 import tempfile
 from pathlib import Path
 
+from attnbench import plugins
 from attnbench.measure import allocator
 from attnbench.run import heap
+from attnbench.run.environment import device_name
 from attnbench.run.steps import Steps, wire
 from attnbench.run.worker import WorkerFailed, WorkerSpec
-from attnbench.store.env import device_name
 
 STDERR_TAIL_CHARS = 600  # a crash row's reason keeps this much of the dead process's stderr
 CLOSE_WAIT_S = 10.0  # a worker's clean exit at the end of a sweep
@@ -33,16 +34,19 @@ def _set_threads(threads: int | None) -> None:
 
 class InProcess:
     def __init__(self, spec: WorkerSpec):
-        from attnbench import registry
 
         self.host, self.device_name = socket.gethostname(), device_name(spec.device)
+        self.where: dict = {}  # this machine: no node or actor to name
         if spec.settings.malloc_tunables:
             allocator.pin_in_process()
         _set_threads(spec.threads)
-        self.steps = Steps(registry.discover(spec.plugins), spec.seed, spec.device)
+        self.steps = Steps(plugins.discover(spec.plugins), spec.seed, spec.device)
 
     def call(self, msg: tuple, timeout_s: float | None):
         return self.steps.handle(msg)
+
+    def replace(self) -> bool:
+        return False  # a step never loses this process
 
     def close(self) -> None:
         self.steps.prepared = None
@@ -68,9 +72,8 @@ def _serve(conn, spec: WorkerSpec, stderr_path: str) -> None:
     os.dup2(fd, 2)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
     _set_threads(spec.threads)
-    from attnbench import registry
 
-    steps = Steps(registry.discover(spec.plugins), spec.seed, spec.device)
+    steps = Steps(plugins.discover(spec.plugins), spec.seed, spec.device)
     heap.freeze_startup()  # a row's garbage collection then skips the start-up's objects
     conn.send(READY)
     while True:
@@ -88,6 +91,7 @@ class Subprocess:
     def __init__(self, spec: WorkerSpec):
         self.spec = spec
         self.host, self.device_name = socket.gethostname(), device_name(spec.device)
+        self.where: dict = {}  # this machine: no node or actor to name
         self.proc = self.conn = None
         self._dir = tempfile.TemporaryDirectory(prefix="attnbench-worker-")
         self.stderr_path = Path(self._dir.name) / "stderr.log"
@@ -132,6 +136,9 @@ class Subprocess:
         except OSError:
             return "(unreadable)"
         return stderr_tail(" | ".join(line.strip() for line in text.splitlines() if line.strip()))
+
+    def replace(self) -> bool:
+        return False  # a crashed worker process is restarted by the next step, not replaced
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.is_alive():

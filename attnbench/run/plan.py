@@ -12,12 +12,13 @@ from datetime import datetime
 
 import torch
 
-from attnbench import registry
+from attnbench import plugins, registry
 from attnbench.case import Case
 from attnbench.errors import UsageError
 from attnbench.measure import allocator
 from attnbench.measure.timing import TimerConfig
 from attnbench.options import MEASURE_OPTIONS, as_text
+from attnbench.plugins import records
 from attnbench.run.row import Settings
 from attnbench.run.selection import (
     check_profile_filter,
@@ -30,7 +31,6 @@ from attnbench.run.sweep import run_sweep
 from attnbench.run.target import Target
 from attnbench.run.worker import WorkerSpec
 from attnbench.spec import GPU_PRESETS, SPEC_OPTIONS, Spec
-from attnbench.store.plugins import records
 from attnbench.store.rundir import RunDir
 
 DRY_RUN_CASES = 10  # --dry-run names this many cases, then counts the rest
@@ -47,6 +47,7 @@ class RunOptions:
     group_by_device_name: bool = True
     ray_address: str | None = None  # None: a local Ray instance
     ray_actors: int | None = None  # None: one per device
+    retry: tuple[str, ...] = ()  # --retry: the statuses a resumed run runs again
     measured: dict = field(default_factory=dict)  # the measure-scope options given, as text
 
     @classmethod
@@ -59,6 +60,7 @@ class RunOptions:
             group_by_device_name=opts.get("group_by_device_name", True),
             ray_address=opts.get("ray_address"),
             ray_actors=opts.get("ray_actors"),
+            retry=tuple(opts.get("retry", ())),
             measured={k: as_text(opts[k]) for k in MEASURE_OPTIONS if k in opts},
         )
 
@@ -134,7 +136,7 @@ class Plan:
     def worker(self) -> WorkerSpec:
         """The workers' one configuration (run/worker.py)."""
         return WorkerSpec(
-            plugins=tuple(str(registry.plugin_source(p)) for p in self.target.plugins),
+            plugins=tuple(str(plugins.plugin_source(p)) for p in self.target.plugins),
             seed=self.seed,
             settings=self.settings,
             timeout_s=self.run.timeout_s,
@@ -193,8 +195,8 @@ class Plan:
         return run_id, run
 
     def env(self, argv: list[str]) -> dict:
-        """env.json's fields that the plan knows (store/env.py collects the machine's)."""
-        from attnbench.store.env import collect_env
+        """env.json's fields that the plan knows (run/environment.py collects the machine's)."""
+        from attnbench.run.environment import collect_env
 
         argv = ["attnbench", self.command, *argv]
         env = collect_env(argv, self.seed, self.device, self.packages)

@@ -1,9 +1,9 @@
 """One case and one row: inputs and the float64 reference once per case (``Prepared``); per
 impl the design's steps, which the worker (run/worker.py) drives over a case's impls: ``check``
 (a checked call, accuracy, compile time, backend), ``time_round`` (its part of each timing
-round) and ``finish`` (the timing columns, a memory pass and a profiled pass: run/passes.py);
-``measure`` runs them for one impl alone. A failure at any step is a row with a status and a
-reason and every metric blank (run/failed.py)."""
+round) and ``finish`` (the timing columns, a memory pass and a profiled pass: run/passes.py).
+A failure at any step is a row with a status and a reason and every metric blank
+(run/failed.py)."""
 
 from __future__ import annotations
 
@@ -72,11 +72,6 @@ class Prepared:
             self.inputs = make_inputs(self.case, self.seed)
             self.truth = ground_truth(self.case, self.inputs)
 
-    def measure(self, impl: Impl) -> Measured:
-        if not impl.reasons(self.case):
-            self.build()
-        return measure(impl, self.case, self.inputs, self.truth, self.settings)
-
 
 def ground_truth(case: Case, inputs: Inputs, parts: Parts | None = None) -> Truth:
     """The case's float64 reference and what its rule needs; at level layer of the layer with
@@ -93,26 +88,6 @@ def ground_truth(case: Case, inputs: Inputs, parts: Parts | None = None) -> Trut
         return Truth(
             None, failure=f"not checked: the float64 reference ran out of memory ({one_line(exc)})"
         )
-
-
-def measure(
-    impl: Impl, case: Case, inputs: Inputs | None, truth: Truth | None, settings: Settings
-) -> Measured:
-    """One row alone: its check, then its timing rounds back to back, then its finish."""
-    checked = check(impl, case, inputs, truth, settings)
-    try:
-        if isinstance(checked, Measured):
-            return checked
-        slices = []
-        for index in range(settings.timer.rounds):
-            timed = time_round(checked, index)
-            if isinstance(timed, Measured):
-                return timed
-            slices.append(timed)
-        return finish(checked, slices, settings)
-    finally:
-        checked = None
-        release(case)
 
 
 @dataclass

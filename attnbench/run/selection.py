@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.case import Case
 from attnbench.dims import DIM
 from attnbench.errors import UsageError
@@ -40,7 +40,7 @@ def select_impls(
     for name in names:
         if name not in impls:
             raise UsageError(
-                f"--impls: unknown impl {name!r}{registry.unknown_hint(name, impls)} "
+                f"--impls: unknown impl {name!r}{plugins.unknown_hint(name, impls)} "
                 f"(known: {', '.join(impls)}; see attnbench list)"
             )
     return [impls[n] for n in names], {}

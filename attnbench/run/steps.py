@@ -6,7 +6,7 @@ process, a Ray actor's worker process), the steps it answers, one message each:
     ("time", case, impl, round)      its part of a timing round (``timing.Slice``), or its row
     ("anchor", case, round)          the speed anchor's part of a round (measure/anchor.py)
     ("finish", case, impl, slices)   its row (``row.Measured``) from its slices
-    ("device", packages)             the device's env.json entry (store/env.device_env)
+    ("device", packages)             the device's env.json entry (run/environment.device_env)
     ("ceilings", dtypes, quick)      the device's measured ceilings (measure/ceilings.py)
 
 A step of a case it has not prepared (a fresh server after a crash) is answered UNPREPARED;
@@ -86,7 +86,7 @@ class Steps:
         return {"t_unix": time.time(), **self.anchor.round()}
 
     def _device(self, packages: tuple[str, ...]) -> dict:
-        from attnbench.store.env import device_env
+        from attnbench.run.environment import device_env
 
         return device_env(self.device, packages)
 

@@ -6,13 +6,12 @@ the same family (run/oom.py). Families go to the executors (one, or one per devi
 the work queue (run/queue.py), the costliest first when there are several, and a family stays
 on one device name: one executor runs it whole, or, when that executor is lost (its row in
 flight ``lost``), the survivors of its device name finish it, so a scaling series comes from
-one kind of device. This process alone writes the rows (run/writer.py), and stamps each with
-the ``host`` and ``device_name`` that ran it."""
+one kind of device. This process alone completes the rows (run/complete.py: what ran each,
+the run, the machine's speed) and writes them (run/writer.py)."""
 
 from __future__ import annotations
 
 import itertools
-import socket
 import threading
 from pathlib import Path
 
@@ -20,13 +19,14 @@ from attnbench import registry
 from attnbench.case import Case
 from attnbench.registry import Impl
 from attnbench.run import heap
+from attnbench.run.complete import Completer
 from attnbench.run.failed import base_row, failed
 from attnbench.run.oom import Ooms
+from attnbench.run.progress import Progress
 from attnbench.run.queue import Family, Work
 from attnbench.run.row import release
 from attnbench.run.worker import Worker
 from attnbench.run.writer import Writer
-from attnbench.store.env import device_name
 from attnbench.store.results import row_key
 from attnbench.store.schema import LOST
 
@@ -66,21 +66,20 @@ def run_sweep(
     total = sum(len(ims) for f in families for _, ims in f)
     baseline = baseline or registry.baseline(impls)  # speedups are relative to it
     baseline = next((i for i in impls if i.name == baseline), None)
-    with (
-        heap.frozen(),
-        Writer(run_dir, run_id, seed, total, progress, row_lines, len(executors)) as writer,
-    ):
+    shown = Progress(total, progress, row_lines, len(executors))
+    completer = Completer(run_dir, run_id, seed)
+    with heap.frozen(), Writer(run_dir, seed, shown) as writer:
         stop = threading.Event()
         lanes = [
             threading.Thread(
-                target=_lane, args=(ex, work, writer, stop, baseline, ooms), daemon=True
+                target=_lane, args=(ex, work, writer, completer, stop, baseline, ooms), daemon=True
             )
             for ex in executors[1:]
         ]
         for lane in lanes:
             lane.start()
         try:
-            _lane(executors[0], work, writer, stop, baseline, ooms)
+            _lane(executors[0], work, writer, completer, stop, baseline, ooms)
             for lane in lanes:
                 while lane.is_alive():
                     lane.join(0.2)  # a short wait keeps Ctrl-C deliverable
@@ -88,7 +87,7 @@ def run_sweep(
             stop.set()
         if writer.error:
             raise writer.error
-        _write_left(work.left(), writer)
+        _write_left(work.left(), writer, completer)
     return writer.rows
 
 
@@ -109,6 +108,7 @@ def _lane(
     executor: Worker,
     work: Work,
     writer: Writer,
+    completer: Completer,
     stop: threading.Event,
     baseline: Impl | None,
     ooms: Ooms,
@@ -122,7 +122,7 @@ def _lane(
             return
         rest = None
         try:
-            rest = _run_family(executor, family, writer, stop, baseline, ooms)
+            rest = _run_family(executor, family, writer, completer, stop, baseline, ooms)
         finally:
             work.done(rest, executor.device_name)
         if rest is not None and not _replaced(executor):
@@ -133,6 +133,7 @@ def _run_family(
     executor: Worker,
     family: Family,
     writer: Writer,
+    completer: Completer,
     stop: threading.Event,
     baseline: Impl | None,
     ooms: Ooms,
@@ -150,17 +151,14 @@ def _run_family(
         for measured in itertools.chain(skipped, executor.run_case(case, todo, baseline)):
             if stop.is_set():
                 return None
-            row = measured.row  # what ran it: the executor's device, else this machine's
-            row["host"] = row.get("host") or executor.host or socket.gethostname()
-            row["device_name"] = (
-                row.get("device_name") or executor.device_name or device_name(case.device)
-            )
-            for column, value in getattr(executor, "where", {}).items():
-                row[column] = value if row.get(column) is None else row[column]  # node, GPU
+            row = measured.row
             if row["status"] == "oom":
                 ooms.ran_out(row["impl"], case)
             try:
-                writer.write(measured, f"{row['impl']}: {case.label()}")
+                anchor = completer.complete(
+                    measured, executor.host, executor.device_name, executor.where
+                )
+                writer.write(measured, f"{row['impl']}: {case.label()}", anchor)
             except Exception as exc:  # noqa: BLE001 - a write failure stops every lane
                 writer.error = writer.error or exc
                 stop.set()
@@ -176,11 +174,10 @@ def _run_family(
 
 def _replaced(executor: Worker) -> bool:
     """A lost executor's replacement started (an executor that cannot be replaced: no)."""
-    replace = getattr(executor, "replace", None)
-    return bool(replace and replace())
+    return executor.replace()
 
 
-def _write_left(families: list[Family], writer: Writer) -> None:
+def _write_left(families: list[Family], writer: Writer, completer: Completer) -> None:
     """The rows of families that every executor of their device name was lost before
     running: ``lost``, so that --resume runs them."""
     for family in families:
@@ -189,9 +186,7 @@ def _write_left(families: list[Family], writer: Writer) -> None:
                 measured = failed(
                     impl, case, LOST, "not run: every executor that could run it was lost"
                 )
-                measured.row["device_name"] = device_name(case.device)
-                measured.row["host"] = socket.gethostname()
-                writer.write(measured, f"{impl.name}: {case.label()}")
+                writer.write(measured, f"{impl.name}: {case.label()}", completer.complete(measured))
 
 
 def _families(cases: list[Case], impls: list[Impl], done: set[tuple]) -> list[Family]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.errors import UsageError
 from attnbench.options import OPTIONS, flag
 
@@ -38,10 +38,10 @@ class Target:
                 f"--cuda-graph replays CUDA graphs, but the device is {device}; use --device "
                 f"cuda or leave --cuda-graph out"
             )
-        plugins = opts.get("plugin", [])
-        for text in plugins:
-            registry.plugin_source(text)  # a missing plugin is bad input, before any work
-        return cls(executor, device, plugins, registry.discover(plugins))
+        given = opts.get("plugin", [])
+        for text in given:
+            plugins.plugin_source(text)  # a missing plugin is bad input, before any work
+        return cls(executor, device, given, plugins.discover(given))
 
     @property
     def device_type(self) -> str:

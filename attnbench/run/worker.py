@@ -62,10 +62,14 @@ class WorkerFailed(AttnbenchError):
 class Transport(Protocol):
     host: str | None  # the machine that measures (None until a Ray actor has started)
     device_name: str | None  # the device that measures: GPU name on CUDA, else CPU model
+    where: dict  # what a row records of where it ran beyond the host: a Ray actor's node
 
     def call(self, msg: tuple, timeout_s: float | None):
         """The server's answer to ``msg``, or WorkerFailed; after a WorkerFailed the next
         call reaches a fresh server."""
+
+    def replace(self) -> bool:
+        """After a LOST step: whether a replacement started (False: it cannot be replaced)."""
 
     def close(self) -> None: ...
 
@@ -91,7 +95,7 @@ class Worker:
     def where(self) -> dict:
         """What each row records of where it ran: the transport's node and actor, if it has
         them (a Ray actor), and the GPU."""
-        return {**getattr(self.transport, "where", {}), **self.gpu}
+        return {**self.transport.where, **self.gpu}
 
     def use_ceilings(self, ceilings: dict) -> None:
         """Rows from now on read pct_peak and bound against ``ceilings`` (the device's)."""
@@ -210,8 +214,7 @@ class Worker:
     def replace(self) -> bool:
         """After a LOST step: the transport's replacement started (its GPU asked again), or
         False (a transport that cannot be replaced)."""
-        replace = getattr(self.transport, "replace", None)
-        if not (replace and replace()):
+        if not self.transport.replace():
             return False
         try:
             entry = self.ask("device", ())

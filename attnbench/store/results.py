@@ -7,14 +7,11 @@ from __future__ import annotations
 import csv
 import json
 import os
-import time
 from pathlib import Path
 
 import pandas as pd
 
 from attnbench.errors import UsageError
-from attnbench.measure import anchor
-from attnbench.store.env import read_anchor, write_anchor
 from attnbench.store.rundir import RunDir
 from attnbench.store.schema import (
     ANCHOR_COLUMNS,
@@ -140,57 +137,8 @@ def kernels_writer(run_dir: Path) -> CsvAppender:
     return CsvAppender(RunDir(run_dir).kernels, KERNEL_COLUMNS)
 
 
-class AnchorLog:
-    """The run's speed anchor: each case's anchor samples appended to anchor.csv (once per
-    case), and the case's speed relative to the run's reference, the anchor's median times at
-    its first timed case (compute per dtype), kept in env.json's ``anchor`` so that a resumed
-    run stays relative to its start (measure/anchor.py)."""
-
-    def __init__(self, run_dir: Path):
-        run = RunDir(run_dir)
-        self.env_path, self._out = run.env, CsvAppender(run.anchor, ANCHOR_COLUMNS)
-        self.entry = {"start_unix": time.time(), "compute_ms": {}, "memory_ms": None}
-        self.entry.update(read_anchor(run.env))
-        self._speeds: dict[tuple, dict] = {}  # case key -> its speeds
-
-    def speeds(self, row: dict, rounds: tuple[dict, ...]) -> dict:
-        """``speed_compute`` and ``speed_memory`` of the row's case, from its anchor
-        ``rounds`` (round, t_unix, resource -> samples), which the first call records."""
-        key = row_key(row)[1:]
-        if key not in self._speeds:
-            self._speeds[key] = self._record(row, rounds)
-        return self._speeds[key]
-
-    def _record(self, row: dict, rounds: tuple[dict, ...]) -> dict:
-        case = {c: row.get(c) for c in ANCHOR_COLUMNS}
-        start = self.entry["start_unix"]
-        self._out.write(
-            [
-                {
-                    **case,
-                    "round": r["round"],
-                    "resource": name,
-                    "time_ms": t,
-                    "t_s": r["t_unix"] - start,
-                }  # fmt: skip
-                for r in rounds
-                for name in anchor.RESOURCES
-                for t in r[name]
-            ]
-        )
-        now = anchor.median_ms(rounds)
-        before = json.dumps(self.entry, sort_keys=True)
-        compute = self.entry["compute_ms"].setdefault(row["dtype"], now["compute"])
-        memory = self.entry["memory_ms"] = self.entry["memory_ms"] or now["memory"]
-        if json.dumps(self.entry, sort_keys=True) != before:
-            write_anchor(self.env_path, self.entry)
-        return {
-            "speed_compute": anchor.speed(compute, now["compute"]),
-            "speed_memory": anchor.speed(memory, now["memory"]),
-        }
-
-    def close(self) -> None:
-        self._out.close()
+def anchor_writer(run_dir: Path) -> CsvAppender:
+    return CsvAppender(RunDir(run_dir).anchor, ANCHOR_COLUMNS)
 
 
 def read_results(path: Path) -> pd.DataFrame:

@@ -2,7 +2,7 @@
 
 Everything comes from the run folder: the case from the row's key columns, the seed and
 whether it was timed by CUDA-graph replay from the row, the preset and timing budget from
-grid.json, the plugins (store/plugins.py: the run's, as env.json records them, or the
+grid.json, the plugins (plugins.py: the run's, as env.json records them, or the
 ``--plugin`` files given in their place), and the options that change how rows are measured
 (threads, timeout, worker isolation, the allocator's tunables) from env.json's ``options``.
 """

@@ -1,0 +1,65 @@
+"""A row completed in one place: what ran it (``host``, ``device_name``, and where: the node and
+the GPU), the run it belongs to (``run_id``, ``seed``), and the machine's speed during its case
+(``speed_compute``, ``speed_memory``: the case's speed-anchor rounds against the run's
+reference, measure/anchor.py). The sweep completes every row here before the writer writes it.
+
+The reference is the anchor's median times at the run's first timed case (compute per dtype),
+kept in env.json's ``anchor`` so that a resumed run stays relative to its start."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+from attnbench.measure import anchor
+from attnbench.run.environment import device_name
+from attnbench.run.failed import Measured
+from attnbench.store.env import read_anchor, write_anchor
+from attnbench.store.results import row_key
+from attnbench.store.rundir import RunDir
+
+
+class Completer:
+    """Completes the rows of one run, from every lane (thread-safe)."""
+
+    def __init__(self, run_dir: Path, run_id: str, seed: int):
+        self.env_path = RunDir(run_dir).env
+        self.run_id, self.seed = run_id, seed
+        self.reference = {"start_unix": time.time(), "compute_ms": {}, "memory_ms": None}
+        self.reference.update(read_anchor(self.env_path))
+        self._speeds: dict[tuple, dict] = {}  # case key -> its speeds
+        self._lock = threading.Lock()
+
+    def complete(
+        self, measured: Measured, host=None, device=None, where: dict | None = None
+    ) -> list[dict]:
+        """Fill ``measured``'s row: the ``host`` and ``device`` (its name) that ran it, else this
+        machine's; ``where`` (node, GPU) where the row has none; the run; and an ok row's speeds.
+        Returns its case's anchor samples for anchor.csv, the first time the case is seen."""
+        row = measured.row
+        row["host"] = row.get("host") or host or socket.gethostname()
+        row["device_name"] = row.get("device_name") or device or device_name(row["device"])
+        for column, value in (where or {}).items():
+            row[column] = value if row.get(column) is None else row[column]
+        row.update(run_id=self.run_id, seed=self.seed)
+        if row["status"] != "ok" or not measured.anchor:
+            return []
+        key = row_key(row)[1:]  # the case (the impl left out)
+        with self._lock:
+            first = key not in self._speeds
+            if first:
+                self._speeds[key] = self._measure(row["dtype"], measured.anchor)
+            row.update(self._speeds[key])
+        if not first:
+            return []
+        return [{**row, **s} for s in anchor.samples(measured.anchor, self.reference["start_unix"])]
+
+    def _measure(self, dtype: str, rounds: tuple[dict, ...]) -> dict:
+        """The case's speeds; a reference that this case completes goes to env.json."""
+        reference = anchor.reference(self.reference, dtype, rounds)
+        if reference != self.reference:
+            self.reference = reference
+            write_anchor(self.env_path, reference)
+        return anchor.speeds(reference, dtype, rounds)
