@@ -15,6 +15,7 @@ from attnbench.case import Case
 from attnbench.measure import ceilings, contention, timing
 from attnbench.measure.contention import Contention, Usage, between
 from attnbench.measure.timing import TimerConfig
+from attnbench.report.analysis import analyse
 from attnbench.report.checks import checks_section
 from attnbench.report.header import header_lines
 from attnbench.run.row import Settings
@@ -97,7 +98,8 @@ def test_the_report_counts_and_lists_contended_rows(tmp_path):
         {**ok_row("c", "naive", case, 1.0, 1.0), "cpu_share": 0.9, "contended": False},
         {**ok_row("c", "sdpa", case, 2.0, 1.0), "cpu_share": 0.2, "contended": True},
     ]
-    text = "\n".join(checks_section(read_results(write_run(tmp_path, "c", rows))))
+    df = read_results(write_run(tmp_path, "c", rows))
+    text = "\n".join(checks_section(analyse(df, {}, "c")))
     assert "1 CPU row(s) were contended" in text and "lowest cpu_share 0.20" in text
     assert "| sdpa |" in text and "| naive |" not in text
 
@@ -114,6 +116,7 @@ def test_the_report_says_when_the_ceilings_waited_for_the_cpu(tmp_path):
     run = write_run(tmp_path, "c", [ok_row("c", "naive", case, 1.0, 1.0)])
     df = read_results(run)
     ceil = {"matmul_tflops": {"float32": 0.05}, "matmul_n": 1024, "copy_gb_s": 10.0}
-    quiet = "\n".join(header_lines("c", df, {**env(), "ceilings": {**ceil, "contended": False}}))
-    busy = "\n".join(header_lines("c", df, {**env(), "ceilings": {**ceil, "contended": True}}))
+    quiet = {**env(), "ceilings": {**ceil, "contended": False}}
+    busy = {**env(), "ceilings": {**ceil, "contended": True}}
+    quiet, busy = ("\n".join(header_lines(analyse(df, e, "c"))) for e in (quiet, busy))
     assert "every try waited for the CPU" in busy and "every try waited" not in quiet

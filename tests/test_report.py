@@ -5,6 +5,7 @@ from synth import env, smoke_rows, write_run
 
 from attnbench.cli import main
 from attnbench.report import checks, plots, report
+from attnbench.report.analysis import analyse
 from attnbench.store.results import read_results
 
 
@@ -239,7 +240,7 @@ def test_measurement_checks_say_no_row_page_faulted_instead_of_zero_rows(tmp_pat
     for r in rows:
         r["page_faults"] = 2.0 if r["status"] == "ok" else None
     df = read_results(write_run(tmp_path, "pf", rows))
-    text = "\n".join(checks.checks_section(df))
+    text = "\n".join(checks.checks_section(analyse(df, {}, "r")))
     assert "0 CPU row(s)" not in text
     assert "No CPU row page-faulted inside the timing (at most 2 minor faults" in text
 
@@ -257,7 +258,7 @@ def test_a_gpu_at_its_power_cap_is_said_once_and_only_rows_held_back_are_listed(
     rows[1].update(throttle="sw_power_cap,hw_thermal")  # a thermal reason at full clock
     rows[2].update(throttle="none")
     df = read_results(write_run(tmp_path, "gpu", rows))
-    text = "\n".join(checks.checks_section(df))
+    text = "\n".join(checks.checks_section(analyse(df, {}, "r")))
     held = len(rows) - 1
     assert f"of {len(rows)} ok rows: hw_thermal in 1, sw_power_cap in {held}." in text
     assert "a single burst runs faster" in text and "2 row(s) ran with their clocks held" in text
@@ -337,7 +338,7 @@ def test_a_row_over_the_copy_ceiling_is_explained_by_reads_and_set_against_publi
     ceilings = {"matmul_tflops": {"bfloat16": 700.0}, "copy_gb_s": 3000.0, "matmul_n": 8192}
     env = {"gpu_name": "NVIDIA H100 80GB HBM3", "ceilings": ceilings}
     df = read_results(write_run(tmp_path, "d", [row]))
-    text = "\n".join(checks.checks_section(df, env))
+    text = "\n".join(checks.checks_section(analyse(df, env, "d")))
     assert "above the measured copy bandwidth" in text and "measured low" not in text
     assert "measured matmul 700 TFLOP/s = 71% of the published 989.4" in text
     assert "the fastest row 3100 GB/s = 93% of published" in text
@@ -351,7 +352,8 @@ def test_flagged_rows_say_which_check_flagged_them(tmp_path):
     rows = [ok_row("f", "naive", Case(1, 4, 4, n, n, 64), 1.0, 1.0) for n in (128, 256)]
     rows[0].update(time_ms_p20=0.5, time_ms_p80=1.5)  # noisy
     rows[1].update(contended=True, cpu_share=0.5)
-    text = "\n".join(checks.checks_section(read_results(write_run(tmp_path, "f", rows))))
+    df = read_results(write_run(tmp_path, "f", rows))
+    text = "\n".join(checks.checks_section(analyse(df, {}, "f")))
     assert "2 ok row(s) flagged by the checks above (noisy 1, contended 1)" in text
     assert "| naive | B1 H4 S128 D64 float32 full fwd | noisy |" in text
 

@@ -66,9 +66,7 @@ def analyse_device(
     fits = fits.assign(series=rules.series_labels(fits))
     has_base = baseline and rules.ok_rows(frame[frame["impl"] == baseline]).shape[0]
     sparsity = patterns.sparsity_fits(frame)
-    if not sparsity.empty:
-        labels = rules.series_labels(sparsity, always=("mask", "pattern"))
-        sparsity = sparsity.assign(series=labels)
+    sparsity = sparsity.assign(series=rules.series_labels(sparsity, always=("mask", "pattern")))
     winners = verdicts.fastest_agreeing(frame, rounds)
     recorded = baseline == env.get("baseline")  # the rows' own speedups are against it
     return DeviceAnalysis(

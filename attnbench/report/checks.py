@@ -25,8 +25,10 @@ CLOCK_DROP = 0.95
 POWER_CAP = "sw_power_cap"
 
 
-def failures_section(df: pd.DataFrame, not_run: dict | None = None) -> list[str]:
-    bad = rules.failures(df)
+def failures_section(run) -> list[str]:
+    """Every non-ok row of a RunAnalysis, one line per impl and cause, and the impls the
+    sweep left out (env.json's not_run)."""
+    bad, not_run = rules.failures(run.frame), run.env.get("not_run")
     lines = ["## Non-ok rows", ""]
     if not_run:  # impls the sweep left out, and why (env.json not_run)
         lines += [
@@ -74,11 +76,11 @@ def _by_cause(bad: pd.DataFrame) -> str:
     return table(pd.DataFrame(rows), cols)
 
 
-def checks_section(df: pd.DataFrame, env: dict | None = None) -> list[str]:
+def checks_section(run) -> list[str]:
     """Ok rows whose measurement is in doubt: a throttling GPU, a median that the profiler's
     kernel time does not explain, a noisy row, a pct_peak over the ceiling, CPU page faults
     inside the timing, or a CPU row whose threads waited for a CPU (contended)."""
-    ok = rules.ok_rows(df)
+    ok, env = rules.ok_rows(run.frame), run.env
     for name in ("cpu_share", "contended"):  # runs made before these columns existed
         if name not in ok:
             ok = ok.assign(**{name: pd.NA})
@@ -95,7 +97,7 @@ def checks_section(df: pd.DataFrame, env: dict | None = None) -> list[str]:
         f"move between identical runs.",
         "",
     ]
-    lines += _ceiling_lines(ok, over_peak, env or {})
+    lines += _ceiling_lines(ok, over_peak, env)
     if len(faulting):
         lines += [
             f"{len(faulting)} CPU row(s) page-faulted inside the timing ({PAGE_FAULTS_FLAG:g} "
@@ -332,9 +334,10 @@ def kernels_section(kernels: pd.DataFrame | None) -> list[str]:
     ]
 
 
-def across_devices_section(df: pd.DataFrame, names: list[str]) -> list[str]:
-    """Median time of each (case, impl) on each device, side by side."""
-    ok = df[df["status"] == "ok"].copy()
+def across_devices_section(run) -> list[str]:
+    """Median time of each (case, impl) on each device of a RunAnalysis, side by side."""
+    names = [a.name for a in run.devices]
+    ok = rules.ok_rows(run.frame).copy()
     if ok.empty:
         return []
     ok["case"] = ok.apply(case_label, axis=1)

@@ -31,7 +31,10 @@ def case_label(row) -> str:
         return " ".join(f"{k}={row[k]}" for k in rules.CASE_COLUMNS)
 
 
-def header_lines(run_id: str, df: pd.DataFrame, env: dict) -> list[str]:
+def header_lines(run) -> list[str]:
+    """The run's header (a RunAnalysis): device, date, command, versions, ceilings."""
+    run_id, df, env = run.run_id, run.frame, run.env
+
     def v(key):
         value = env.get(key)
         return MISSING if value in (None, "") else str(value)
@@ -124,7 +127,9 @@ def busy_machine(env: dict) -> bool:
     return bool(cpu and load is not None and cores and load > 0.5 * cores)
 
 
-def counts_line(df: pd.DataFrame) -> str:
+def counts_line(run) -> str:
+    """Rows per status, and how many ok rows disagree (a RunAnalysis)."""
+    df = run.frame
     counts = df["status"].fillna("missing").value_counts()
     order = {s: i for i, s in enumerate((*STATUSES, "missing"))}
     parts = [f"{counts[s]} {s}" for s in sorted(counts.index, key=lambda s: order.get(s, 99))]
@@ -139,11 +144,11 @@ def counts_line(df: pd.DataFrame) -> str:
     return f"{len(df)} rows: {', '.join(parts) or 'none'}; {agree}."
 
 
-def borrowed_lines(df: pd.DataFrame) -> list[str]:
+def borrowed_lines(run) -> list[str]:
     """Impls whose ok rows ran PyTorch's own kernels (backend pytorch:*, e.g. xformers
     without its C++/CUDA extension): said once, up front, so that no table below reads as an
     independent comparison."""
-    ok = rules.ok_rows(df)
+    ok = rules.ok_rows(run.frame)
     borrowed = ok[borrowed_kernels(ok)]
     if borrowed.empty:
         return []

@@ -103,16 +103,10 @@ def verdict(pairs_exp: float, pairs_time_exp: float, by_n: dict, times: pd.Serie
     )
 
 
-def sections(
-    df: pd.DataFrame,
-    level: str = "##",
-    waste: pd.DataFrame | None = None,
-    fits: pd.DataFrame | None = None,
-) -> list[str]:
-    """The two sections, or nothing when the run has no ok row of a pattern mask. ``waste``
-    and ``fits``: wasted_work and sparsity_fits of df when already computed (with the
-    series labels in ``series``)."""
-    waste = wasted_work(df) if waste is None else waste
+def sections(a, level: str = "##") -> list[str]:
+    """The two sections of a DeviceAnalysis (its wasted work and sparsity fits, with the
+    series labels in ``series``), or nothing when it has no ok row of a pattern mask."""
+    waste, fits = a.waste, a.sparsity
     if waste.empty:
         return []
     lines = [
@@ -139,10 +133,6 @@ def sections(
             formats={"useful_pct": ".1f"},
         ),
     ]
-    if fits is None:
-        fits = sparsity_fits(df)
-    if "series" not in fits:
-        fits = fits.assign(series=rules.series_labels(fits, always=("mask", "pattern")))
     lines += [
         f"{level}# Sparsity: time against N and against kept pairs",
         "",

@@ -18,29 +18,17 @@ from attnbench.store.results import load_run
 from attnbench.store.rundir import RunDir
 
 
-def render(
-    df: pd.DataFrame,
-    env: dict,
-    run_id: str,
-    out_dir: Path,
-    baseline: str | None = None,
-    kernels: pd.DataFrame | None = None,
-    svg: bool = False,
-    rounds: Rounds | None = None,
-    anchor: Anchor | None = None,
-) -> str:
-    """Write the figures into out_dir and return the markdown text. ``baseline``: the impl
-    speedups are relative to (default: the one the run recorded); ``rounds``, ``anchor``:
-    the run's per-round times (rounds.py), None for a run without them."""
-    run = analyse(df, env, run_id, baseline, kernels, rounds, anchor)
-    lines = header_lines(run_id, df, env)
-    lines += ["## Summary", "", counts_line(df), ""]
-    lines += borrowed_lines(df)
+def render(run: RunAnalysis, out_dir: Path, svg: bool = False) -> str:
+    """Write the run's figures into out_dir and return the markdown text: every section and
+    figure renders the run's analysis (analysis.py), computed once."""
+    lines = header_lines(run)
+    lines += ["## Summary", "", counts_line(run), ""]
+    lines += borrowed_lines(run)
     lines += sections.recommendations_section(run.recommendations)
     if len(run.devices) == 1:
         lines += _device_part(run.devices[0], out_dir, svg, "##")
     else:
-        lines += checks.across_devices_section(df, [a.name for a in run.devices])
+        lines += checks.across_devices_section(run)
         for part in run.devices:
             lines += [f"## Device: {part.name}", ""]
             lines += _device_part(part, out_dir, svg, "###")
@@ -50,9 +38,9 @@ def render(
 
 
 def _closing(run: RunAnalysis) -> list[str]:
-    lines = checks.checks_section(run.frame, run.env)
+    lines = checks.checks_section(run)
     lines += checks.kernels_section(run.kernels)
-    return lines + checks.failures_section(run.frame, run.env.get("not_run"))
+    return lines + checks.failures_section(run)
 
 
 def _speed_part(run: RunAnalysis, out_dir: Path, svg: bool) -> list[str]:
@@ -74,7 +62,7 @@ def _device_part(a: DeviceAnalysis, out_dir: Path, svg: bool, level: str) -> lis
     lines += sections.speedup_section(a)
     lines += sections.exponents_section(a.fits)
     lines += sections.score_memory_lines(a)
-    lines += pattern_sections(a.frame, level, waste=a.waste, fits=a.sparsity)
+    lines += pattern_sections(a, level)
     lines += sections.disagreement_section(a)
     lines += [f"{level} Plots", ""]
     n = one_n(a.frame)
@@ -103,16 +91,15 @@ def write_report(run_dir, reports_dir, baseline: str | None = None, svg: bool = 
     run = RunDir(run_dir)
     kernels = pd.read_csv(run.kernels) if run.kernels.exists() else None
     with atomic_dir(run.report_dir(reports_dir)) as tmp:
-        text = render(
+        analysed = analyse(
             df,
             env,
             run.run_id,
-            tmp,
             baseline,
             kernels,
-            svg,
             Rounds.read(run_dir),
             Anchor.read(run_dir),
         )
+        text = render(analysed, tmp, svg)
         (tmp / RunDir.REPORT).write_text(text, encoding="utf-8")
     return run.report(reports_dir)
