@@ -380,3 +380,41 @@ def test_scores_a_modifier_raises_count_in_the_bound_by_their_rounding(registrie
     monkeypatch.setattr(agreement, "C_MOD", 0.0)
     flagged = judged("naive", case)
     assert flagged.agrees is False and "out rel" in flagged.notes[-1], flagged.notes
+
+
+WRONG_SIG = """
+from attnbench.registry import register
+
+
+@register("wrong_sig")
+def wrong_sig(q, k, v, causal=False):
+    return q
+"""
+
+
+def test_an_impl_that_cannot_take_the_harness_call_is_one_line_exit_2_nothing_written(
+    registries, tmp_path, capsys
+):
+    path = tmp_path / "wrong_sig.py"
+    path.write_text(WRONG_SIG)
+    code = main(["sweep", "--device", "cpu", "--plugin", str(path), "--impls", "wrong_sig",
+                 "--results-dir", str(tmp_path / "res")])  # fmt: skip
+    assert code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "impl 'wrong_sig': wrong_sig(q, k, v, causal=False) cannot be called as " in lines[0]
+    assert "(q, k, v, *, causal, scale)" in lines[0] and "'scale'" in lines[0]
+    assert not (tmp_path / "res").exists() and "wrong_sig" not in registry._IMPLS
+
+
+@pytest.mark.parametrize(
+    "declared,fn,needs",
+    [
+        ({"paged": True}, lambda q, k, v, *, causal, scale: q, "block_table, seq_kv"),
+        ({"module": True}, lambda case: None, "(case, mask)"),
+    ],
+    ids=["paged", "module"],
+)
+def test_a_paged_or_module_impl_is_checked_against_its_own_call(registries, declared, fn, needs):
+    with pytest.raises(registry.RegistryError, match=re.escape(needs)):
+        registry.register("odd_call", **declared)(fn)
