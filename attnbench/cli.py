@@ -368,7 +368,21 @@ def _load_runs(run_a: Path, run_b: Path) -> list[tuple[str, pd.DataFrame, dict]]
         except UsageError as exc:
             raise UsageError(f"run {label}: {exc}") from None
         runs.append((path.resolve().name, df, env))
+    _check_two_runs(run_a, run_b, runs[0][1:], runs[1][1:])
     return runs
+
+
+def _check_two_runs(run_a: Path, run_b: Path, a: tuple, b: tuple) -> None:
+    """Runs A and B must be two runs: the same folder twice, or a copy of it (the same start
+    time and the same rows), has nothing to compare and no run-to-run noise to measure."""
+    same = run_a.resolve() == run_b.resolve()
+    copy = a[1].get("time_utc") == b[1].get("time_utc") and a[0].equals(b[0])
+    if same or copy:
+        what = "the same folder" if same else f"a copy of {run_a} (same start time and rows)"
+        raise UsageError(
+            f"run B {run_b} is {what}: a run against itself has nothing to compare and no "
+            f"run-to-run noise to measure; sweep the same grid again and compare the two runs"
+        )
 
 
 def fidelity(argv: list[str]) -> int:
