@@ -488,3 +488,23 @@ def test_a_run_folds_the_impls_it_left_out_into_counts_and_a_dry_run_names_each(
     out = capsys.readouterr().out
     assert "not run, as no --impls named them" in out
     assert "  flex: uses torch.compile" in out  # a dry run names each left-out impl and why
+
+
+def test_a_grid_whose_inputs_cannot_fit_the_device_is_one_line_exit_2_nothing_written(
+    tmp_path, capsys
+):
+    from attnbench.measure.memory import device_memory_bytes
+
+    limit = device_memory_bytes("cpu")
+    code = main(["sweep", "--device", "cpu", "--impls", "naive", "--batch", "100000",
+                 "--heads", "32", "--seq-len", "8192", "--mode", "fwd", "--causal", "true",
+                 "--results-dir", str(tmp_path / "res")])  # fmt: skip
+    assert code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    need = 3 * 100000 * 32 * 8192 * 64 * 4 / 2**30  # q, k, v in float32 at D64
+    assert (
+        f"the inputs of case B100000 H32 S8192 D64 float32 causal fwd take {need:,.1f} GiB, more "
+        f"than the {limit / 2**30:,.1f} GiB of cpu memory; use a smaller --batch, --heads or "
+        f"--seq-len"
+    ) in line
+    assert not (tmp_path / "res").exists()

@@ -351,3 +351,25 @@ def test_a_bad_retry_is_one_line_and_exit_2(tmp_path, capsys, args, needle):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err, err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_case_whose_inputs_run_out_of_memory_is_oom_rows_in_one_line(monkeypatch):
+    """Drawing the inputs ran out of memory (the CPU allocator's RuntimeError): each runnable
+    row is oom with one line naming the case, not the server's crash with a traceback."""
+    import attnbench.run.row as row_module
+
+    def refuse(case, seed):
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate "
+            "memory: you tried to allocate 6710886400000 bytes. Error code 12"
+        )
+
+    monkeypatch.setattr(row_module, "make_inputs", refuse)
+    spec = WorkerSpec(settings=FAST)
+    worker = Worker(spec, InProcess(spec))
+    rows = [m.row for m in worker.run_case(CASE, [_impl("a"), _impl("b")])]
+    assert [r["status"] for r in rows] == ["oom", "oom"]
+    for r in rows:
+        assert r["reason"].startswith(f"{PREPARING}: out of memory at B=1 Hq=1 seq_q=32 ")
+        assert "you tried to allocate 6710886400000 bytes" in r["reason"]
+        assert "\n" not in r["reason"] and r["time_ms"] is None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from attnbench.case import Case
 from attnbench.errors import AttnbenchError
@@ -48,6 +48,13 @@ class WorkerSpec:
 
     def with_ceilings(self, ceilings: dict) -> WorkerSpec:
         return replace(self, settings=self.settings.with_ceilings(ceilings))
+
+
+class PrepareFailed(NamedTuple):
+    """A server's answer to a prepare step whose case could not be made (its server lives)."""
+
+    status: str  # oom or error
+    reason: str
 
 
 class WorkerFailed(AttnbenchError):
@@ -203,9 +210,11 @@ class Worker:
     def _prepare(self) -> None:
         self.broken = None
         try:
-            self.transport.call(("prepare", self.case, self.spec.settings), None)
+            answer = self.transport.call(("prepare", self.case, self.spec.settings), None)
         except WorkerFailed as exc:
-            self.broken = WorkerFailed(exc.status, f"{PREPARING}: {exc.reason}")
+            answer = exc
+        if isinstance(answer, (WorkerFailed, PrepareFailed)):
+            self.broken = WorkerFailed(answer.status, f"{PREPARING}: {answer.reason}")
 
     def replace(self) -> bool:
         """After a LOST step: the transport's replacement started (its GPU asked again), or
