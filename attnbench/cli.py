@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench import registry
-from attnbench.errors import UsageError, did_you_mean
+from attnbench.errors import ClusterLost, UsageError, did_you_mean
 from attnbench.options import OPTIONS, flag, load_config, parse_value
 from attnbench.report.terminal import list_impls, models_table, summary_table
 from attnbench.run import executors
@@ -29,9 +29,10 @@ from attnbench.store.env import version_line
 from attnbench.store.repro import repro_command
 from attnbench.store.results import done_keys, load_run, read_results
 from attnbench.store.rundir import RunDir
+from attnbench.store.schema import LOST
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
-EXIT_LOST = 3  # --executor ray: the cluster's head (or the connection to it) was lost
+EXIT_LOST = 3  # --executor ray: the cluster's head, every executor, or rows were lost
 COMMANDS = {  # command -> what it does, for attnbench --help
     "sweep": "sweep impls over a grid of cases: results.csv, samples.csv, env.json, a report",
     "race": "the kernel race: the race preset (a GPU grid) as a sweep",
@@ -116,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"attnbench {command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except ClusterLost as exc:
+        print(f"attnbench {command}: error: {exc}", file=sys.stderr)
+        return EXIT_LOST
     except BrokenPipeError:  # the reader left early (attnbench list | head): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
@@ -227,23 +231,41 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
             print(pool.started)
         pool.on_head_lost(_head_lost(plan, argv, run, run_id, bool(args.run_id)))
         done = done_keys(run.path, opts.get("retry", ())) if args.resume else set()
-        run.write_grid(plan.grid)
         print(plan.start_text(run, len(done)))
         if warning := warn_if_busy(plan.device):
             print(warning, file=sys.stderr)
-        env = plan.env(argv) | pool.measure_devices()
+        devices = pool.measure_devices()  # every executor lost: ClusterLost, nothing written
+        run.write_grid(plan.grid)
+        env = plan.env(argv) | devices
         write_json_atomic(run.env_to_write(args.resume), env)
         try:
             plan.sweep(run, run_id, pool.executors, done, args.no_progress, args.row_lines)
         except KeyboardInterrupt:
             print(plan.interrupted_text(argv, run, run_id, bool(args.run_id)), file=sys.stderr)
             return 130
-    print(summary_table(read_results(run.path), [i.name for i in plan.impls]))
+    rows = read_results(run.path)
+    print(summary_table(rows, [i.name for i in plan.impls]))
     if args.no_report:
-        return _print(f"\nresults: {run.results}")
-    from attnbench.report.report import write_report  # matplotlib: only once there are rows
+        print(f"\nresults: {run.results}")
+    else:
+        from attnbench.report.report import write_report  # matplotlib: only once there are rows
 
-    return _print(f"\nresults: {run.results}\nreport:  {write_report(run.path, args.reports_dir)}")
+        print(f"\nresults: {run.results}\nreport:  {write_report(run.path, args.reports_dir)}")
+    return _lost_rows(rows, plan, argv, run_id, bool(args.run_id))
+
+
+def _lost_rows(rows, plan: Plan, argv: list[str], run_id: str, named: bool) -> int:
+    """EXIT_OK, or, when rows of the run are ``lost`` (their executor was lost), one line
+    with their count and the command that runs them, and EXIT_LOST."""
+    lost = int(rows["status"].eq(LOST).sum()) if len(rows) else 0
+    if not lost:
+        return EXIT_OK
+    print(
+        f"attnbench {plan.command}: {lost} row(s) lost with their executor (status lost, no "
+        f"number); run them with: {plan.resume_command(argv, run_id, named)}",
+        file=sys.stderr,
+    )
+    return EXIT_LOST
 
 
 def _head_lost(plan: Plan, argv: list[str], run: RunDir, run_id: str, named: bool):

@@ -20,6 +20,7 @@ from attnbench.run.sweep import run_sweep
 from attnbench.run.worker import ANCHOR, PREPARING, UNPREPARED, Worker, WorkerFailed, WorkerSpec
 from attnbench.store.results import done_keys, read_results, row_writer
 from attnbench.store.rundir import RunDir
+from attnbench.store.schema import LOST
 from attnbench.testing import FAST
 
 PLUGINS = Path(__file__).resolve().parent / "plugins"
@@ -44,9 +45,10 @@ class _Script:
         kind, *args = msg
         self.sent.append(msg)
         who = getattr(args[1], "name", None) if len(args) > 1 else None
-        if (kind, who, args[2] if kind == "time" else None) in self.fail:
+        key = (kind, who, args[2] if kind == "time" else None)
+        if key in self.fail:
             self.fresh = True
-            raise self.fail[(kind, who, args[2])]
+            raise self.fail[key]
         if kind == "prepare":
             self.fresh = False
         elif self.fresh:
@@ -373,3 +375,15 @@ def test_a_case_whose_inputs_run_out_of_memory_is_oom_rows_in_one_line(monkeypat
         assert r["reason"].startswith(f"{PREPARING}: out of memory at B=1 Hq=1 seq_q=32 ")
         assert "you tried to allocate 6710886400000 bytes" in r["reason"]
         assert "\n" not in r["reason"] and r["time_ms"] is None
+
+
+def test_an_executor_lost_during_the_speed_anchor_gives_the_next_row_its_cause():
+    """The actor died while timing the anchor (its node lost): the next step must not be
+    tried on a dead actor, and the row that says so keeps Ray's reason and when it came."""
+    impls = [_impl(n) for n in "abc"]
+    lost = WorkerFailed(LOST, "actor lost (the node running it died); stderr: (empty)")
+    script = _Script({("anchor", None, None): lost})  # the first round's anchor
+    rows = [m.row for m in Worker(WorkerSpec(settings=FAST), script).run_case(CASE, impls)]
+    assert rows[0]["status"] == LOST
+    assert rows[0]["reason"] == f"{lost.reason} (during the speed anchor of timing round 1)"
+    assert [m[0] for m in script.sent].count("prepare") == 1  # nothing sent past the loss

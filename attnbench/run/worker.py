@@ -28,6 +28,7 @@ from attnbench.registry import Impl
 from attnbench.run.failed import Measured, failed
 from attnbench.run.row import Settings, support_reasons
 from attnbench.store.env import GPU_WHERE
+from attnbench.store.schema import LOST
 
 PREPARING = "while preparing the case"  # the reason's start of a case that could not be made
 UNPREPARED = "unprepared"  # a server's answer to a step of a case it has not prepared
@@ -156,8 +157,11 @@ class Worker:
                 if who == ANCHOR:
                     try:
                         anchor.append({"round": r, **self._step(("anchor", self.case, r))})
-                    except WorkerFailed:  # no row is lost: the case goes on without it
+                    except WorkerFailed as exc:  # a crash: the case goes on without it
                         order.remove(ANCHOR)
+                        if exc.status == LOST:  # the executor is gone: the next row says why
+                            during = f"during the speed anchor of timing round {r + 1}"
+                            self.broken = WorkerFailed(LOST, f"{exc.reason} ({during})")
                     continue
                 answer = self._answer(who, ("time", self.case, who, r), f"timing round {r + 1}")
                 if isinstance(answer, Measured):
@@ -216,11 +220,12 @@ class Worker:
         if isinstance(answer, (WorkerFailed, PrepareFailed)):
             self.broken = WorkerFailed(answer.status, f"{PREPARING}: {answer.reason}")
 
-    def replace(self) -> bool:
+    def replace(self, say=print) -> bool:
         """After a LOST step: the transport's replacement started (its GPU asked again), or
-        False (a transport that cannot be replaced)."""
+        False (a transport that cannot be replaced); ``say`` gets a line on what it waits
+        for and how that ended."""
         replace = getattr(self.transport, "replace", None)
-        if not (replace and replace()):
+        if not (replace and replace(say)):
             return False
         try:
             entry = self.ask("device", ())
@@ -231,6 +236,14 @@ class Worker:
 
     def close(self) -> None:
         self.transport.close()
+
+
+def who(executor: Worker) -> str:
+    """'actor 1 on host-b (node 3fa2c1d0)': the executor, as far as it says."""
+    where = getattr(executor, "where", {})
+    actor = f"actor {where['actor']} on " if where.get("actor") is not None else ""
+    node = f" (node {str(where['node'])[:8]})" if where.get("node") else ""
+    return f"{actor}{executor.host or 'this machine'}{node}"
 
 
 def _medians(slices: list) -> dict[int, float]:

@@ -5,6 +5,7 @@ row's full error to the errors log; the progress bar or --row-lines."""
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 import threading
 import time
@@ -100,6 +101,12 @@ class Writer:
                     flush=True,
                 )
                 self._last_row = now
+
+    def note(self, line: str) -> None:
+        """A line for the terminal now (an executor lost, its replacement), above the
+        progress bar, on stderr."""
+        with self._lock:
+            self._bar.write(line, file=sys.stderr)
 
     def _postfix(self, label: str) -> str:
         """The last row; with several executors, also the rows per device and host."""
