@@ -602,3 +602,34 @@ def test_the_next_step_after_a_lost_actor_keeps_ray_s_reason_and_no_wait_without
         actor.call(("check", None, None), None)
     cause = first.value.reason.split("; stderr")[0]
     assert later.value.reason == f"the actor was lost ({cause}) and not replaced"
+
+
+def test_an_actor_whose_node_dies_as_it_starts_is_left_out_and_the_others_start(
+    monkeypatch, capsys
+):
+    import ray
+
+    from attnbench.run import ray_executor
+
+    class Actor:
+        def __init__(self, number):
+            self.info = SimpleNamespace(remote=lambda: number)
+
+    made = iter(range(3))
+    remote = SimpleNamespace(remote=lambda spec: Actor(next(made)))
+    cls = SimpleNamespace(options=lambda **kw: remote)
+
+    def get(ref, timeout=None):
+        if ref == 1:  # actor 1's node died as it started
+            raise ray.exceptions.RayActorError()
+        return {"host": f"h{ref}", "device_name": "cpu", "node_id": f"n{ref}", "err_path": ""}
+
+    fake = SimpleNamespace(
+        exceptions=ray.exceptions, remote=lambda c: cls, get=get, kill=lambda *a, **k: None,
+        wait=lambda refs, num_returns, timeout: (refs, []),
+    )  # fmt: skip
+    monkeypatch.setattr(ray_executor, "connect", lambda address, command: fake)
+    monkeypatch.setattr(ray_executor, "actor_options", lambda *a: (3, {"num_cpus": 1}))
+    up = ray_executor.start(None, WorkerSpec(), None, "sweep")
+    assert [p.where["actor"] for p in up] == [0, 2] and [p.host for p in up] == ["h0", "h2"]
+    assert capsys.readouterr().err.startswith("lost: actor 1 as it started (")

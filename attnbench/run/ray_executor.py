@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
 import tempfile
 
 from attnbench.errors import UsageError
@@ -240,19 +241,36 @@ def start(address: str | None, spec: WorkerSpec, actors: int | None, command: st
     proxies = [RayActor(ray, options, spec, i) for i in range(n)]
     for proxy in proxies:
         proxy.launch()
-    try:
-        infos = ray.get([p._info_ref for p in proxies], timeout=START_TIMEOUT_S)
-    except ray.exceptions.GetTimeoutError:
+    refs = [p._info_ref for p in proxies]
+    if ray.wait(refs, num_returns=n, timeout=START_TIMEOUT_S)[1]:  # some not started yet
         for proxy in proxies:
             proxy.close()
         raise UsageError(
             f"Ray did not start {n} actors ({options}) within {START_TIMEOUT_S:g} s; "
             f"cap them with --ray-actors"
-        ) from None
-    except ray.exceptions.RayActorError as exc:
+        )
+    infos = [_info(ray, p) for p in proxies]
+    failed = [info for info in infos if isinstance(info, BaseException)]
+    if len(failed) == n:  # none started: the cluster refuses them (its auth, its resources)
         for proxy in proxies:
             proxy.close()
-        raise UsageError(actor_start_problem(exc)) from None
+        raise UsageError(actor_start_problem(failed[0])) from None
+    up = []
     for proxy, info in zip(proxies, infos):
-        proxy.started(info)
-    return proxies
+        if isinstance(info, BaseException):  # its node lost as it started: the others go on
+            proxy.close()
+            print(f"lost: actor {proxy.where['actor']} as it started ({_exit_detail(info)})",
+                  file=sys.stderr)  # fmt: skip
+        else:
+            proxy.started(info)
+            up.append(proxy)
+    return up
+
+
+def _info(ray, proxy: RayActor):
+    """A started actor's ``info`` (its start is over), or the RayActorError of one that died
+    starting."""
+    try:
+        return ray.get(proxy._info_ref)
+    except ray.exceptions.RayActorError as exc:
+        return exc
