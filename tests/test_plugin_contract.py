@@ -418,3 +418,38 @@ def test_an_impl_that_cannot_take_the_harness_call_is_one_line_exit_2_nothing_wr
 def test_a_paged_or_module_impl_is_checked_against_its_own_call(registries, declared, fn, needs):
     with pytest.raises(registry.RegistryError, match=re.escape(needs)):
         registry.register("odd_call", **declared)(fn)
+
+
+def _distance(self, h, p, j):
+    return -0.5 * (p - j).abs().float()  # (Sq, Skv)
+
+
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        (  # a sign slip in apply: naive and tiled would disagree while sdpa (bias) agrees
+            {"apply": lambda self, s, h, p, j: s - _distance(self, h, p, j).to(s.dtype)},
+            "Trial.apply failed on a small case (ValueError: disagrees with Trial.reference in "
+            "float64: at head 0, query 0, key 0 it gives -3.5 where Trial.reference gives -4.5)",
+        ),
+        (  # the slip in bias: sdpa alone would disagree
+            {"bias": lambda self, h, p, j: -_distance(self, h, p, j)},
+            "s + Trial.bias failed on a small case (ValueError: disagrees with Trial.reference "
+            "in float64: at head 0, query 0, key 0 it gives -3.5 where Trial.reference gives "
+            "-4.5)",
+        ),
+    ],
+    ids=["apply", "bias"],
+)
+def test_a_modifier_whose_apply_or_bias_contradicts_its_reference_is_refused(
+    registries, body, message
+):
+    register_mod(modifier(**{
+        "additive": True,
+        "bias": _distance,
+        "apply": lambda self, s, h, p, j: s + _distance(self, h, p, j).to(s.dtype),
+        "reference": lambda self, s, h, p, j: s + _distance(self, h, p, j).double(),
+    } | body))  # fmt: skip
+    with pytest.raises(ContractError) as exc:
+        canonical_mod("trial")
+    assert message in str(exc.value)
