@@ -27,15 +27,17 @@ import torch
 from attnbench.case import Case
 from attnbench.errors import AttnbenchError
 from attnbench.heads import same
+from attnbench.masks import Mask
 from attnbench.measure.profiling import profiled
 from attnbench.module_layout import (
     NORM_KINDS,
     NORM_SCOPES,
     LayerModule,
+    LayerModuleError,
     Proj,
     QKNorm,
 )
-from attnbench.registry import Unsupported
+from attnbench.registry import Impl, Unsupported
 from attnbench.run.inputs import Inputs, layer_parts
 from attnbench.run.layer import EXTRAS, UNCHECKED, WEIGHTS, Parts
 
@@ -221,6 +223,28 @@ def _check(slots: list[Slot], names: dict, want: dict) -> None:
                 f"the case's dtype and device, weights (out_features, in_features) or a layout "
                 f"with transposed=True)"
             )
+
+
+def try_factory(impl: Impl, cases: list[Case]) -> None:
+    """A module impl's factory called once before any row, on a small CPU copy of the first
+    layer case it runs: a LayerModule built from arguments of the wrong kind is bad input
+    (LayerModuleError, one line), not the same error in every row. Any other failure is left
+    to the rows, which say it."""
+    case = next((c for c in cases if c.level == "layer" and not impl.reasons(c)), None)
+    if not impl.module or case is None:
+        return
+    try:
+        small = replace(case, batch=1, seq_q=min(case.seq_q, 16), seq_kv=min(case.seq_kv, 16))
+        small = replace(small, device="cpu")
+        mask = Mask(small.mask, small.kind.layout(small, 0), small.causal_align, small.modifier())
+    except Exception:  # noqa: BLE001 - a case that does not shrink: its rows will tell
+        return
+    try:
+        impl.fn(small, mask)
+    except LayerModuleError as exc:
+        raise LayerModuleError(f"impl {impl.name} ({impl.source or 'built-in'}): {exc}") from None
+    except Exception:  # noqa: BLE001 - anything else is the rows' to report
+        return
 
 
 def host(made: object, case: Case, inputs: Inputs, head_order: str, grad: bool) -> Hosted:

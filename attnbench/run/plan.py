@@ -20,6 +20,7 @@ from attnbench.measure.memory import device_memory_bytes
 from attnbench.measure.timing import TimerConfig
 from attnbench.options import MEASURE_OPTIONS, as_text
 from attnbench.run.inputs import input_bytes
+from attnbench.run.layer_module import try_factory
 from attnbench.run.row import Settings
 from attnbench.run.selection import (
     check_profile_filter,
@@ -113,6 +114,8 @@ class Plan:
                 f"(see attnbench list)"
             )
         check_profile_filter(opts.get("profile"), selected, cases)
+        for impl in selected:
+            try_factory(impl, cases)  # a LayerModule of the wrong kinds: once, not per row
         settings = Settings(
             timer=TimerConfig(rep_ms=spec.rep_ms[0], cuda_graph=opts.get("cuda_graph", False)),
             profile=opts.get("profile"),
