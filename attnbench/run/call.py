@@ -38,6 +38,9 @@ class Call:
     # level op, an impl of the other head order (heads.py): per canonical query head the
     # impl's head computing it (its q and dout handed in that order); None: the same order
     heads: torch.Tensor | None = None
+    # gradients by out.backward() into the leaves' .grad, as users take them: an impl whose
+    # reentrant checkpointing (use_reentrant=True) refuses torch.autograd.grad
+    via_backward: bool = False
 
     @classmethod
     def prepare(cls, impl: Impl, case: Case, inputs: Inputs) -> Call:
@@ -109,8 +112,19 @@ class Call:
 
     def grads(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
         # autograd.grad returns fresh grads instead of accumulating into .grad, so nothing
-        # needs clearing between repetitions
-        return torch.autograd.grad(out, self.leaves, self.dout, retain_graph=True)
+        # needs clearing between repetitions; the first call (the untimed check) finds out
+        # whether the impl refuses it
+        if not self.via_backward:
+            try:
+                return torch.autograd.grad(out, self.leaves, self.dout, retain_graph=True)
+            except RuntimeError as exc:
+                if "use_reentrant=True" not in str(exc):
+                    raise
+                self.via_backward = True
+        for leaf in self.leaves:  # cleared, not accumulated across repetitions
+            leaf.grad = None
+        out.backward(self.dout, retain_graph=True)
+        return tuple(leaf.grad for leaf in self.leaves)
 
     def check(self) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """Run once (untimed); validate; return out (and its grads: dq, dk, dv; or dx, dwq,
