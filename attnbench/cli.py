@@ -49,7 +49,14 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(allow_abbrev=False, **kwargs)
 
     def error(self, message: str):  # argparse's own errors: one line, exit 2
-        raise UsageError(f"{message} (see {self.prog} --help)")
+        raise UsageError(f"{message}{self._close_flag(message)} (see {self.prog} --help)")
+
+    def _close_flag(self, message: str) -> str:
+        """'; did you mean --seq-len?' for the first unrecognized flag close to a known one."""
+        head, sep, given = message.partition("unrecognized arguments: ")
+        flags = [w.split("=")[0] for w in given.split() if w.startswith("--")] if sep else []
+        known = [f for f in self._option_string_actions if f.startswith("--")]
+        return next((hint for f in flags if (hint := did_you_mean(f, known))), "")
 
 
 def _add_option(p: argparse.ArgumentParser, name: str, option) -> None:
@@ -146,8 +153,19 @@ def build_parser(command: str = "sweep") -> argparse.ArgumentParser:
         help="continue the run --run-id: rows "
         "already in its results.csv are kept and not run again",
     )
-    p.add_argument("--results-dir", default="results", type=Path)
-    p.add_argument("--reports-dir", default="reports", type=Path)
+    p.add_argument(
+        "--results-dir",
+        default="results",
+        type=Path,
+        help="where the run folder <run-id>/ (results.csv, samples.csv, env.json) goes "
+        "(default: results)",
+    )
+    p.add_argument(
+        "--reports-dir",
+        default="reports",
+        type=Path,
+        help="where the report <run-id>/report.md and its figures go (default: reports)",
+    )
     p.add_argument("--list", action="store_true", help="list every impl and exit")
     p.add_argument(
         "--list-models", action="store_true", help="list the model presets (--model) and exit"

@@ -508,3 +508,34 @@ def test_a_grid_whose_inputs_cannot_fit_the_device_is_one_line_exit_2_nothing_wr
         f"--seq-len"
     ) in line
     assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.parametrize(
+    "argv,hint",
+    [
+        (["sweep", "--seq-lenn", "128"], "--seq-lenn 128; did you mean '--seq-len'?"),
+        (["compare", "a", "b", "--fail", "5"], "--fail 5; did you mean '--fail-above'?"),
+        (["sweep", "--results-dirr=x"], "--results-dirr=x; did you mean '--results-dir'?"),
+    ],
+)
+def test_a_mistyped_flag_gets_the_close_one(argv, hint, capsys):
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"unrecognized arguments: {hint} (see attnbench {argv[0]} --help)" in line
+
+
+def test_the_folder_flags_have_help(capsys):
+    assert _exit_code(["sweep", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--results-dir RESULTS_DIR where the run folder <run-id>/" in text
+    assert "--reports-dir REPORTS_DIR where the report <run-id>/report.md" in text
+
+
+def test_list_says_what_its_number_ranges_mean_and_only_the_dtypes_an_impl_takes(capsys):
+    assert main(["list", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line[:1].isalpha()}
+    assert rows["triton_flash"][3] == "fp16,bf16" and rows["triton_flash"][4] == "16-256/8"
+    assert rows["triton_flash_fa2"][4] == "16-256/x2"
+    legend = " ".join(out.split())
+    assert "head_dims: a-b/s from a to b in steps of s, a-b/x2 from a to b doubling" in legend

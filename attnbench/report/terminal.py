@@ -113,7 +113,8 @@ def list_impls(impls: dict, device: str) -> str:
         for r in [dict(zip(widths, widths)), *rows]
     )
     legend = textwrap.fill(
-        "here: runs on this device; dev: devices (all: cpu and cuda); c/x/g/b: causal / cross "
+        "here: runs on this device; dev: devices (all: cpu and cuda); head_dims: a-b/s from a "
+        "to b in steps of s, a-b/x2 from a to b doubling; c/x/g/b: causal / cross "
         "(seq_q != seq_kv) / GQA / "
         "backward (a device: there only); masks beyond none: pad(ding), win(dow), doc(ument), "
         "bsp = block_sparse, all: every kind, a plugin's too, '!': needs one of them; "
