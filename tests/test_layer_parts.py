@@ -263,3 +263,49 @@ def test_an_interleaved_impl_agrees_once_declared_and_is_named_when_not(register
 def test_a_head_order_must_be_one_the_harness_knows(register):
     with pytest.raises(registry.RegistryError, match=r"head_order \['mod'\] not in"):
         register("bad_order", interleaved, head_order="mod")
+
+
+class CrossStyle(torch.nn.Module):
+    """lucidrains' modules and many cross-attention ones: to_q, a fused to_kv (k then v, as
+    .chunk(2) splits it), to_out; no biases. ``bug`` "swap_kv" reads v then k."""
+
+    def __init__(self, c: Case, bug: str = ""):
+        super().__init__()
+        dm, dkv = c.d_model, c.kv_heads * c.head_dim
+        self.group, self.D, self.causal, self.bug = c.heads // c.kv_heads, c.head_dim, c.causal, bug
+        self.to_q = torch.nn.Linear(dm, dm, bias=False)
+        self.to_kv = torch.nn.Linear(dm, 2 * dkv, bias=False)
+        self.to_out = torch.nn.Linear(dm, dm, bias=False)
+
+    def forward(self, x):  # (B, S, d_model) -> (B, S, d_model)
+        B, S, _ = x.shape
+        k, v = self.to_kv(x).chunk(2, dim=-1)
+        k, v = (v, k) if self.bug == "swap_kv" else (k, v)
+        q, k, v = (t.view(B, S, -1, self.D).transpose(1, 2) for t in (self.to_q(x), k, v))
+        k, v = (expand(t, self.group, "grouped") for t in (k, v))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.to_out(out.transpose(1, 2).reshape(B, S, -1))
+
+
+def cross_style(bug: str = "", order: str = "qkv"):
+    def factory(c: Case, mask) -> LayerModule:
+        module = CrossStyle(c, bug).to(device=c.device, dtype=c.torch_dtype)
+        layout = ModuleLayout(q="to_q", k="to_kv", v="to_kv", o="to_out", qkv_order=order)
+        return LayerModule.of(module, module, layout)
+
+    return factory
+
+
+@pytest.mark.parametrize(
+    "bug,order,agrees",
+    [("", "qkv", True), ("swap_kv", "qkv", False), ("swap_kv", "qvk", True)],
+    ids=["k-then-v", "swapped-undeclared", "swapped-declared"],
+)
+def test_a_fused_kv_projection_beside_q_is_hosted_in_its_declared_order(
+    register, bug, order, agrees
+):
+    impl = register("cross_style", cross_style(bug, order), module=True)
+    r = run_row(impl, case())
+    assert r["status"] == "ok" and r["agrees"] is agrees, r["reason"]
+    call = Call.prepare(impl, case(), make_inputs(case(), 0))
+    assert call.leaves[2] is call.hosted.module.to_kv.weight  # one leaf: its own fused weight

@@ -127,20 +127,30 @@ def _projections(made: LayerModule, case: Case) -> list[Slot]:
     lay, m = made.layout, made.module
     size = {"q": case.d_model, "k": case.kv_heads * case.head_dim}
     size["v"] = size["k"]
-    if lay.qkv is None:
-        found = {p: _proj(m, getattr(lay, p)) for p in "qkv"}
-        rows = dict.fromkeys("qkv")
-    else:
-        if sorted(lay.qkv_order) != ["k", "q", "v"]:
-            raise BadModule(f"qkv_order={lay.qkv_order!r} (supported: q, k, v in some order)")
-        weight, bias = _proj(m, lay.qkv)
-        total, out = sum(size.values()), weight.shape[-1 if lay.transposed else 0]
+    if sorted(lay.qkv_order) != ["k", "q", "v"]:
+        raise BadModule(f"qkv_order={lay.qkv_order!r} (supported: q, k, v in some order)")
+    # the projections by the path declared for them: one path for several is a fused weight,
+    # its parts stacked along out_features in qkv_order (a whole qkv, or a k|v beside q)
+    fused: dict[Proj, list[str]] = {}
+    for p in lay.qkv_order:
+        fused.setdefault(lay.qkv if lay.qkv is not None else getattr(lay, p), []).append(p)
+    found, rows = {}, {}
+    for path, parts in fused.items():
+        weight, bias = _proj(m, path)
+        found |= dict.fromkeys(parts, (weight, bias))
+        if len(parts) == 1:
+            rows[parts[0]] = None
+            continue
+        total, out = sum(size[p] for p in parts), weight.shape[-1 if lay.transposed else 0]
         if out != total:
+            kv = len(parts) - ("q" in parts)
+            sizes = " + ".join(["Hq·D"] * ("q" in parts) + [f"{kv}·Hkv·D" if kv > 1 else "Hkv·D"])
             raise BadModule(
-                f"the fused qkv weight has {out} out_features, expected {total} = Hq·D + 2·Hkv·D"
+                f"the fused {''.join(parts)} weight has {out} out_features, expected {total} "
+                f"= {sizes}"
             )
-        found, rows, start = dict.fromkeys("qkv", (weight, bias)), {}, 0
-        for p in lay.qkv_order:
+        start = 0
+        for p in parts:
             rows[p], start = slice(start, start + size[p]), start + size[p]
     found["o"], rows["o"] = _proj(m, lay.o), None
     slots = [Slot(f"w{p}", found[p][0], rows[p], lay.transposed) for p in "qkvo"]
