@@ -44,8 +44,9 @@ class ModuleLayout:
     ``qkv``: a fused projection, q, k and v stacked along its out_features in ``qkv_order``
     (q, k and v are then not read). One path given to two of q, k and v is a fused projection
     of those two, stacked in ``qkv_order`` too: ``k="to_kv", v="to_kv"`` beside ``q="to_q"``
-    (lucidrains' modules, many cross-attention ones) is k then v. ``transposed``: weights stored (in_features,
-    out_features), as GPT-2's Conv1D, not nn.Linear's (out_features, in_features)."""
+    (lucidrains' modules, many cross-attention ones) is k then v. ``transposed``: weights
+    stored (in_features, out_features), as GPT-2's Conv1D, not nn.Linear's (out_features,
+    in_features)."""
 
     q: Proj = "q_proj"
     k: Proj = "k_proj"
