@@ -199,3 +199,16 @@ def test_a_layer_module_of_the_wrong_kinds_is_one_line_exit_2_before_any_row(
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"attnbench sweep: error: impl old_mha ({path}): {said}"), line
     assert not (tmp_path / "res").exists()
+
+
+def test_the_conformance_grid_of_a_module_impl_is_its_own_level_and_it_checks_something(register):
+    """docs/plugins.md's "Testing your impl" recipe on a module impl: its cases are level layer
+    (self-attention), so it runs them, and a planted bug fails the recipe."""
+    from attnbench.testing import conformance_cases
+
+    good, bad = register(), register("tiny_scale", bug="scale")
+    cases = conformance_cases(good)
+    assert {c.level for c in cases} == {"layer"} and all(c.seq_q == c.seq_kv for c in cases)
+    ran = [c for c in cases if not good.reasons(c)]
+    assert ran and all(run_row(good, c)["agrees"] is True for c in ran)
+    assert not all(run_row(bad, c)["agrees"] is True for c in ran)

@@ -145,9 +145,11 @@ def _projections(made: LayerModule, case: Case) -> list[Slot]:
         if out != total:
             kv = len(parts) - ("q" in parts)
             sizes = " + ".join(["Hq·D"] * ("q" in parts) + [f"{kv}·Hkv·D" if kv > 1 else "Hkv·D"])
+            flipped = weight.shape[0 if lay.transposed else -1] == total
+            hint = f"; {_ORDER_HINT[not lay.transposed]}" if flipped else ""
             raise BadModule(
                 f"the fused {''.join(parts)} weight has {out} out_features, expected {total} "
-                f"= {sizes}"
+                f"= {sizes}{hint}"
             )
         start = 0
         for p in parts:
@@ -229,10 +231,34 @@ def _check(slots: list[Slot], names: dict, want: dict) -> None:
         if got.shape != seeded.shape or got.dtype != seeded.dtype or got.device != seeded.device:
             raise BadModule(
                 f"{what} is {tuple(got.shape)} {got.dtype} on {got.device}, expected "
-                f"{tuple(seeded.shape)} {seeded.dtype} on {seeded.device} (build the module in "
-                f"the case's dtype and device, weights (out_features, in_features) or a layout "
-                f"with transposed=True)"
+                f"{tuple(seeded.shape)} {seeded.dtype} on {seeded.device} ({_fix(s, got, seeded)})"
             )
+
+
+# a weight's storage, by the layout's transposed flag: what to declare
+_ORDER_HINT = {
+    True: "its weights are stored (in_features, out_features), as GPT-2's Conv1D: declare "
+    "ModuleLayout(..., transposed=True)",
+    False: "its weights are stored (out_features, in_features), as nn.Linear: declare "
+    "ModuleLayout(..., transposed=False)",
+}
+
+
+def _fix(slot: Slot, got: torch.Tensor, seeded: torch.Tensor) -> str:
+    """The fix for a part whose shape, dtype or device is not the case's: its norm's scope,
+    its weights' storage order, or the module's dtype and device."""
+    if got.shape != seeded.shape and "_norm_" in slot.role:
+        scope = "head" if got.numel() < seeded.numel() else "projection"
+        over = {"head": "over head_dim, each head alike", "projection": "over all H·D features"}
+        return (
+            f"the module's norm is over {got.numel()} features: declare QKNorm(..., "
+            f"scope={scope!r}), {over[scope]}"
+        )
+    if got.shape != seeded.shape and tuple(got.shape) == tuple(seeded.shape)[::-1]:
+        return _ORDER_HINT[not slot.transposed]
+    if got.shape != seeded.shape:
+        return "build the module for the case: d_model = heads·head_dim, k and v kv_heads·head_dim"
+    return "build the module in the case's dtype and on its device"
 
 
 def try_factory(impl: Impl, cases: list[Case]) -> None:
