@@ -539,3 +539,20 @@ def test_list_says_what_its_number_ranges_mean_and_only_the_dtypes_an_impl_takes
     assert rows["triton_flash_fa2"][4] == "16-256/x2"
     legend = " ".join(out.split())
     assert "head_dims: a-b/s from a to b in steps of s, a-b/x2 from a to b doubling" in legend
+
+
+def test_list_names_module_impls_and_the_gqa_head_order(registered, capsys):
+    from attnbench import registry
+
+    registry.register("xt_attn", head_order="interleaved")(lambda q, k, v, *, causal, scale: q)
+    assert main(["list", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line[:1].isalpha()}
+    head = rows["impl"]
+    took, gqa = head.index("in"), head.index("c/x/g/b")
+    assert rows["hf_llama_eager"][took] == "mod" and rows["naive"][took] == "qkv"
+    assert rows["flash_attn2_paged"][took] == "pg"
+    assert rows["xt_attn"][gqa].split("/")[2] == "i" and rows["naive"][gqa].split("/")[2] == "y"
+    legend = " ".join(out.split())
+    assert "mod (a module impl: x, at --level layer only)" in legend
+    assert "i: h % kv_heads, head_order interleaved" in legend
