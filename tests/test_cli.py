@@ -550,9 +550,9 @@ def test_list_names_module_impls_and_the_gqa_head_order(registered, capsys):
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line[:1].isalpha()}
     head = rows["impl"]
     took, gqa = head.index("in"), head.index("c/x/g/b")
-    assert rows["hf_llama_eager"][took] == "mod" and rows["naive"][took] == "qkv"
+    assert rows["hf_llama_eager"][took] == "md" and rows["naive"][took] == "op"
     assert rows["flash_attn2_paged"][took] == "pg"
     assert rows["xt_attn"][gqa].split("/")[2] == "i" and rows["naive"][gqa].split("/")[2] == "y"
     legend = " ".join(out.split())
-    assert "mod (a module impl: x, at --level layer only)" in legend
+    assert "md (a module impl: x, at --level layer only)" in legend
     assert "i: h % kv_heads, head_order interleaved" in legend

@@ -99,7 +99,7 @@ def list_impls(impls: dict, device: str) -> str:
                 "masks": _masks(impl),
                 "sm": _mods(impl),
                 "al": ALIGN_SHORT.get(impl.causal_align, "both"),
-                "in": "mod" if impl.module else "pg" if impl.paged else "qkv",
+                "in": "md" if impl.module else "pg" if impl.paged else "op",
                 "from": registry.origin(impl),
             }
         )
@@ -129,8 +129,8 @@ def list_impls(impls: dict, device: str) -> str:
         "sm: score modifiers (cap = softcap, ali = alibi; add: every one that only adds a bias, "
         "a plugin's too; all*: all, with backward those that declare grad); "
         "al: causal alignment, tl(top-left), br(bottom-right) or both (one "
-        "alone also runs the other's cases of equal lengths); in: what it takes, qkv (q, k, v), "
-        "pg (a paged KV cache) or mod (a module impl: x, at --level layer only); "
+        "alone also runs the other's cases of equal lengths); in: what it takes, op (q, k, v), "
+        "pg (a paged KV cache) or md (a module impl: x, at --level layer only); "
         "from: built-in (attnbench.impls), impls/ (the checkout's drop-in folder), --plugin, "
         "entry point",
         width=LIST_WIDTH,
