@@ -217,6 +217,19 @@ class Tanh(ScoreMod):
 """
 
 
+def refused(tmp_path, capsys, text: str, impls: str = "naive") -> tuple[Path, str]:
+    """The plugin file ``text`` and the one line a sweep with it answers (exit 2, nothing
+    written)."""
+    path = tmp_path / "plugin.py"
+    path.write_text(text)
+    code = main(["sweep", "--device", "cpu", "--plugin", str(path), "--impls", impls,
+                 "--results-dir", str(tmp_path / "res")])  # fmt: skip
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert not (tmp_path / "res").exists()
+    return path, lines[0]
+
+
 @pytest.mark.parametrize(
     "text,message",
     [
@@ -227,15 +240,9 @@ class Tanh(ScoreMod):
 def test_a_bad_plugin_kind_or_modifier_is_one_line_exit_2_nothing_written(
     registries, tmp_path, capsys, text, message
 ):
-    path = tmp_path / "plugin.py"
-    path.write_text(text)
-    code = main(["sweep", "--device", "cpu", "--plugin", str(path), "--impls", "naive",
-                 "--results-dir", str(tmp_path / "res")])  # fmt: skip
-    assert code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and message.format(path=path) in lines[0], lines
-    assert f"--plugin {path}: " in lines[0] and "docs/plugins.md" in lines[0]
-    assert not (tmp_path / "res").exists()
+    path, line = refused(tmp_path, capsys, text)
+    assert message.format(path=path) in line
+    assert f"--plugin {path}: " in line and "docs/plugins.md" in line
     assert "dilated2" not in KINDS and "tanh" not in MODS  # a refused kind is taken out again
 
 
@@ -395,16 +402,10 @@ def wrong_sig(q, k, v, causal=False):
 def test_an_impl_that_cannot_take_the_harness_call_is_one_line_exit_2_nothing_written(
     registries, tmp_path, capsys
 ):
-    path = tmp_path / "wrong_sig.py"
-    path.write_text(WRONG_SIG)
-    code = main(["sweep", "--device", "cpu", "--plugin", str(path), "--impls", "wrong_sig",
-                 "--results-dir", str(tmp_path / "res")])  # fmt: skip
-    assert code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1, lines
-    assert "impl 'wrong_sig': wrong_sig(q, k, v, causal=False) cannot be called as " in lines[0]
-    assert "(q, k, v, *, causal, scale)" in lines[0] and "'scale'" in lines[0]
-    assert not (tmp_path / "res").exists() and "wrong_sig" not in registry._IMPLS
+    _, line = refused(tmp_path, capsys, WRONG_SIG, "wrong_sig")
+    assert "impl 'wrong_sig': wrong_sig(q, k, v, causal=False) cannot be called as " in line
+    assert "(q, k, v, *, causal, scale)" in line and "'scale'" in line
+    assert "wrong_sig" not in registry._IMPLS
 
 
 @pytest.mark.parametrize(
