@@ -254,8 +254,7 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
             print(warning, file=sys.stderr)
         devices = pool.measure_devices()  # every executor lost: ClusterLost, nothing written
         run.write_grid(plan.grid)
-        env = plan.env(argv) | devices
-        write_json_atomic(run.env_to_write(args.resume), env)
+        write_json_atomic(run.env_to_write(args.resume), plan.env(argv) | devices)
         try:
             plan.sweep(run, run_id, pool.executors, done, args.no_progress, args.row_lines)
         except KeyboardInterrupt:

@@ -196,7 +196,7 @@ def test_a_norm_of_another_scope_than_declared_is_an_error(register):
     assert "q_norm.weight is (8,) torch.float32 on cpu, expected (32,)" in r["reason"]
     assert (
         r["reason"].endswith(
-            "(the module's norm is over 8 features: declare QKNorm(..., scope='head'), over "
+            "(the module's norm is over 8 features: declare QKNorm(.., scope='head'), over "
             "head_dim, each head alike)"
         )
         and "dtype" not in r["reason"].split("expected")[1]

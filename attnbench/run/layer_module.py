@@ -235,8 +235,7 @@ def _check(slots: list[Slot], names: dict, want: dict) -> None:
             )
 
 
-# a weight's storage, by the layout's transposed flag: what to declare
-_ORDER_HINT = {
+_ORDER_HINT = {  # a weight's storage, by the transposed flag it needs: what to declare
     True: "its weights are stored (in_features, out_features), as GPT-2's Conv1D: declare "
     "ModuleLayout(..., transposed=True)",
     False: "its weights are stored (out_features, in_features), as nn.Linear: declare "
@@ -248,12 +247,9 @@ def _fix(slot: Slot, got: torch.Tensor, seeded: torch.Tensor) -> str:
     """The fix for a part whose shape, dtype or device is not the case's: its norm's scope,
     its weights' storage order, or the module's dtype and device."""
     if got.shape != seeded.shape and "_norm_" in slot.role:
-        scope = "head" if got.numel() < seeded.numel() else "projection"
-        over = {"head": "over head_dim, each head alike", "projection": "over all H·D features"}
-        return (
-            f"the module's norm is over {got.numel()} features: declare QKNorm(..., "
-            f"scope={scope!r}), {over[scope]}"
-        )
+        head = got.numel() < seeded.numel()
+        scope = "'head'), over head_dim, each head alike" if head else "'projection'), over H·D"
+        return f"the module's norm is over {got.numel()} features: declare QKNorm(.., scope={scope}"
     if got.shape != seeded.shape and tuple(got.shape) == tuple(seeded.shape)[::-1]:
         return _ORDER_HINT[not slot.transposed]
     if got.shape != seeded.shape:
@@ -262,24 +258,20 @@ def _fix(slot: Slot, got: torch.Tensor, seeded: torch.Tensor) -> str:
 
 
 def try_factory(impl: Impl, cases: list[Case]) -> None:
-    """A module impl's factory called once before any row, on a small CPU copy of the first
-    layer case it runs: a LayerModule built from arguments of the wrong kind is bad input
-    (LayerModuleError, one line), not the same error in every row. Any other failure is left
-    to the rows, which say it."""
+    """A module impl's factory called once before any row, on a small CPU copy of its first
+    layer case: a LayerModule built from arguments of the wrong kind is bad input (one line),
+    not the same error in every row. Any other failure is the rows' to say."""
     case = next((c for c in cases if c.level == "layer" and not impl.reasons(c)), None)
     if not impl.module or case is None:
         return
     try:
         small = replace(case, batch=1, seq_q=min(case.seq_q, 16), seq_kv=min(case.seq_kv, 16))
         small = replace(small, device="cpu")
-        mask = Mask(small.mask, small.kind.layout(small, 0), small.causal_align, small.modifier())
-    except Exception:  # noqa: BLE001 - a case that does not shrink: its rows will tell
-        return
-    try:
-        impl.fn(small, mask)
+        layout = small.kind.layout(small, 0)
+        impl.fn(small, Mask(small.mask, layout, small.causal_align, small.modifier()))
     except LayerModuleError as exc:
         raise LayerModuleError(f"impl {impl.name} ({impl.source or 'built-in'}): {exc}") from None
-    except Exception:  # noqa: BLE001 - anything else is the rows' to report
+    except Exception:  # noqa: BLE001 - anything else (a case that does not shrink): the rows'
         return
 
 
