@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench import plugins as run_plugins
-from attnbench.errors import UsageError, did_you_mean
+from attnbench.errors import ClusterLost, UsageError, did_you_mean
 from attnbench.options import OPTIONS, flag, load_config, parse_value
 from attnbench.report.terminal import list_impls, models_table, summary_table
 from attnbench.repro import repro_command
@@ -28,9 +28,10 @@ from attnbench.run.target import Target, check_device
 from attnbench.store.env import write_env
 from attnbench.store.results import done_keys, load_run, read_results
 from attnbench.store.rundir import RunDir
+from attnbench.store.schema import LOST
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
-EXIT_LOST = 3  # --executor ray: the cluster's head (or the connection to it) was lost
+EXIT_LOST = 3  # --executor ray: the cluster's head, every executor, or rows were lost
 COMMANDS = {  # command -> what it does, for attnbench --help
     "sweep": "sweep impls over a grid of cases: results.csv, samples.csv, env.json, a report",
     "race": "the kernel race: the race preset (a GPU grid) as a sweep",
@@ -47,7 +48,14 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(allow_abbrev=False, **kwargs)
 
     def error(self, message: str):  # argparse's own errors: one line, exit 2
-        raise UsageError(f"{message} (see {self.prog} --help)")
+        raise UsageError(f"{message}{self._close_flag(message)} (see {self.prog} --help)")
+
+    def _close_flag(self, message: str) -> str:
+        """'; did you mean --seq-len?' for the first unrecognized flag close to a known one."""
+        head, sep, given = message.partition("unrecognized arguments: ")
+        flags = [w.split("=")[0] for w in given.split() if w.startswith("--")] if sep else []
+        known = [f for f in self._option_string_actions if f.startswith("--")]
+        return next((hint for f in flags if (hint := did_you_mean(f, known))), "")
 
 
 def _add_option(p: argparse.ArgumentParser, name: str, option) -> None:
@@ -115,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"attnbench {command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except ClusterLost as exc:
+        print(f"attnbench {command}: error: {exc}", file=sys.stderr)
+        return EXIT_LOST
     except BrokenPipeError:  # the reader left early (attnbench list | head): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
@@ -141,8 +152,19 @@ def build_parser(command: str = "sweep") -> argparse.ArgumentParser:
         help="continue the run --run-id: rows "
         "already in its results.csv are kept and not run again",
     )
-    p.add_argument("--results-dir", default="results", type=Path)
-    p.add_argument("--reports-dir", default="reports", type=Path)
+    p.add_argument(
+        "--results-dir",
+        default="results",
+        type=Path,
+        help="where the run folder <run-id>/ (results.csv, samples.csv, env.json) goes "
+        "(default: results)",
+    )
+    p.add_argument(
+        "--reports-dir",
+        default="reports",
+        type=Path,
+        help="where the report <run-id>/report.md and its figures go (default: reports)",
+    )
     p.add_argument("--list", action="store_true", help="list every impl and exit")
     p.add_argument(
         "--list-models", action="store_true", help="list the model presets (--model) and exit"
@@ -226,23 +248,40 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
             print(pool.started)
         pool.on_head_lost(_head_lost(plan, argv, run, run_id, bool(args.run_id)))
         done = done_keys(run.path, plan.run.retry) if args.resume else set()
-        run.write_grid(plan.grid)
         print(plan.start_text(run, len(done)))
         if warning := warn_if_busy(plan.device):
             print(warning, file=sys.stderr)
-        env = plan.env(argv) | pool.measure_devices()
-        write_env(run.env_to_write(args.resume), env)
+        devices = pool.measure_devices()  # every executor lost: ClusterLost, nothing written
+        run.write_grid(plan.grid)
+        write_env(run.env_to_write(args.resume), plan.env(argv) | devices)
         try:
             plan.sweep(run, run_id, pool.executors, done, args.no_progress, args.row_lines)
         except KeyboardInterrupt:
             print(plan.interrupted_text(argv, run, run_id, bool(args.run_id)), file=sys.stderr)
             return 130
-    print(summary_table(read_results(run.path), [i.name for i in plan.impls]))
+    rows = read_results(run.path)
+    print(summary_table(rows, [i.name for i in plan.impls]))
     if args.no_report:
-        return _print(f"\nresults: {run.results}")
-    from attnbench.report.report import write_report  # matplotlib: only once there are rows
+        print(f"\nresults: {run.results}")
+    else:
+        from attnbench.report.report import write_report  # matplotlib: only once there are rows
 
-    return _print(f"\nresults: {run.results}\nreport:  {write_report(run.path, args.reports_dir)}")
+        print(f"\nresults: {run.results}\nreport:  {write_report(run.path, args.reports_dir)}")
+    return _lost_rows(rows, plan, argv, run_id, bool(args.run_id))
+
+
+def _lost_rows(rows, plan: Plan, argv: list[str], run_id: str, named: bool) -> int:
+    """EXIT_OK, or, when rows of the run are ``lost`` (their executor was lost), one line
+    with their count and the command that runs them, and EXIT_LOST."""
+    lost = int(rows["status"].eq(LOST).sum()) if len(rows) else 0
+    if not lost:
+        return EXIT_OK
+    print(
+        f"attnbench {plan.command}: {lost} row(s) lost with their executor (status lost, no "
+        f"number); run them with: {plan.resume_command(argv, run_id, named)}",
+        file=sys.stderr,
+    )
+    return EXIT_LOST
 
 
 def _head_lost(plan: Plan, argv: list[str], run: RunDir, run_id: str, named: bool):
@@ -367,7 +406,21 @@ def _load_runs(run_a: Path, run_b: Path) -> list[tuple[str, pd.DataFrame, dict]]
         except UsageError as exc:
             raise UsageError(f"run {label}: {exc}") from None
         runs.append((path.resolve().name, df, env))
+    _check_two_runs(run_a, run_b, runs[0][1:], runs[1][1:])
     return runs
+
+
+def _check_two_runs(run_a: Path, run_b: Path, a: tuple, b: tuple) -> None:
+    """Runs A and B must be two runs: the same folder twice, or a copy of it (the same start
+    time and the same rows), has nothing to compare and no run-to-run noise to measure."""
+    same = run_a.resolve() == run_b.resolve()
+    copy = a[1].get("time_utc") == b[1].get("time_utc") and a[0].equals(b[0])
+    if same or copy:
+        what = "the same folder" if same else f"a copy of {run_a} (same start time and rows)"
+        raise UsageError(
+            f"run B {run_b} is {what}: a run against itself has nothing to compare and no "
+            f"run-to-run noise to measure; sweep the same grid again and compare the two runs"
+        )
 
 
 def fidelity(argv: list[str]) -> int:

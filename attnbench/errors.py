@@ -1,5 +1,6 @@
 """The exceptions attnbench raises on purpose. Every one is an ``AttnbenchError``; a
-``UsageError`` is bad input, printed as one line with exit code 2 and nothing written.
+``UsageError`` is bad input, printed as one line with exit code 2 and nothing written; a
+``ClusterLost`` is one line with exit code 3.
 ``did_you_mean`` is the one hint for a mistyped name, ``one_line`` the one way an error's
 text becomes one line."""
 
@@ -13,6 +14,10 @@ class AttnbenchError(Exception):
 
 class UsageError(AttnbenchError, ValueError):
     """Bad input (a flag, a sweep file, a plugin, a run folder): one line, exit code 2."""
+
+
+class ClusterLost(AttnbenchError):
+    """Every executor of a Ray sweep was lost before its first row: one line, exit code 3."""
 
 
 def did_you_mean(name: str, known: Iterable[str], cutoff: float = 0.6) -> str:

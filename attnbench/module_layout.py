@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench.errors import UsageError
+
 NORM_KINDS = ("rms", "layer")
 NORM_SCOPES = ("head", "projection")
 
@@ -40,8 +42,11 @@ Proj = str | tuple[str, str | None]
 class ModuleLayout:
     """Where a module keeps its learned parts (paths are attribute names, dotted for depth).
     ``qkv``: a fused projection, q, k and v stacked along its out_features in ``qkv_order``
-    (q, k and v are then not read). ``transposed``: weights stored (in_features,
-    out_features), as GPT-2's Conv1D, not nn.Linear's (out_features, in_features)."""
+    (q, k and v are then not read). One path given to two of q, k and v is a fused projection
+    of those two, stacked in ``qkv_order`` too: ``k="to_kv", v="to_kv"`` beside ``q="to_q"``
+    (lucidrains' modules, many cross-attention ones) is k then v. ``transposed``: weights
+    stored (in_features, out_features), as GPT-2's Conv1D, not nn.Linear's (out_features,
+    in_features)."""
 
     q: Proj = "q_proj"
     k: Proj = "k_proj"
@@ -57,11 +62,43 @@ class ModuleLayout:
 MHA = ModuleLayout(qkv=("in_proj_weight", "in_proj_bias"), o="out_proj")  # nn.MultiheadAttention
 
 
+class LayerModuleError(UsageError):
+    """A LayerModule built from arguments of the wrong kind (a plugin written against an
+    earlier API): one line naming what was passed and the fix; a sweep tries each module impl
+    once before its first row (run/layer_module.try_factory)."""
+
+
+CALL = "LayerModule.of(module, forward, layout=ModuleLayout(...)) (docs/plugins.md)"
+
+
+def _what(value: object) -> str:
+    name = getattr(value, "__qualname__", None)
+    return f"the {type(value).__name__} {name}" if name else f"a {type(value).__name__}"
+
+
 @dataclass(frozen=True)
 class LayerModule:
     module: torch.nn.Module
     forward: Callable[[torch.Tensor], torch.Tensor]  # x (B, S, d_model) -> (B, S, d_model)
     layout: ModuleLayout = ModuleLayout()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.module, torch.nn.Module):
+            raise LayerModuleError(
+                f"LayerModule's module is {_what(self.module)}, not the torch.nn.Module that "
+                f"holds the projections; build it as {CALL}"
+            )
+        if not callable(self.forward) or isinstance(self.forward, ModuleLayout):
+            raise LayerModuleError(
+                f"LayerModule's forward is {_what(self.forward)}, not a function x (B, S, "
+                f"d_model) -> (B, S, d_model); build it as {CALL}"
+            )
+        if not isinstance(self.layout, ModuleLayout):
+            swapped = " (forward and layout swapped?)" if callable(self.layout) else ""
+            raise LayerModuleError(
+                f"LayerModule's layout is {_what(self.layout)}, not a ModuleLayout{swapped}; "
+                f"build it as {CALL}"
+            )
 
     @classmethod
     def of(
@@ -69,9 +106,16 @@ class LayerModule:
         module: torch.nn.Module,
         forward: Callable[[torch.Tensor], torch.Tensor],
         layout: ModuleLayout | None = None,
+        **unknown,
     ) -> LayerModule:
         """``module`` with ``layout``; None: ``MHA`` for an nn.MultiheadAttention, else
         transformers' q_proj, k_proj, v_proj, o_proj (nn.Linear, biases where they have one)."""
+        if unknown:
+            given = ", ".join(f"{k}=" for k in unknown)
+            raise LayerModuleError(
+                f"LayerModule.of() was given {given}, which it does not take (an earlier API); "
+                f"declare the parts' paths in a ModuleLayout: {CALL}"
+            )
         if layout is None:
             mha = isinstance(module, torch.nn.MultiheadAttention)
             layout = MHA if mha else ModuleLayout()

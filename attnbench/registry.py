@@ -302,6 +302,35 @@ def _check_mask_param(impl: Impl) -> None:
         )
 
 
+def _check_call(impl: Impl) -> None:
+    """The function must take the call the harness makes: ``fn(q, k, v, causal=, scale=)``
+    (with ``mask=`` where it takes it, ``block_table=`` and ``seq_kv=`` when paged), or a
+    module factory's ``fn(case, mask)``. One that cannot is refused at registration, not on
+    every row."""
+    if impl.fn is None:
+        return
+    try:
+        sig = inspect.signature(impl.fn)
+    except (TypeError, ValueError):  # no readable signature (a builtin): the rows will say
+        return
+    if impl.module:
+        args, kwargs, call = ("case", "mask"), {}, "(case, mask)"
+    else:
+        args, kwargs = ("q", "k", "v"), {"causal": False, "scale": 1.0}
+        if impl.takes_mask:
+            kwargs["mask"] = None
+        if impl.paged:
+            kwargs |= {"block_table": None, "seq_kv": 1}
+        call = f"(q, k, v, *, {', '.join(kwargs)})"
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise RegistryError(
+            f"impl {impl.name!r}: {getattr(impl.fn, '__name__', 'its function')}{sig} cannot be "
+            f"called as {call} ({exc}); give it those parameters (docs/plugins.md)"
+        ) from None
+
+
 _IMPLS: dict[str, Impl] = {}
 _current_source = ""  # where the impls being registered come from (``registering_from``)
 
@@ -371,6 +400,7 @@ def register(
             requires=dict(requires or {}),
         )
         impl = Impl(fn=fn, **fields)
+        _check_call(impl)
         _check_mask_param(impl)
         add(impl)
         return fn

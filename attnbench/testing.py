@@ -67,8 +67,9 @@ def run_rows(
 def conformance_cases(impl: registry.Impl | None = None, device: str = "cpu") -> list[Case]:
     """The grid every impl is held to, within what ``impl`` declares when given (its
     smallest head dim where it lists some, its first dtype where float32 is not among them,
-    kv_heads = heads where it has no GQA). Lengths of 64 and up: compiled CPU FlexAttention
-    in torch 2.13 is wrong at some shorter lengths on AVX2 machines (docs/method.md)."""
+    kv_heads = heads where it has no GQA; a module impl's at level layer, self-attention).
+    Lengths of 64 and up: compiled CPU FlexAttention in torch 2.13 is wrong at some shorter
+    lengths on AVX2 machines (docs/method.md)."""
     base = dict(batch=2, heads=4, kv_heads=2, seq_q=64, seq_kv=64, head_dim=16, device=device)
     base["dtype"] = "float32"
     if impl is not None:
@@ -87,6 +88,9 @@ def conformance_cases(impl: registry.Impl | None = None, device: str = "cpu") ->
         dict(mask="window", pattern="16", causal=True),
         dict(dtype="bfloat16", causal=True),
     ]
+    if impl is not None and impl.module:  # a module runs at level layer, self-attention only
+        base["level"] = "layer"
+        variants = [v for v in variants if v.get("seq_q", 64) == v.get("seq_kv", 64)]
     return list(dict.fromkeys(Case(**{**base, **v}) for v in variants))
 
 

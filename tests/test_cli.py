@@ -488,3 +488,71 @@ def test_a_run_folds_the_impls_it_left_out_into_counts_and_a_dry_run_names_each(
     out = capsys.readouterr().out
     assert "not run, as no --impls named them" in out
     assert "  flex: uses torch.compile" in out  # a dry run names each left-out impl and why
+
+
+def test_a_grid_whose_inputs_cannot_fit_the_device_is_one_line_exit_2_nothing_written(
+    tmp_path, capsys
+):
+    from attnbench.measure.memory import device_memory_bytes
+
+    limit = device_memory_bytes("cpu")
+    code = main(["sweep", "--device", "cpu", "--impls", "naive", "--batch", "100000",
+                 "--heads", "32", "--seq-len", "8192", "--mode", "fwd", "--causal", "true",
+                 "--results-dir", str(tmp_path / "res")])  # fmt: skip
+    assert code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    need = 3 * 100000 * 32 * 8192 * 64 * 4 / 2**30  # q, k, v in float32 at D64
+    assert (
+        f"the inputs of case B100000 H32 S8192 D64 float32 causal fwd take {need:,.1f} GiB, more "
+        f"than the {limit / 2**30:,.1f} GiB of cpu memory; use a smaller --batch, --heads or "
+        f"--seq-len"
+    ) in line
+    assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.parametrize(
+    "argv,hint",
+    [
+        (["sweep", "--seq-lenn", "128"], "--seq-lenn 128; did you mean '--seq-len'?"),
+        (["compare", "a", "b", "--fail", "5"], "--fail 5; did you mean '--fail-above'?"),
+        (["sweep", "--results-dirr=x"], "--results-dirr=x; did you mean '--results-dir'?"),
+    ],
+)
+def test_a_mistyped_flag_gets_the_close_one(argv, hint, capsys):
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"unrecognized arguments: {hint} (see attnbench {argv[0]} --help)" in line
+
+
+def test_the_folder_flags_have_help(capsys):
+    assert _exit_code(["sweep", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--results-dir RESULTS_DIR where the run folder <run-id>/" in text
+    assert "--reports-dir REPORTS_DIR where the report <run-id>/report.md" in text
+
+
+def test_list_says_what_its_number_ranges_mean_and_only_the_dtypes_an_impl_takes(capsys):
+    assert main(["list", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line[:1].isalpha()}
+    assert rows["triton_flash"][3] == "fp16,bf16" and rows["triton_flash"][4] == "16-256/8"
+    assert rows["triton_flash_fa2"][4] == "16-256/x2"
+    legend = " ".join(out.split())
+    assert "head_dims: a-b/s from a to b in steps of s, a-b/x2 from a to b doubling" in legend
+
+
+def test_list_names_module_impls_and_the_gqa_head_order(registered, capsys):
+    from attnbench import registry
+
+    registry.register("xt_attn", head_order="interleaved")(lambda q, k, v, *, causal, scale: q)
+    assert main(["list", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line[:1].isalpha()}
+    head = rows["impl"]
+    took, gqa = head.index("in"), head.index("c/x/g/b")
+    assert rows["hf_llama_eager"][took] == "md" and rows["naive"][took] == "op"
+    assert rows["flash_attn2_paged"][took] == "pg"
+    assert rows["xt_attn"][gqa].split("/")[2] == "i" and rows["naive"][gqa].split("/")[2] == "y"
+    legend = " ".join(out.split())
+    assert "md (a module impl: x, at --level layer only)" in legend
+    assert "i: h % kv_heads, head_order interleaved" in legend

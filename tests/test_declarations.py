@@ -180,3 +180,20 @@ def test_masks_or_modifiers_for_a_function_without_mask_are_refused_when_registe
     assert "fixed" not in registry._IMPLS
     registry.register("any_kw", masks=("padding",))(lambda q, k, v, **kw: q)  # **kwargs takes it
     assert registry._IMPLS["any_kw"].takes_mask
+
+
+@pytest.mark.parametrize("mode", ["fwd_bwd", "bwd"])
+def test_an_impl_that_checkpoints_with_use_reentrant_runs_its_backward_rows(mode):
+    """Reentrant checkpointing (memory-efficient-attention-pytorch's chunked path) refuses
+    torch.autograd.grad; a user's .backward() works, and so does the row."""
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    def chunked(q, k, v, *, causal, scale):
+        attend = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                 scale=scale)  # fmt: skip
+        return checkpoint(attend, q, k, v, use_reentrant=True)
+
+    impl = registry.Impl(name="reentrant", fn=chunked, gqa=False)
+    r = run_row(impl, case(heads=2, kv_heads=2, seq_q=16, seq_kv=16, causal=True, mode=mode))
+    assert r["status"] == "ok" and r["agrees"] is True, r["reason"]

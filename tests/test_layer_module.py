@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from attnbench import plugins, registry
 from attnbench.case import Case
+from attnbench.cli import main
 from attnbench.module_layout import LayerModule
 from attnbench.run.call import Call
 from attnbench.run.inputs import make_inputs
@@ -153,3 +154,61 @@ def test_the_plugin_guide_module_example_agrees(register, tmp_path):
     for c in (case(), case(causal=False, mode="fwd")):
         r = run_row(registry._IMPLS["my_module"], c)
         assert r["status"] == "ok" and r["agrees"] is True, r["reason"]
+
+
+OLD_API = """
+import torch
+from attnbench import LayerModule, register
+
+
+@register("old_mha", module=True, gqa=False)
+def old_mha(case, mask):
+    mha = torch.nn.MultiheadAttention(case.d_model, case.heads, batch_first=True)
+    forward = lambda x: mha(x, x, x, need_weights=False)[0]
+    return LayerModule.of({call})
+"""
+
+
+@pytest.mark.parametrize(
+    "call,said",
+    [
+        (
+            "mha, forward, names={'q': 'q_proj'}",
+            "LayerModule.of() was given names=, which it does not take (an earlier API); "
+            "declare the parts' paths in a ModuleLayout: LayerModule.of(module, forward, "
+            "layout=ModuleLayout(...))",
+        ),
+        (
+            "mha, forward, forward",
+            "LayerModule's layout is the function old_mha.<locals>.<lambda>, not a "
+            "ModuleLayout (forward and layout swapped?)",
+        ),
+        ("forward, mha", "LayerModule's module is the function old_mha.<locals>.<lambda>, not"),
+    ],
+    ids=["names", "function-as-layout", "swapped"],
+)
+def test_a_layer_module_of_the_wrong_kinds_is_one_line_exit_2_before_any_row(
+    registered, tmp_path, capsys, call, said
+):
+    path = tmp_path / "old_api.py"
+    path.write_text(OLD_API.format(call=call))
+    code = main(["sweep", "--device", "cpu", "--plugin", str(path), "--impls", "old_mha",
+                 "--level", "layer", "--seq-len", "32", "--heads", "2", "--head-dim", "8",
+                 "--results-dir", str(tmp_path / "res")])  # fmt: skip
+    assert code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"attnbench sweep: error: impl old_mha ({path}): {said}"), line
+    assert not (tmp_path / "res").exists()
+
+
+def test_the_conformance_grid_of_a_module_impl_is_its_own_level_and_it_checks_something(register):
+    """docs/plugins.md's "Testing your impl" recipe on a module impl: its cases are level layer
+    (self-attention), so it runs them, and a planted bug fails the recipe."""
+    from attnbench.testing import conformance_cases
+
+    good, bad = register(), register("tiny_scale", bug="scale")
+    cases = conformance_cases(good)
+    assert {c.level for c in cases} == {"layer"} and all(c.seq_q == c.seq_kv for c in cases)
+    ran = [c for c in cases if not good.reasons(c)]
+    assert ran and all(run_row(good, c)["agrees"] is True for c in ran)
+    assert not all(run_row(bad, c)["agrees"] is True for c in ran)

@@ -217,6 +217,19 @@ class Tanh(ScoreMod):
 """
 
 
+def refused(tmp_path, capsys, text: str, impls: str = "naive") -> tuple[Path, str]:
+    """The plugin file ``text`` and the one line a sweep with it answers (exit 2, nothing
+    written)."""
+    path = tmp_path / "plugin.py"
+    path.write_text(text)
+    code = main(["sweep", "--device", "cpu", "--plugin", str(path), "--impls", impls,
+                 "--results-dir", str(tmp_path / "res")])  # fmt: skip
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert not (tmp_path / "res").exists()
+    return path, lines[0]
+
+
 @pytest.mark.parametrize(
     "text,message",
     [
@@ -227,15 +240,9 @@ class Tanh(ScoreMod):
 def test_a_bad_plugin_kind_or_modifier_is_one_line_exit_2_nothing_written(
     registries, tmp_path, capsys, text, message
 ):
-    path = tmp_path / "plugin.py"
-    path.write_text(text)
-    code = main(["sweep", "--device", "cpu", "--plugin", str(path), "--impls", "naive",
-                 "--results-dir", str(tmp_path / "res")])  # fmt: skip
-    assert code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and message.format(path=path) in lines[0], lines
-    assert f"--plugin {path}: " in lines[0] and "docs/plugins.md" in lines[0]
-    assert not (tmp_path / "res").exists()
+    path, line = refused(tmp_path, capsys, text)
+    assert message.format(path=path) in line
+    assert f"--plugin {path}: " in line and "docs/plugins.md" in line
     assert "dilated2" not in KINDS and "tanh" not in MODS  # a refused kind is taken out again
 
 
@@ -380,3 +387,70 @@ def test_scores_a_modifier_raises_count_in_the_bound_by_their_rounding(registrie
     monkeypatch.setattr(agreement, "C_MOD", 0.0)
     flagged = judged("naive", case)
     assert flagged.agrees is False and "out rel" in flagged.notes[-1], flagged.notes
+
+
+WRONG_SIG = """
+from attnbench.registry import register
+
+
+@register("wrong_sig")
+def wrong_sig(q, k, v, causal=False):
+    return q
+"""
+
+
+def test_an_impl_that_cannot_take_the_harness_call_is_one_line_exit_2_nothing_written(
+    registries, tmp_path, capsys
+):
+    _, line = refused(tmp_path, capsys, WRONG_SIG, "wrong_sig")
+    assert "impl 'wrong_sig': wrong_sig(q, k, v, causal=False) cannot be called as " in line
+    assert "(q, k, v, *, causal, scale)" in line and "'scale'" in line
+    assert "wrong_sig" not in registry._IMPLS
+
+
+@pytest.mark.parametrize(
+    "declared,fn,needs",
+    [
+        ({"paged": True}, lambda q, k, v, *, causal, scale: q, "block_table, seq_kv"),
+        ({"module": True}, lambda case: None, "(case, mask)"),
+    ],
+    ids=["paged", "module"],
+)
+def test_a_paged_or_module_impl_is_checked_against_its_own_call(registries, declared, fn, needs):
+    with pytest.raises(registry.RegistryError, match=re.escape(needs)):
+        registry.register("odd_call", **declared)(fn)
+
+
+def _distance(self, h, p, j):
+    return -0.5 * (p - j).abs().float()  # (Sq, Skv)
+
+
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        (  # a sign slip in apply: naive and tiled would disagree while sdpa (bias) agrees
+            {"apply": lambda self, s, h, p, j: s - _distance(self, h, p, j).to(s.dtype)},
+            "Trial.apply failed on a small case (ValueError: disagrees with Trial.reference in "
+            "float64: at head 0, query 0, key 0 it gives -3.5 where Trial.reference gives -4.5)",
+        ),
+        (  # the slip in bias: sdpa alone would disagree
+            {"bias": lambda self, h, p, j: -_distance(self, h, p, j)},
+            "s + Trial.bias failed on a small case (ValueError: disagrees with Trial.reference "
+            "in float64: at head 0, query 0, key 0 it gives -3.5 where Trial.reference gives "
+            "-4.5)",
+        ),
+    ],
+    ids=["apply", "bias"],
+)
+def test_a_modifier_whose_apply_or_bias_contradicts_its_reference_is_refused(
+    registries, body, message
+):
+    register_mod(modifier(**{
+        "additive": True,
+        "bias": _distance,
+        "apply": lambda self, s, h, p, j: s + _distance(self, h, p, j).to(s.dtype),
+        "reference": lambda self, s, h, p, j: s + _distance(self, h, p, j).double(),
+    } | body))  # fmt: skip
+    with pytest.raises(ContractError) as exc:
+        canonical_mod("trial")
+    assert message in str(exc.value)

@@ -352,7 +352,7 @@ class _Losing(_Fake):
             return
         yield from (failed(impl, case, "error", "fake") for impl in impls)
 
-    def replace(self):
+    def replace(self, say):
         self.replaced += 1
         return False
 
@@ -460,3 +460,180 @@ def test_an_executor_slower_than_its_peers_is_flagged():
     )
     lines = slow_peer_lines(ok)
     assert len(lines) == 2 and lines[0].startswith("H at b 2 is slower than its peers")
+
+
+class _Dying:
+    """A fake Ray transport over this process's steps: its ``lose`` step (a step kind, and
+    for a check its count) is lost as an actor whose node died is; it cannot be replaced."""
+
+    def __init__(self, spec, number, lose=None):
+        from attnbench.run.local import InProcess
+
+        self.inner, self.lose, self.checks = InProcess(spec), lose, 0
+        self.host, self.device_name = f"node{number}", self.inner.device_name
+        self.where = {"actor": number, "node": f"{number:08d}ffff"}
+
+    def call(self, msg, timeout_s):
+        from attnbench.run.worker import WorkerFailed
+
+        self.checks += msg[0] == "check"
+        if self.lose in (msg[0], ("check", self.checks)):
+            raise WorkerFailed(LOST, "actor lost (the node running it died)")
+        return self.inner.call(msg, timeout_s)
+
+    def replace(self, say):
+        say("ray: no replacement for the fake actor")
+        return False
+
+    def close(self):
+        self.inner.close()
+
+
+def _fake_ray(monkeypatch, *loses):
+    """The sweep command's executors: one _Dying transport per entry of ``loses``."""
+    from attnbench.run import executors
+    from attnbench.run.worker import Worker
+
+    def start(kind, plan):
+        pool = executors.Pool(plan, tempfile.TemporaryDirectory())
+        spec = plan.worker
+        pool.executors = [Worker(spec, _Dying(spec, n, lose)) for n, lose in enumerate(loses)]
+        return pool
+
+    monkeypatch.setattr(executors, "start", start)
+
+
+TINY = ["--device", "cpu", "--impls", "naive,sdpa", "--seq-len", "32,64", "--rep-ms", "2"]
+TINY += ["--preset", "smoke", "--mode", "fwd", "--causal", "false", "--no-report"]
+
+
+def test_lost_rows_at_the_end_give_their_count_the_resume_command_and_exit_3(
+    tmp_path, monkeypatch, capsys
+):
+    _fake_ray(monkeypatch, ("check", 2))  # lost at its second row: the rest is lost too
+    args = [*TINY, "--results-dir", str(tmp_path), "--run-id", "r"]
+    assert main(["sweep", *args]) == 3
+    rows = read_results(tmp_path / "r")
+    lost = int(rows["status"].eq(LOST).sum())
+    assert 0 < lost and len(rows) == 4  # 2 impls x 2 lengths, each row once
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        f"attnbench sweep: {lost} row(s) lost with their executor (status lost, no number); "
+        f"run them with: attnbench sweep {' '.join(args)} --resume"
+    )
+    # said when it happened, above the progress bar: who, the row, Ray's reason, what next
+    (said,) = [line for line in err if line.startswith("lost: ")]
+    assert said.startswith("lost: actor 0 on node0 (node 00000000), during sdpa: B1 H2 S32 D32")
+    assert "(actor lost (the node running it died)); the rest of its family goes back" in said
+    assert "ray: no replacement for the fake actor" in err
+    _fake_ray(monkeypatch, None)
+    assert main(["sweep", *args, "--resume"]) == 0  # the lost rows run, nothing is left lost
+    assert not read_results(tmp_path / "r")["status"].eq(LOST).any()
+
+
+def test_an_executor_lost_at_start_up_leaves_the_pool_and_the_sweep_goes_on(
+    tmp_path, monkeypatch, capsys
+):
+    _fake_ray(monkeypatch, "device", None)  # actor 0's node dies while it describes its device
+    assert main(["sweep", *TINY, "--results-dir", str(tmp_path), "--run-id", "r"]) == 0
+    rows = read_results(tmp_path / "r")
+    assert len(rows) == 4 and rows["status"].eq("ok").all() and set(rows["actor"]) == {1}
+    err = capsys.readouterr().err
+    assert "lost: actor 0 on node0 (node 00000000) while describing its device (actor lost " in err
+    assert "going on with 1 executor" in err
+    env = json.loads((tmp_path / "r" / "env.json").read_text())
+    assert [w["actor"] for d in env["devices"].values() for w in d["where"]] == [1]
+
+
+@pytest.mark.parametrize("step", ["device", "ceilings"])
+def test_every_executor_lost_at_start_up_is_one_line_exit_3_nothing_written(
+    tmp_path, monkeypatch, capsys, step
+):
+    _fake_ray(monkeypatch, step, step)
+    assert main(["sweep", *TINY, "--results-dir", str(tmp_path), "--run-id", "r"]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    doing = {"device": "describing", "ceilings": "measuring"}[step]
+    assert err[-1] == (
+        f"attnbench sweep: error: every executor was lost while {doing} its device, before the "
+        f"first row; nothing was written: check the cluster (ray status) and run the command "
+        f"again"
+    )
+    err = [line for line in err if not line.startswith("warning: load average")]
+    assert sum(line.startswith("lost: ") for line in err) == 2 and len(err) == 3
+    assert not (tmp_path / "r").exists()
+
+
+def _fake_actor(free: dict):
+    """A RayActor on a fake Ray: its actor's step dies as on a lost node; the cluster has
+    ``free`` resources."""
+    import ray
+
+    from attnbench.run.ray_executor import RayActor
+
+    class Dead:
+        class call:  # noqa: N801 - the actor method's shape: actor.call.remote(...)
+            @staticmethod
+            def remote(*args):
+                return "ref"
+
+    def get(ref, timeout=None):
+        raise ray.exceptions.RayActorError()
+
+    fake = SimpleNamespace(
+        exceptions=ray.exceptions, get=get, kill=lambda *a, **k: None,
+        available_resources=lambda: free, remote=None,
+    )  # fmt: skip
+    actor = RayActor(fake, {"num_cpus": 1}, WorkerSpec(), 1)
+    actor.actor = Dead()
+    return actor
+
+
+def test_the_next_step_after_a_lost_actor_keeps_ray_s_reason_and_no_wait_without_room():
+    from attnbench.run.worker import WorkerFailed
+
+    actor = _fake_actor({"CPU": 0.0})
+    with pytest.raises(WorkerFailed) as first:
+        actor.call(("check", None, None), None)
+    assert first.value.status == LOST and first.value.reason.startswith("actor lost (")
+    said = []
+    started = time.monotonic()
+    assert actor.replace(said.append) is False and time.monotonic() - started < 1
+    assert said == [
+        "ray: no replacement for actor 1: it needs 1 CPU and the cluster has CPU 0, GPU 0 "
+        "free; its rows go to the other actors"
+    ]
+    with pytest.raises(WorkerFailed) as later:
+        actor.call(("check", None, None), None)
+    cause = first.value.reason.split("; stderr")[0]
+    assert later.value.reason == f"the actor was lost ({cause}) and not replaced"
+
+
+def test_an_actor_whose_node_dies_as_it_starts_is_left_out_and_the_others_start(
+    monkeypatch, capsys
+):
+    import ray
+
+    from attnbench.run import ray_executor
+
+    class Actor:
+        def __init__(self, number):
+            self.info = SimpleNamespace(remote=lambda: number)
+
+    made = iter(range(3))
+    remote = SimpleNamespace(remote=lambda spec: Actor(next(made)))
+    cls = SimpleNamespace(options=lambda **kw: remote)
+
+    def get(ref, timeout=None):
+        if ref == 1:  # actor 1's node died as it started
+            raise ray.exceptions.RayActorError()
+        return {"host": f"h{ref}", "device_name": "cpu", "node_id": f"n{ref}", "err_path": ""}
+
+    fake = SimpleNamespace(
+        exceptions=ray.exceptions, remote=lambda c: cls, get=get, kill=lambda *a, **k: None,
+        wait=lambda refs, num_returns, timeout: (refs, []),
+    )  # fmt: skip
+    monkeypatch.setattr(ray_executor, "connect", lambda address, command: fake)
+    monkeypatch.setattr(ray_executor, "actor_options", lambda *a: (3, {"num_cpus": 1}))
+    up = ray_executor.start(None, WorkerSpec(), None, "sweep")
+    assert [p.where["actor"] for p in up] == [0, 2] and [p.host for p in up] == ["h0", "h2"]
+    assert capsys.readouterr().err.startswith("lost: actor 1 as it started (")

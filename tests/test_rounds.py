@@ -20,6 +20,7 @@ from attnbench.run.sweep import run_sweep
 from attnbench.run.worker import ANCHOR, PREPARING, UNPREPARED, Worker, WorkerFailed, WorkerSpec
 from attnbench.store.results import done_keys, read_results, row_writer
 from attnbench.store.rundir import RunDir
+from attnbench.store.schema import LOST
 from attnbench.testing import FAST, run_row, run_rows
 
 PLUGINS = Path(__file__).resolve().parent / "plugins"
@@ -44,9 +45,10 @@ class _Script:
         kind, *args = msg
         self.sent.append(msg)
         who = getattr(args[1], "name", None) if len(args) > 1 else None
-        if (kind, who, args[2] if kind == "time" else None) in self.fail:
+        key = (kind, who, args[2] if kind == "time" else None)
+        if key in self.fail:
             self.fresh = True
-            raise self.fail[(kind, who, args[2])]
+            raise self.fail[key]
         if kind == "prepare":
             self.fresh = False
         elif self.fresh:
@@ -392,3 +394,37 @@ def test_a_bad_retry_is_one_line_and_exit_2(tmp_path, capsys, args, needle):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err, err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_case_whose_inputs_run_out_of_memory_is_oom_rows_in_one_line(monkeypatch):
+    """Drawing the inputs ran out of memory (the CPU allocator's RuntimeError): each runnable
+    row is oom with one line naming the case, not the server's crash with a traceback."""
+    import attnbench.run.row as row_module
+
+    def refuse(case, seed):
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate "
+            "memory: you tried to allocate 6710886400000 bytes. Error code 12"
+        )
+
+    monkeypatch.setattr(row_module, "make_inputs", refuse)
+    spec = WorkerSpec(settings=FAST)
+    worker = Worker(spec, InProcess(spec))
+    rows = [m.row for m in worker.run_case(CASE, [_impl("a"), _impl("b")])]
+    assert [r["status"] for r in rows] == ["oom", "oom"]
+    for r in rows:
+        assert r["reason"].startswith(f"{PREPARING}: out of memory at B=1 Hq=1 seq_q=32 ")
+        assert "you tried to allocate 6710886400000 bytes" in r["reason"]
+        assert "\n" not in r["reason"] and r["time_ms"] is None
+
+
+def test_an_executor_lost_during_the_speed_anchor_gives_the_next_row_its_cause():
+    """The actor died while timing the anchor (its node lost): the next step must not be
+    tried on a dead actor, and the row that says so keeps Ray's reason and when it came."""
+    impls = [_impl(n) for n in "abc"]
+    lost = WorkerFailed(LOST, "actor lost (the node running it died); stderr: (empty)")
+    script = _Script({("anchor", None, None): lost})  # the first round's anchor
+    rows = [m.row for m in Worker(WorkerSpec(settings=FAST), script).run_case(CASE, impls)]
+    assert rows[0]["status"] == LOST
+    assert rows[0]["reason"] == f"{lost.reason} (during the speed anchor of timing round 1)"
+    assert [m[0] for m in script.sent].count("prepare") == 1  # nothing sent past the loss

@@ -2,6 +2,8 @@
 speedups and ties, the anchor's normalisation under a drifting machine, and verdicts marked
 where they are stated."""
 
+import shutil
+
 import pytest
 from synth import env, ok_row, smoke_rows, write_rounds_run, write_run
 
@@ -9,6 +11,7 @@ from attnbench.case import Case
 from attnbench.cli import main
 from attnbench.report import verdicts
 from attnbench.report.compare import RULE_ANCHOR, RULE_OVERLAP, RULE_ROUNDS, compare_runs
+from attnbench.report.judge import NOISE_MIN_CASES
 from attnbench.report.recommend import recommendations
 from attnbench.report.rounds import Anchor, Rounds
 from attnbench.report.terminal import summary_table
@@ -262,3 +265,36 @@ def test_the_documented_a_b_run_runs_and_reads_it(tmp_path):
     assert "### Speedup vs ab_old" in md and "| ab_new |" in md
     sp = verdicts.speedups(read_results(run), "ab_old", Rounds.read(run))
     assert sp.loc[sp["impl"] == "ab_new", "speedup"].notna().all()
+
+
+def test_a_run_compared_with_itself_or_its_copy_is_one_line_exit_2_nothing_written(
+    tmp_path, capsys
+):
+    a = write_rounds_run(tmp_path, "a", smoke_rows("a", seqs=SEQS), seed=1)
+    copy = tmp_path / "copy"
+    shutil.copytree(a, copy)
+    for b, said in ((a, "is the same folder"), (copy, f"is a copy of {a}")):
+        out = tmp_path / "o"
+        assert main(["compare", str(a), str(b), "--out", str(out)]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert f"run B {b} {said}" in line and "sweep the same grid again" in line
+        assert not out.exists()
+
+
+def test_noise_not_measured_says_how_many_cases_contention_left_out(tmp_path, capsys):
+    rows = smoke_rows("a", seqs=SEQS)
+    a = write_rounds_run(tmp_path, "a", rows, seed=1)
+    free = {("sdpa", SEQS[0])}  # the only (impl, length) left uncontended
+    held = [{**r, "contended": (r["impl"], r["seq_q"]) not in free} if r["status"] == "ok" else r
+            for r in rows]  # fmt: skip
+    b = write_rounds_run(tmp_path, "b", held, seed=2)
+    cmp = compared(a, b)
+    timed = int(cmp["rule"].isin([RULE_ANCHOR, RULE_ROUNDS]).sum())
+    out = int(cmp["verdict"].eq("contended (not judged)").sum())
+    assert timed - out < NOISE_MIN_CASES <= timed  # enough cases, too few uncontended
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "o")]) == 0
+    assert (
+        f"run-to-run noise: not measured ({timed} cases timed in rounds, {out} of them "
+        f"contended in a run and left out, {timed - out} left; the spread needs "
+        f"{NOISE_MIN_CASES})"
+    ) in capsys.readouterr().out

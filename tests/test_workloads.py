@@ -130,14 +130,18 @@ def test_roofline_uses_the_ceiling_the_intensity_meets():
 
 
 def test_forced_sdpa_backends_declare_their_work_with_a_bottom_right_mask(impls):
-    """Bottom-right causal reaches a forced backend as a dense boolean mask: the whole score
-    matrix is computed; top-left (is_causal) stays the backend's own choice, undeclared."""
+    """Bottom-right causal reaches the forced math and cuDNN backends as a dense boolean mask:
+    the whole score matrix is computed; flash and efficient get causal_lower_right, whose
+    kernels skip what they skip, as top-left (is_causal) does: the backend's own choice,
+    undeclared."""
     decode = Case(2, 4, 2, 3, 40, 8, causal=True, causal_align="bottom_right")
     square = Case(2, 4, 2, 40, 40, 8, causal=True, causal_align="bottom_right")  # shift 0
-    for name in ("sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn"):
+    for name in ("sdpa_math", "sdpa_cudnn"):
         assert impls[name].work(decode, None) == 2 * 3 * 40, name
+    for name in ("sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn"):
         assert impls[name].work(square, None) is None, name
-    assert impls["sdpa"].work(decode, None) is None  # causal_lower_right: PyTorch's choice
+    for name in ("sdpa", "sdpa_flash", "sdpa_efficient"):  # causal_lower_right: PyTorch's choice
+        assert impls[name].work(decode, None) is None, name
     row = run_row(impls["sdpa_math"], decode, settings=QUICK)
     assert row["status"] == "ok" and row["work_flops"] == 4.0 * 4 * 8 * 2 * 3 * 40
 
@@ -304,3 +308,19 @@ def test_phases_work_without_a_model():
     train = [c for c in cases if c.phase == "train"]
     assert {c.mode for c in train} == {"fwd_bwd"} and all(c.seq_q == c.seq_kv for c in train)
     assert {c.model for c in cases} == {""}
+
+
+def test_forced_flash_gets_the_bottom_right_path_sdpa_runs_decode_rows_by(impls, monkeypatch):
+    """Decode rows (bottom-right causal, Sq < Skv): sdpa runs them through causal_lower_right,
+    whose flash path CUDA's flash backend takes; sdpa_flash gets the same bias (a dense mask
+    would be refused there: flash takes no attn_mask), sdpa_math the dense mask."""
+    import torch.nn.attention.bias as torch_bias
+
+    real, given = torch_bias.causal_lower_right, []
+    monkeypatch.setattr(torch_bias, "causal_lower_right", lambda *a: given.append(a) or real(*a))
+    decode = Case(1, 4, 2, 4, 40, 8, causal=True, causal_align="bottom_right")
+    for name, biased in (("sdpa", True), ("sdpa_flash", True), ("sdpa_math", False)):
+        given.clear()
+        row = run_row(impls[name], decode, settings=QUICK)
+        assert row["status"] == "ok" and row["agrees"] is True, (name, row["reason"])
+        assert bool(given) is biased and all(a == (4, 40) for a in given), name

@@ -94,10 +94,18 @@ _cpp_library_load_exception = OSError(
 """
 
 
-def test_an_extension_that_does_not_load_is_one_line_with_the_fix(tmp_path, monkeypatch, capfd):
+@pytest.mark.parametrize("cuda", ["12.8", None], ids=["cuda-torch", "cpu-torch"])
+def test_an_extension_that_does_not_load_is_one_line_with_the_fix(
+    tmp_path, monkeypatch, capfd, cuda
+):
     """xformers' own check, run on its own (a stand-in package here), its warning kept off the
-    terminal and said in one line instead."""
+    terminal and said in one line instead: with a CUDA build of torch the reinstall command;
+    with a CPU build, which no xformers build would load in, that it is CUDA only."""
     import sys
+
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", cuda)
 
     (tmp_path / "xformers").mkdir()
     (tmp_path / "xformers" / "__init__.py").write_text("raise ImportError('never imported')\n")
@@ -109,6 +117,16 @@ def test_an_extension_that_does_not_load_is_one_line_with_the_fix(tmp_path, monk
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "xformers", raising=False)
     why = xk.extension_failure.__wrapped__()  # not the cached answer of this machine
+    built = (
+        "(xFormers was built for: PyTorch 2.10.0+cu128 with CUDA 1208 (you have 2.13.0+cpu) "
+        "Python 3.10.19 (you have 3.11.7))"
+    )
+    if cuda is None:
+        assert why == (
+            f"CUDA only: xformers has no CPU operator, and torch {torch.__version__} has no "
+            f"CUDA, so xformers 0.0.99's C++/CUDA extension cannot load here {built}"
+        )
+        return
     assert why.startswith(
         "xformers 0.0.99 cannot load its C++/CUDA extension (xFormers was built for: PyTorch "
         "2.10.0+cu128 with CUDA 1208 (you have 2.13.0+cpu) Python 3.10.19 (you have 3.11.7)), "

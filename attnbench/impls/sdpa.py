@@ -11,11 +11,15 @@ boolean ``attn_mask`` (Bm, 1, Sq, Skv) with causal folded in, built once per row
 PyTorch's flash backend on CUDA takes no attn_mask, so masked rows there run another backend
 (auto) or are refused (sdpa_flash), in PyTorch's words.
 
-Bottom-right causal (``causal_align``): ``sdpa`` passes PyTorch's own
-``torch.nn.attention.bias.causal_lower_right``, which picks a kernel by itself (the backend
-column says which ran). That bias may call a kernel directly, past ``sdpa_kernel``, so the
-forced backends get the same mask as a dense ``attn_mask`` instead: a forced row then runs
-the backend it names, or is refused in PyTorch's words. A causal mask that hides no key
+Bottom-right causal (``causal_align``): ``sdpa``, ``sdpa_flash`` and ``sdpa_efficient`` pass
+PyTorch's own ``torch.nn.attention.bias.causal_lower_right``, which picks a kernel by itself
+(the backend column says which ran): the flash kernel with its native bottom-right causal
+where ``can_use_flash_attention`` allows it, else the efficient kernel's, else the mask made
+dense through ``F.scaled_dot_product_attention``. Both checks refuse a backend ``sdpa_kernel``
+has disabled, so a forced row runs the backend it names (``sdpa_flash`` runs the decode rows
+flash runs for ``sdpa``), or is refused in PyTorch's words. The forced cuDNN and math
+backends, which the bias has no path of theirs for, get the dense mask directly (the bias
+would warn on every call that flash and efficient are off). A causal mask that hides no key
 (bottom-right with one query: a decode step's new token sees its whole cache) is passed as no
 mask at all, as decoding code does, so every backend can take it (the float64 reference still
 applies the mask, and the row's agreement checks the equivalence).
@@ -41,6 +45,8 @@ BACKENDS = {
     "cudnn": "CUDNN_ATTENTION",
     "math": "MATH",
 }
+# the backends causal_lower_right has a kernel path of its own for (its bottom-right causal)
+LOWER_RIGHT = ("flash", "efficient")
 # What PyTorch raises when no enabled backend takes the case (CUDA, CPU wording)
 REFUSALS = ("No available kernel", "No viable backend")
 
@@ -93,17 +99,18 @@ def forced(name: str) -> Callable:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backend = getattr(SDPBackend, BACKENDS[name])
+    bias = name in LOWER_RIGHT
 
     def run(q, k, v, *, causal, scale, mask):
         # q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D) -> (B, Hq, Sq, D)
         try:
             with sdpa_kernel(backend):
-                return attention(q, k, v, causal=causal, scale=scale, mask=mask, bias=False)
+                return attention(q, k, v, causal=causal, scale=scale, mask=mask, bias=bias)
         except RuntimeError as exc:
             if not any(text in str(exc) for text in REFUSALS):
                 raise
             why = refusal(
-                lambda: attention(q, k, v, causal=causal, scale=scale, mask=mask, bias=False),
+                lambda: attention(q, k, v, causal=causal, scale=scale, mask=mask, bias=bias),
                 backend,
             )
         raise Unsupported(f"PyTorch's {name} backend refused: {why}")
@@ -172,9 +179,10 @@ def call_pairs(case, mask) -> int | None:
     return case.batch * case.seq_q * case.seq_kv
 
 
-def forced_pairs(case, mask) -> int | None:
-    """A forced backend: as ``call_pairs``, but bottom-right causal with Sq != Skv reaches it
-    as a dense boolean attn_mask (``attention(bias=False)``), so the whole matrix."""
+def dense_pairs(case, mask) -> int | None:
+    """The forced cuDNN and math backends: as ``call_pairs``, but bottom-right causal with
+    Sq != Skv reaches them as a dense boolean attn_mask (``attention(bias=False)``), so the
+    whole matrix."""
     if case.causal and case.mask == "none" and case.shift == 0:
         return None
     return case.batch * case.seq_q * case.seq_kv
@@ -207,6 +215,6 @@ for _name, _devices in DEVICES.items():
         causal_align=ALIGNS,
         backend=_name,
         color=COLORS[_name],
-        work=forced_pairs,
+        work=call_pairs if _name in LOWER_RIGHT else dense_pairs,
         description=f"F.scaled_dot_product_attention with only the {_name} backend",
     )(forced(_name))

@@ -83,6 +83,11 @@ def extension_failure() -> str | None:
         version = f" {importlib.metadata.version('xformers')}"
     except importlib.metadata.PackageNotFoundError:  # importable without its metadata
         version = ""
+    if torch.version.cuda is None:  # a CPU build of torch: no xformers build would load
+        return (
+            f"CUDA only: xformers has no CPU operator, and torch {torch.__version__} has no "
+            f"CUDA, so xformers{version}'s C++/CUDA extension cannot load here ({why})"
+        )
     return (
         f"xformers{version} cannot load its C++/CUDA extension "
         f"({why}), so its calls would run PyTorch's own kernels, not its own (install an "

@@ -124,3 +124,19 @@ def broadcasting_to(shape: tuple) -> Callable[[object], None]:
         expect(ok, f"returned shape {tuple(out.shape)}, which does not broadcast to {shape}")
 
     return check
+
+
+def agreeing(ref: torch.Tensor, other: str, rtol: float = 1e-4) -> Callable[[object], None]:
+    """A trial's check: float64 scores (1, H, Sq, Skv) that agree with ``ref``, ``other``'s
+    (within ``rtol`` of 1 + |ref|: one computed in float32 inside passes, a slip does not)."""
+
+    def check(out) -> None:
+        bad = ~((out - ref).abs() <= rtol * (1 + ref.abs()))  # NaN is bad too
+        if bad.any():
+            at = tuple(int(i) for i in bad.nonzero()[0])
+            raise ValueError(
+                f"disagrees with {other} in float64: at head {at[1]}, query {at[2]}, key "
+                f"{at[3]} it gives {float(out[at]):.6g} where {other} gives {float(ref[at]):.6g}"
+            )
+
+    return check

@@ -25,6 +25,7 @@ import torch
 from attnbench.masks.contract import (
     GUIDE,
     ContractError,
+    agreeing,
     attempt,
     broadcasting_to,
     check_calls,
@@ -186,11 +187,16 @@ def tried(cls: type[ScoreMod], arg: str | None) -> None:
     run = functools.partial(attempt, what, cls)  # run(call, step, check)
     mod = run(f"{name}({arg!r}, heads=2)", lambda: cls(arg, 2, "cpu"))
     run(f"{name}.apply", lambda: mod.apply(s, h, p, j), tensor_of(shape, None))  # scores casts
-    run(f"{name}.reference", lambda: mod.reference(s64, h, p, j), tensor_of(shape, s64.dtype))
+    ref = run(f"{name}.reference", lambda: mod.reference(s64, h, p, j), tensor_of(shape, s64.dtype))
+    # the three ways impls read a modifier say the same (a slip in one: impls disagree)
+    apply64 = lambda: mod.apply(s64, h, p, j).double()  # noqa: E731
+    run(f"{name}.apply", apply64, agreeing(ref, f"{name}.reference"))
     if cls.has("grad"):
         run(f"{name}.grad", lambda: mod.grad(s, h, p, j), broadcasting_to(shape))
     if cls.additive:
-        run(f"{name}.bias", lambda: mod.bias(h, p, j), broadcasting_to(shape))
+        bias = run(f"{name}.bias", lambda: mod.bias(h, p, j), broadcasting_to(shape))
+        with_bias = lambda: s64 + bias.double()  # noqa: E731
+        run(f"s + {name}.bias", with_bias, agreeing(ref, f"{name}.reference"))
 
 
 def make_mod(text: str, heads: int, device="cpu") -> ScoreMod | None:

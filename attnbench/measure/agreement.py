@@ -419,5 +419,6 @@ def legacy_rule(
         fails.append(why)
         rel = None if zero else e.rel
         shown.append(Shown(rel, rel_b, e.rel / rel_b, e.max_abs, abs_b, _share(e.max_abs, abs_b)))
-    header = "disagrees with the float64 reference (legacy rule)"
+    within = f"over {AGREE_FACTOR:g}x the error of the textbook layer in {str(dtype)[6:]}"
+    header = f"disagrees with the float64 reference (level layer: {within})"
     return _verdict(errs, fails, shown, notes, bad, header)

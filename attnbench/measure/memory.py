@@ -4,6 +4,7 @@ bytes allocated just before it (the output and anything the call keeps count).""
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Callable
 
 import torch
@@ -14,6 +15,19 @@ from attnbench.measure.profiling import profiled
 
 class MemoryUnavailable(AttnbenchError, RuntimeError):
     """This device/torch build gives no way to measure the peak honestly."""
+
+
+def device_memory_bytes(device: str) -> int | None:
+    """The memory of ``device``: a CUDA device's total, the host's physical memory on the
+    CPU; None where it cannot be read."""
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            return None
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def peak_mem_mib(fn: Callable[[], object], device_type: str) -> float:

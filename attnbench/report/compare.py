@@ -285,9 +285,13 @@ def _noise_lines(cmp: pd.DataFrame) -> list[str]:
             f"smaller effects time both versions in one run (A/B, docs/reports.md)"
         ]
     else:
+        timed = cmp["rule"].isin([RULE_ANCHOR, RULE_ROUNDS])
+        out = int((timed & cmp["verdict"].eq(CONTENDED)).sum())  # left out of the spread
+        left = f", {out} of them contended in a run and left out, {rounds - out} left"
+        left = left if out else ""
         lines = [
-            f"run-to-run noise: not measured ({rounds} cases timed in rounds, "
-            f"{NOISE_MIN_CASES} needed), so the verdicts rest on each case's interval within "
+            f"run-to-run noise: not measured ({rounds} cases timed in rounds{left}; the spread "
+            f"needs {NOISE_MIN_CASES}), so the verdicts rest on each case's interval within "
             f"its runs, which misses the machine's drift between runs"
         ]
     held = int(cmp["verdict"].eq(CONTENDED).sum())

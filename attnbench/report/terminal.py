@@ -72,6 +72,9 @@ def _mods(impl) -> str:
     return "+".join(NEED_SHORT[n] for n in impl.score_mod_needs) or "all"
 
 
+HEAD_ORDER_SHORT = {"grouped": "y", "interleaved": "i"}  # the GQA column of attnbench list
+
+
 def list_impls(impls: dict, device: str) -> str:
     """Every impl on one line each (what it supports, where it came from), then a note per
     impl (what it is; why it cannot run here), every line within LIST_WIDTH characters."""
@@ -87,12 +90,16 @@ def list_impls(impls: dict, device: str) -> str:
                 "dtypes": _compact(impl.dtypes, DTYPES, dtypes),
                 "head_dims": "any" if impl.head_dims is None else _compact(impl.head_dims),
                 "c/x/g/b": "/".join(
-                    [*("y" if f else "n" for f in (impl.causal, impl.cross, impl.gqa)), _bwd(impl)]
+                    [
+                        *("y" if f else "n" for f in (impl.causal, impl.cross)),
+                        HEAD_ORDER_SHORT.get(impl.head_order, "y") if impl.gqa else "n",
+                        _bwd(impl),
+                    ]
                 ),
                 "masks": _masks(impl),
                 "sm": _mods(impl),
                 "al": ALIGN_SHORT.get(impl.causal_align, "both"),
-                "pg": "y" if impl.paged else "n",
+                "in": "md" if impl.module else "pg" if impl.paged else "op",
                 "from": registry.origin(impl),
             }
         )
@@ -113,14 +120,17 @@ def list_impls(impls: dict, device: str) -> str:
         for r in [dict(zip(widths, widths)), *rows]
     )
     legend = textwrap.fill(
-        "here: runs on this device; dev: devices (all: cpu and cuda); c/x/g/b: causal / cross "
-        "(seq_q != seq_kv) / GQA / "
+        "here: runs on this device; dev: devices (all: cpu and cuda); head_dims: a-b/s from a "
+        "to b in steps of s, a-b/x2 from a to b doubling; c/x/g/b: causal / cross "
+        "(seq_q != seq_kv) / GQA (y: query head h reads kv head h // group; i: h % kv_heads, "
+        "head_order interleaved) / "
         "backward (a device: there only); masks beyond none: pad(ding), win(dow), doc(ument), "
         "bsp = block_sparse, all: every kind, a plugin's too, '!': needs one of them; "
         "sm: score modifiers (cap = softcap, ali = alibi; add: every one that only adds a bias, "
         "a plugin's too; all*: all, with backward those that declare grad); "
         "al: causal alignment, tl(top-left), br(bottom-right) or both (one "
-        "alone also runs the other's cases of equal lengths); pg: takes a paged KV cache; "
+        "alone also runs the other's cases of equal lengths); in: what it takes, op (q, k, v), "
+        "pg (a paged KV cache) or md (a module impl: x, at --level layer only); "
         "from: built-in (attnbench.impls), impls/ (the checkout's drop-in folder), --plugin, "
         "entry point",
         width=LIST_WIDTH,

@@ -13,7 +13,7 @@ from attnbench.heads import computed_by, same
 from attnbench.masks import Mask
 from attnbench.registry import Impl
 from attnbench.run.inputs import Inputs, from_layout, paged, to_layout
-from attnbench.run.layer import Parts, layer_forward
+from attnbench.run.layer import WEIGHTS, Parts, layer_forward
 from attnbench.run.layer_module import Hosted, host
 
 
@@ -38,6 +38,9 @@ class Call:
     # level op, an impl of the other head order (heads.py): per canonical query head the
     # impl's head computing it (its q and dout handed in that order); None: the same order
     heads: torch.Tensor | None = None
+    # gradients by out.backward() into the leaves' .grad, as users take them: an impl whose
+    # reentrant checkpointing (use_reentrant=True) refuses torch.autograd.grad
+    via_backward: bool = False
 
     @classmethod
     def prepare(cls, impl: Impl, case: Case, inputs: Inputs) -> Call:
@@ -109,8 +112,21 @@ class Call:
 
     def grads(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
         # autograd.grad returns fresh grads instead of accumulating into .grad, so nothing
-        # needs clearing between repetitions
-        return torch.autograd.grad(out, self.leaves, self.dout, retain_graph=True)
+        # needs clearing between repetitions; the first call (the untimed check) finds out
+        # whether the impl refuses it
+        if not self.via_backward:
+            try:
+                return torch.autograd.grad(out, self.leaves, self.dout, retain_graph=True)
+            except RuntimeError as exc:
+                if "not have been used in the graph" in str(exc):
+                    raise BadOutput(self._unused(out)) from None
+                if "use_reentrant=True" not in str(exc):
+                    raise
+                self.via_backward = True
+        for leaf in self.leaves:  # cleared, not accumulated across repetitions
+            leaf.grad = None
+        out.backward(self.dout, retain_graph=True)
+        return tuple(leaf.grad for leaf in self.leaves)
 
     def check(self) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """Run once (untimed); validate; return out (and its grads: dq, dk, dv; or dx, dwq,
@@ -145,6 +161,23 @@ class Call:
         elif self.hosted is not None:  # dwq, ... and the extras', sliced from its parameters'
             grads = (grads[0], *self.hosted.checked(grads[1:]))
         return canon.detach(), grads
+
+    def _unused(self, out: torch.Tensor) -> str:
+        """Which inputs ``out`` does not depend on (a declared bias its forward skips), named."""
+        grads = torch.autograd.grad(
+            out, self.leaves, self.dout, retain_graph=True, allow_unused=True
+        )
+        if self.hosted is not None:
+            names = {id(p): n for n, p in self.hosted.module.named_parameters()}
+            leaves = ["x", *(names.get(id(p), "a parameter") for p in self.leaves[1:])]
+        else:
+            leaves = ["q", "k", "v"] if self.case.level == "op" else ["x", *WEIGHTS]
+        unused = [n for n, g in zip(leaves, grads) if g is None]
+        return (
+            f"out does not depend on {', '.join(unused)}: its forward never uses "
+            f"{'them' if len(unused) > 1 else 'it'}, so there is no gradient to check; use it "
+            f"in forward, or leave it out of the module (its layout declares every parameter)"
+        )
 
     def _canonical(self, t: torch.Tensor) -> torch.Tensor:
         """Level op: out or dq (B, Hq, S, D) back in the canonical head order."""

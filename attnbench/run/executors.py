@@ -11,13 +11,16 @@ and then reads pct_peak against its own device's ceilings."""
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from attnbench.errors import ClusterLost, one_line
 from attnbench.run.local import InProcess, Subprocess
-from attnbench.run.worker import Worker
+from attnbench.run.worker import Worker, WorkerFailed, who
 from attnbench.store.env import GPU_WHERE
+from attnbench.store.schema import LOST
 
 
 def triton_cache_dir() -> str:
@@ -45,12 +48,17 @@ class Pool:
         on CPUs, which share a machine's memory bandwidth), per device name the best of its
         executors is kept (a ceiling is what the device can do), and each executor then reads
         pct_peak and bound against its device's."""
-        plan, executors = self.plan, self.executors
-        many = len(executors) > 1  # Ray's actors; the local executor stays in this thread: a
-        # worker process started by another thread would die with that thread (PDEATHSIG)
-        entries = _each(executors, lambda w: w.ask("device", plan.packages), many)
+        plan = self.plan
+        many = len(self.executors) > 1  # Ray's actors; the local executor stays in this
+        # thread: a worker process started by another thread would die with that thread
+        describe = lambda w: w.ask("device", plan.packages)  # noqa: E731
+        entries = self._survivors(describe, many, "describing its device")
         measure = lambda w: w.ask("ceilings", plan.dtypes, plan.quick)  # noqa: E731
-        measured = _each(executors, measure, many and plan.device.startswith("cuda"))
+        measured = self._survivors(
+            measure, many and plan.device.startswith("cuda"), "measuring its device"
+        )
+        executors = self.executors
+        entries, measured = [entries[w] for w in executors], [measured[w] for w in executors]
         devices: dict[str, dict] = {}
         for worker, entry, ceilings in zip(executors, entries, measured):
             name, host = entry.pop("device_name"), entry.pop("host")
@@ -67,6 +75,31 @@ class Pool:
 
         here = devices.get(device_name(plan.device)) or next(iter(devices.values()))
         return {"ceilings": here["ceilings"], "devices": devices}
+
+    def _survivors(self, ask, at_once: bool, doing: str) -> dict[Worker, object]:
+        """``ask(executor)`` of each executor: one lost meanwhile (a Ray actor whose node
+        died) leaves the pool with a line saying so, as one lost later would; none left is
+        ClusterLost."""
+        answers = _each(self.executors, lambda w: _answer(w, ask), at_once)
+        kept = {}
+        for worker, answer in zip(list(self.executors), answers):
+            if isinstance(answer, WorkerFailed):
+                self.executors.remove(worker)
+                worker.close()
+                left = len(self.executors)
+                print(
+                    f"lost: {who(worker)} while {doing} ({one_line(answer)}); "
+                    f"going on with {left} executor{'s' if left != 1 else ''}",
+                    file=sys.stderr,
+                )
+            else:
+                kept[worker] = answer
+        if not self.executors:
+            raise ClusterLost(
+                f"every executor was lost while {doing}, before the first row; "
+                "nothing was written: check the cluster (ray status) and run the command again"
+            )
+        return kept
 
     def on_head_lost(self, lost) -> None:
         """With --executor ray: ``lost(address)`` is called (from another thread) when the
@@ -98,6 +131,16 @@ def _each(executors: list[Worker], ask, at_once: bool) -> list:
         return [ask(w) for w in executors]
     with ThreadPoolExecutor(len(executors)) as threads:
         return list(threads.map(ask, executors))
+
+
+def _answer(worker: Worker, ask):
+    """``ask(worker)``, or the WorkerFailed of an executor lost meanwhile."""
+    try:
+        return ask(worker)
+    except WorkerFailed as exc:
+        if exc.status != LOST:
+            raise
+        return exc
 
 
 def _best(a: dict | None, b: dict) -> dict:

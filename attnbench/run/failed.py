@@ -58,6 +58,14 @@ def caught(impl: Impl, case: Case, exc: Exception) -> Measured:
     return failed(impl, case, "error", reason)._replace(error=full)
 
 
+def case_failure(case: Case, exc: Exception) -> tuple[str, str]:
+    """(status, reason) of a case whose inputs or reference raised ``exc``: oom when it ran
+    out of memory, else error; one line either way."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or _is_cpu_oom(exc):
+        return "oom", _oom_reason(case, exc)
+    return "error", errors.one_line(f"{type(exc).__name__}: {exc}")
+
+
 def failed(impl: Impl, case: Case, status: str, reason: str) -> Measured:
     return Measured({**base_row(impl, case), "status": status, "reason": reason}, [], [])
 

@@ -70,6 +70,20 @@ def from_draws(record: dict) -> tuple[Case, Layout, torch.Tensor | None]:
     return case, case.kind.from_draws(case, record), table
 
 
+def input_bytes(case: Case) -> int:
+    """The bytes ``make_inputs`` holds on the case's device: q, k, v (and dout), or at level
+    layer x, the four projection weights (and dout)."""
+    B, Hq, Hkv, D = case.batch, case.heads, case.kv_heads, case.head_dim
+    if case.level == "layer":
+        dm, dkv = case.d_model, Hkv * D
+        x = B * case.seq_q * dm
+        sizes = [x, dm * dm, dkv * dm, dkv * dm, dm * dm, x if case.backward else 0]
+    else:
+        q, kv = B * Hq * case.seq_q * D, B * Hkv * case.seq_kv * D
+        sizes = [q, kv, kv, q if case.backward else 0]
+    return sum(sizes) * case.torch_dtype.itemsize
+
+
 def make_inputs(case: Case, seed: int) -> Inputs:
     """Standard-normal q, k, v (and dout) drawn on the CPU from ``seed`` in float32, then cast
     to the case's dtype and moved to its device, so every device sees the same numbers (a

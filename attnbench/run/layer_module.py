@@ -27,15 +27,17 @@ import torch
 from attnbench.case import Case
 from attnbench.errors import AttnbenchError
 from attnbench.heads import same
+from attnbench.masks import Mask
 from attnbench.measure.profiling import profiled
 from attnbench.module_layout import (
     NORM_KINDS,
     NORM_SCOPES,
     LayerModule,
+    LayerModuleError,
     Proj,
     QKNorm,
 )
-from attnbench.registry import Unsupported
+from attnbench.registry import Impl, Unsupported
 from attnbench.run.inputs import Inputs, layer_parts
 from attnbench.run.layer import EXTRAS, UNCHECKED, WEIGHTS, Parts
 
@@ -125,20 +127,32 @@ def _projections(made: LayerModule, case: Case) -> list[Slot]:
     lay, m = made.layout, made.module
     size = {"q": case.d_model, "k": case.kv_heads * case.head_dim}
     size["v"] = size["k"]
-    if lay.qkv is None:
-        found = {p: _proj(m, getattr(lay, p)) for p in "qkv"}
-        rows = dict.fromkeys("qkv")
-    else:
-        if sorted(lay.qkv_order) != ["k", "q", "v"]:
-            raise BadModule(f"qkv_order={lay.qkv_order!r} (supported: q, k, v in some order)")
-        weight, bias = _proj(m, lay.qkv)
-        total, out = sum(size.values()), weight.shape[-1 if lay.transposed else 0]
+    if sorted(lay.qkv_order) != ["k", "q", "v"]:
+        raise BadModule(f"qkv_order={lay.qkv_order!r} (supported: q, k, v in some order)")
+    # the projections by the path declared for them: one path for several is a fused weight,
+    # its parts stacked along out_features in qkv_order (a whole qkv, or a k|v beside q)
+    fused: dict[Proj, list[str]] = {}
+    for p in lay.qkv_order:
+        fused.setdefault(lay.qkv if lay.qkv is not None else getattr(lay, p), []).append(p)
+    found, rows = {}, {}
+    for path, parts in fused.items():
+        weight, bias = _proj(m, path)
+        found |= dict.fromkeys(parts, (weight, bias))
+        if len(parts) == 1:
+            rows[parts[0]] = None
+            continue
+        total, out = sum(size[p] for p in parts), weight.shape[-1 if lay.transposed else 0]
         if out != total:
+            kv = len(parts) - ("q" in parts)
+            sizes = " + ".join(["Hq·D"] * ("q" in parts) + [f"{kv}·Hkv·D" if kv > 1 else "Hkv·D"])
+            flipped = weight.shape[0 if lay.transposed else -1] == total
+            hint = f"; {_ORDER_HINT[not lay.transposed]}" if flipped else ""
             raise BadModule(
-                f"the fused qkv weight has {out} out_features, expected {total} = Hq·D + 2·Hkv·D"
+                f"the fused {''.join(parts)} weight has {out} out_features, expected {total} "
+                f"= {sizes}{hint}"
             )
-        found, rows, start = dict.fromkeys("qkv", (weight, bias)), {}, 0
-        for p in lay.qkv_order:
+        start = 0
+        for p in parts:
             rows[p], start = slice(start, start + size[p]), start + size[p]
     found["o"], rows["o"] = _proj(m, lay.o), None
     slots = [Slot(f"w{p}", found[p][0], rows[p], lay.transposed) for p in "qkvo"]
@@ -217,10 +231,48 @@ def _check(slots: list[Slot], names: dict, want: dict) -> None:
         if got.shape != seeded.shape or got.dtype != seeded.dtype or got.device != seeded.device:
             raise BadModule(
                 f"{what} is {tuple(got.shape)} {got.dtype} on {got.device}, expected "
-                f"{tuple(seeded.shape)} {seeded.dtype} on {seeded.device} (build the module in "
-                f"the case's dtype and device, weights (out_features, in_features) or a layout "
-                f"with transposed=True)"
+                f"{tuple(seeded.shape)} {seeded.dtype} on {seeded.device} ({_fix(s, got, seeded)})"
             )
+
+
+_ORDER_HINT = {  # a weight's storage, by the transposed flag it needs: what to declare
+    True: "its weights are stored (in_features, out_features), as GPT-2's Conv1D: declare "
+    "ModuleLayout(..., transposed=True)",
+    False: "its weights are stored (out_features, in_features), as nn.Linear: declare "
+    "ModuleLayout(..., transposed=False)",
+}
+
+
+def _fix(slot: Slot, got: torch.Tensor, seeded: torch.Tensor) -> str:
+    """The fix for a part whose shape, dtype or device is not the case's: its norm's scope,
+    its weights' storage order, or the module's dtype and device."""
+    if got.shape != seeded.shape and "_norm_" in slot.role:
+        head = got.numel() < seeded.numel()
+        scope = "'head'), over head_dim, each head alike" if head else "'projection'), over H·D"
+        return f"the module's norm is over {got.numel()} features: declare QKNorm(.., scope={scope}"
+    if got.shape != seeded.shape and tuple(got.shape) == tuple(seeded.shape)[::-1]:
+        return _ORDER_HINT[not slot.transposed]
+    if got.shape != seeded.shape:
+        return "build the module for the case: d_model = heads·head_dim, k and v kv_heads·head_dim"
+    return "build the module in the case's dtype and on its device"
+
+
+def try_factory(impl: Impl, cases: list[Case]) -> None:
+    """A module impl's factory called once before any row, on a small CPU copy of its first
+    layer case: a LayerModule built from arguments of the wrong kind is bad input (one line),
+    not the same error in every row. Any other failure is the rows' to say."""
+    case = next((c for c in cases if c.level == "layer" and not impl.reasons(c)), None)
+    if not impl.module or case is None:
+        return
+    try:
+        small = replace(case, batch=1, seq_q=min(case.seq_q, 16), seq_kv=min(case.seq_kv, 16))
+        small = replace(small, device="cpu")
+        layout = small.kind.layout(small, 0)
+        impl.fn(small, Mask(small.mask, layout, small.causal_align, small.modifier()))
+    except LayerModuleError as exc:
+        raise LayerModuleError(f"impl {impl.name} ({impl.source or 'built-in'}): {exc}") from None
+    except Exception:  # noqa: BLE001 - anything else (a case that does not shrink): the rows'
+        return
 
 
 def host(made: object, case: Case, inputs: Inputs, head_order: str, grad: bool) -> Hosted:

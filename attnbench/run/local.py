@@ -45,7 +45,7 @@ class InProcess:
     def call(self, msg: tuple, timeout_s: float | None):
         return self.steps.handle(msg)
 
-    def replace(self) -> bool:
+    def replace(self, say=print) -> bool:
         return False  # a step never loses this process
 
     def close(self) -> None:
@@ -137,7 +137,7 @@ class Subprocess:
             return "(unreadable)"
         return stderr_tail(" | ".join(line.strip() for line in text.splitlines() if line.strip()))
 
-    def replace(self) -> bool:
+    def replace(self, say=print) -> bool:
         return False  # a crashed worker process is restarted by the next step, not replaced
 
     def stop(self) -> None:

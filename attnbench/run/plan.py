@@ -16,9 +16,12 @@ from attnbench import plugins, registry
 from attnbench.case import Case
 from attnbench.errors import UsageError
 from attnbench.measure import allocator
+from attnbench.measure.memory import device_memory_bytes
 from attnbench.measure.timing import TimerConfig
 from attnbench.options import MEASURE_OPTIONS, as_text
 from attnbench.plugins import records
+from attnbench.run.inputs import input_bytes
+from attnbench.run.layer_module import try_factory
 from attnbench.run.row import Settings
 from attnbench.run.selection import (
     check_profile_filter,
@@ -105,6 +108,8 @@ class Plan:
                 f"{torch.__version__}; run it on a GPU, or add --device cpu to run it here anyway"
             )
         cases = spec.cases()
+        if target.executor == "local":  # a Ray cluster's devices are not this machine's
+            check_fits(cases, device)
         selected, left_out = select_impls(opts.get("impls"), target.impls, spec, cases)
         if not selected:
             raise UsageError(
@@ -112,6 +117,8 @@ class Plan:
                 f"(see attnbench list)"
             )
         check_profile_filter(opts.get("profile"), selected, cases)
+        for impl in selected:
+            try_factory(impl, cases)  # a LayerModule of the wrong kinds: once, not per row
         settings = Settings(
             timer=TimerConfig(rep_ms=spec.rep_ms[0], cuda_graph=opts.get("cuda_graph", False)),
             profile=opts.get("profile"),
@@ -266,6 +273,21 @@ class Plan:
         resume = "" if "--resume" in argv else " --resume"
         return f"attnbench {self.command} {' '.join(argv)}{resume}" + (
             "" if named else f" --run-id {run_id}"
+        )
+
+
+def check_fits(cases: list[Case], device: str) -> None:
+    """The largest case's inputs must fit in the device's memory: a grid whose inputs cannot
+    is bad input, refused before the first row (drawing them could take the machine down)."""
+    limit = device_memory_bytes(device)
+    if limit is None or not cases:
+        return
+    big = max(cases, key=input_bytes)
+    if input_bytes(big) > limit:
+        raise UsageError(
+            f"the inputs of case {big.label()} take {input_bytes(big) / 2**30:,.1f} GiB, more "
+            f"than the {limit / 2**30:,.1f} GiB of {device} memory; use a smaller --batch, "
+            f"--heads or --seq-len"
         )
 
 

@@ -3,6 +3,7 @@ several executors, the rows per device and host), or with --row-lines one line p
 
 from __future__ import annotations
 
+import sys
 import textwrap
 import time
 from collections import Counter
@@ -41,6 +42,10 @@ class Progress:
             return label
         counts = ", ".join(f"{_short(d)}@{h} {n}" for (d, h), n in sorted(self.per_device.items()))
         return f"{counts} | {label}"
+
+    def note(self, line: str) -> None:
+        """A line on stderr now, above the progress bar."""
+        self._bar.write(line, file=sys.stderr)
 
     def close(self) -> None:
         self._bar.close()

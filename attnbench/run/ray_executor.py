@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
 import tempfile
 
 from attnbench.errors import UsageError
@@ -84,6 +85,7 @@ class RayActor:
         self.info: dict = {}
         self.host: str | None = None
         self.device_name: str | None = None
+        self.lost: str | None = None  # why the last actor was lost (Ray's reason)
 
     def launch(self) -> None:
         cls = self.ray.remote(_Actor).options(
@@ -96,21 +98,36 @@ class RayActor:
         self.info, self.host, self.device_name = info, info["host"], info["device_name"]
         self.where["node"] = info["node_id"]
 
-    def replace(self) -> bool:
+    def replace(self, say=print) -> bool:
         """A new actor in place of a lost one, started within REPLACE_TIMEOUT_S (Ray places
-        it where the resources are), else False: none could be placed or started."""
+        it where the resources are), else False: none could be placed or started. No wait
+        where the cluster has not the resources free; ``say`` gets what it waits for and how
+        that ended."""
+        who = f"actor {self.where['actor']}"
+        free = self.ray.available_resources()
+        need = {r: self.options.get(k) or 0 for k, r in (("num_cpus", "CPU"), ("num_gpus", "GPU"))}
+        short = [f"{v:g} {r}" for r, v in need.items() if free.get(r, 0) < v]
+        if short:
+            say(
+                f"ray: no replacement for {who}: it needs {', '.join(short)} and the cluster "
+                f"has {_free_text(free)} free; its rows go to the other actors"
+            )
+            return False
+        say(f"ray: waiting up to {REPLACE_TIMEOUT_S:g} s for Ray to place a replacement {who}")
         try:
             self.launch()
             self.started(self.ray.get(self._info_ref, timeout=REPLACE_TIMEOUT_S))
-        except self.ray.exceptions.RayError:
+        except self.ray.exceptions.RayError as exc:
             self._drop()
+            say(f"ray: no replacement for {who} ({type(exc).__name__}); its rows go elsewhere")
             return False
+        say(f"ray: {who} replaced on {self.host}")
         return True
 
     def call(self, msg: tuple, timeout_s: float | None):
         exceptions = self.ray.exceptions
         if self.actor is None:
-            raise WorkerFailed(LOST, "the actor was lost and not replaced")
+            raise WorkerFailed(LOST, f"the actor was lost ({self.lost}) and not replaced")
         # the actor's worker process enforces --timeout itself (a timeout row, the actor
         # lives on); this wait only ends an actor that stopped answering altogether
         backstop = None if timeout_s is None else timeout_s + START_TIMEOUT_S
@@ -135,6 +152,7 @@ class RayActor:
     def _failed(self, status: str, what: str) -> WorkerFailed:
         """The actor is gone (killed here if need be): the step's failure, its stderr said."""
         self._drop()
+        self.lost = what
         return WorkerFailed(status, f"{what}; stderr: {self._stderr_tail()}")
 
     def close(self) -> None:
@@ -174,6 +192,11 @@ class RayActor:
             return _summarize(self.ray.get(task.remote(path), timeout=READ_TIMEOUT_S))
         except Exception as exc:  # noqa: BLE001 - the node itself may be gone
             return f"(unavailable: {type(exc).__name__})"
+
+
+def _free_text(free: dict) -> str:
+    """'CPU 0, GPU 0': the free CPUs and GPUs of the cluster."""
+    return ", ".join(f"{k} {free.get(k, 0):g}" for k in ("CPU", "GPU"))
 
 
 def _read_and_remove(path: str) -> str:
@@ -218,19 +241,36 @@ def start(address: str | None, spec: WorkerSpec, actors: int | None, command: st
     proxies = [RayActor(ray, options, spec, i) for i in range(n)]
     for proxy in proxies:
         proxy.launch()
-    try:
-        infos = ray.get([p._info_ref for p in proxies], timeout=START_TIMEOUT_S)
-    except ray.exceptions.GetTimeoutError:
+    refs = [p._info_ref for p in proxies]
+    if ray.wait(refs, num_returns=n, timeout=START_TIMEOUT_S)[1]:  # some not started yet
         for proxy in proxies:
             proxy.close()
         raise UsageError(
             f"Ray did not start {n} actors ({options}) within {START_TIMEOUT_S:g} s; "
             f"cap them with --ray-actors"
-        ) from None
-    except ray.exceptions.RayActorError as exc:
+        )
+    infos = [_info(ray, p) for p in proxies]
+    failed = [info for info in infos if isinstance(info, BaseException)]
+    if len(failed) == n:  # none started: the cluster refuses them (its auth, its resources)
         for proxy in proxies:
             proxy.close()
-        raise UsageError(actor_start_problem(exc)) from None
+        raise UsageError(actor_start_problem(failed[0])) from None
+    up = []
     for proxy, info in zip(proxies, infos):
-        proxy.started(info)
-    return proxies
+        if isinstance(info, BaseException):  # its node lost as it started: the others go on
+            proxy.close()
+            print(f"lost: actor {proxy.where['actor']} as it started ({_exit_detail(info)})",
+                  file=sys.stderr)  # fmt: skip
+        else:
+            proxy.started(info)
+            up.append(proxy)
+    return up
+
+
+def _info(ray, proxy: RayActor):
+    """A started actor's ``info`` (its start is over), or the RayActorError of one that died
+    starting."""
+    try:
+        return ray.get(proxy._info_ref)
+    except ray.exceptions.RayActorError as exc:
+        return exc

@@ -1,7 +1,8 @@
 """The server side of a worker (run/worker.py): where rows are measured (this process, a worker
 process, a Ray actor's worker process), the steps it answers, one message each:
 
-    ("prepare", case, settings)      inputs and the float64 reference of ``case``
+    ("prepare", case, settings)      inputs and the float64 reference of ``case``: None, or
+                                     ``PrepareFailed`` (status and reason of its rows)
     ("check", case, impl)            its checked call: None when it passed, else its row
     ("time", case, impl, round)      its part of a timing round (``timing.Slice``), or its row
     ("anchor", case, round)          the speed anchor's part of a round (measure/anchor.py)
@@ -21,9 +22,9 @@ from attnbench.case import Case
 from attnbench.measure.anchor import Anchor
 from attnbench.registry import Impl
 from attnbench.run import row
-from attnbench.run.failed import Measured
+from attnbench.run.failed import Measured, case_failure
 from attnbench.run.row import Checked, Prepared, Settings
-from attnbench.run.worker import UNPREPARED
+from attnbench.run.worker import UNPREPARED, PrepareFailed
 
 
 class Steps:
@@ -42,11 +43,18 @@ class Steps:
     def _ready(self, case: Case) -> bool:
         return self.prepared is not None and self.prepared.case == case
 
-    def _prepare(self, case: Case, settings: Settings) -> None:
+    def _prepare(self, case: Case, settings: Settings) -> PrepareFailed | None:
+        """None, or why the case's inputs or reference could not be made (out of memory
+        drawing them is its rows' oom, not the server's crash)."""
         self.prepared, self.checked = None, {}  # the last case's tensors go first
         prepared = Prepared(case, self.seed, settings)
-        prepared.build()
+        try:
+            prepared.build()
+        except Exception as exc:  # noqa: BLE001 - every failure is the case's rows' reason
+            prepared = None
+            return PrepareFailed(*case_failure(case, exc))
         self.prepared = prepared
+        return None
 
     def _check(self, case: Case, impl: Impl | str) -> Measured | None:
         impl = impl if isinstance(impl, Impl) else self.impls[impl]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import threading
 from pathlib import Path
+from textwrap import shorten
 
 from attnbench import registry
 from attnbench.case import Case
@@ -25,7 +26,7 @@ from attnbench.run.oom import Ooms
 from attnbench.run.progress import Progress
 from attnbench.run.queue import Family, Work
 from attnbench.run.row import release
-from attnbench.run.worker import Worker
+from attnbench.run.worker import Worker, who
 from attnbench.run.writer import Writer
 from attnbench.store.results import row_key
 from attnbench.store.schema import LOST
@@ -125,7 +126,7 @@ def _lane(
             rest = _run_family(executor, family, writer, completer, stop, baseline, ooms)
         finally:
             work.done(rest, executor.device_name)
-        if rest is not None and not _replaced(executor):
+        if rest is not None and not _replaced(executor, writer.note):
             return
 
 
@@ -165,6 +166,11 @@ def _run_family(
                 return None
             written.add(row["impl"])
             if row["status"] == LOST:  # the executor is gone: the rest goes back
+                writer.note(
+                    f"lost: {who(executor)}, during {row['impl']}: {case.label()} "
+                    f"({shorten(row['reason'] or '', 200, placeholder=' ...')}); the rest of its "
+                    f"family goes back to the queue"
+                )
                 release(case)
                 left = [i for i in case_impls if i.name not in written]
                 return [*([(case, left)] if left else []), *family[n + 1 :]]
@@ -172,9 +178,10 @@ def _run_family(
     return None
 
 
-def _replaced(executor: Worker) -> bool:
-    """A lost executor's replacement started (an executor that cannot be replaced: no)."""
-    return executor.replace()
+def _replaced(executor: Worker, say) -> bool:
+    """A lost executor's replacement started (an executor that cannot be replaced: no);
+    ``say`` gets a line on what it waits for and how that ended."""
+    return executor.replace(say)
 
 
 def _write_left(families: list[Family], writer: Writer, completer: Completer) -> None:

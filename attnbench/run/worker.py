@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from attnbench.case import Case
 from attnbench.errors import AttnbenchError
@@ -28,6 +28,7 @@ from attnbench.registry import Impl
 from attnbench.run.failed import Measured, failed
 from attnbench.run.row import Settings, support_reasons
 from attnbench.store.env import GPU_WHERE
+from attnbench.store.schema import LOST
 
 PREPARING = "while preparing the case"  # the reason's start of a case that could not be made
 UNPREPARED = "unprepared"  # a server's answer to a step of a case it has not prepared
@@ -50,6 +51,13 @@ class WorkerSpec:
         return replace(self, settings=self.settings.with_ceilings(ceilings))
 
 
+class PrepareFailed(NamedTuple):
+    """A server's answer to a prepare step whose case could not be made (its server lives)."""
+
+    status: str  # oom or error
+    reason: str
+
+
 class WorkerFailed(AttnbenchError):
     """A step that ended its server: status crash or timeout, and why; LOST when the
     executor itself is gone (the sweep gives the rest of its family to another)."""
@@ -68,8 +76,9 @@ class Transport(Protocol):
         """The server's answer to ``msg``, or WorkerFailed; after a WorkerFailed the next
         call reaches a fresh server."""
 
-    def replace(self) -> bool:
-        """After a LOST step: whether a replacement started (False: it cannot be replaced)."""
+    def replace(self, say=print) -> bool:
+        """After a LOST step: whether a replacement started (False: it cannot be replaced);
+        ``say`` gets a line on what it waits for."""
 
     def close(self) -> None: ...
 
@@ -153,8 +162,11 @@ class Worker:
                 if who == ANCHOR:
                     try:
                         anchor.append({"round": r, **self._step(("anchor", self.case, r))})
-                    except WorkerFailed:  # no row is lost: the case goes on without it
+                    except WorkerFailed as exc:  # a crash: the case goes on without it
                         order.remove(ANCHOR)
+                        if exc.status == LOST:  # the executor is gone: the next row says why
+                            during = f"during the speed anchor of timing round {r + 1}"
+                            self.broken = WorkerFailed(LOST, f"{exc.reason} ({during})")
                     continue
                 answer = self._answer(who, ("time", self.case, who, r), f"timing round {r + 1}")
                 if isinstance(answer, Measured):
@@ -207,14 +219,17 @@ class Worker:
     def _prepare(self) -> None:
         self.broken = None
         try:
-            self.transport.call(("prepare", self.case, self.spec.settings), None)
+            answer = self.transport.call(("prepare", self.case, self.spec.settings), None)
         except WorkerFailed as exc:
-            self.broken = WorkerFailed(exc.status, f"{PREPARING}: {exc.reason}")
+            answer = exc
+        if isinstance(answer, (WorkerFailed, PrepareFailed)):
+            self.broken = WorkerFailed(answer.status, f"{PREPARING}: {answer.reason}")
 
-    def replace(self) -> bool:
+    def replace(self, say=print) -> bool:
         """After a LOST step: the transport's replacement started (its GPU asked again), or
-        False (a transport that cannot be replaced)."""
-        if not self.transport.replace():
+        False (a transport that cannot be replaced); ``say`` gets a line on what it waits
+        for and how that ended."""
+        if not self.transport.replace(say):
             return False
         try:
             entry = self.ask("device", ())
@@ -225,6 +240,14 @@ class Worker:
 
     def close(self) -> None:
         self.transport.close()
+
+
+def who(executor: Worker) -> str:
+    """'actor 1 on host-b (node 3fa2c1d0)': the executor, as far as it says."""
+    where = getattr(executor, "where", {})
+    actor = f"actor {where['actor']} on " if where.get("actor") is not None else ""
+    node = f" (node {str(where['node'])[:8]})" if where.get("node") else ""
+    return f"{actor}{executor.host or 'this machine'}{node}"
 
 
 def _medians(slices: list) -> dict[int, float]:

@@ -73,6 +73,12 @@ class Writer:
             self.rows.append(row)
             self.progress.row(row, label)
 
+    def note(self, line: str) -> None:
+        """A line for the terminal now (an executor lost, its replacement), above the
+        progress bar, on stderr."""
+        with self._lock:
+            self.progress.note(line)
+
     def __exit__(self, *exc) -> None:
         self.progress.close()
         for appender in (self._out, self._samples, self._kernels, self._anchor):
