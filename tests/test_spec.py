@@ -102,16 +102,15 @@ def test_an_impl_that_fits_no_case_is_said_before_the_sweep_with_the_flag_that_f
     from types import SimpleNamespace
 
     from attnbench.case import Case
-    from attnbench.run.selection import unfit_text
+    from attnbench.run.selection import unfit_lines
 
     cases = [Case(1, 4, 4, n, n, 64) for n in (32, 64)]  # float32
     half = SimpleNamespace(
         name="my_attn", reasons=lambda c: ["dtype=float32 (supported: float16, bfloat16)"]
     )
     fits = SimpleNamespace(name="sdpa", reasons=lambda c: [])
-    text = unfit_text([half, fits], cases)
-    assert text == (
+    assert unfit_lines([half, fits], cases) == [
         "my_attn fits no case of this grid (dtype=float32 (supported: float16, bfloat16)): "
         "its rows will be unsupported; --dtype float16 makes cases it takes"
-    )
-    assert unfit_text([fits], cases) == ""
+    ]
+    assert unfit_lines([fits], cases) == []

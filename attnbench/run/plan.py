@@ -28,7 +28,7 @@ from attnbench.run.selection import (
     left_out_summary,
     left_out_text,
     select_impls,
-    unfit_text,
+    unfit_lines,
 )
 from attnbench.run.sweep import run_sweep
 from attnbench.run.target import Target
@@ -158,8 +158,8 @@ class Plan:
 
     @property
     def baseline(self) -> str | None:
-        """The impl speedups are relative to: the preset's where the run has it (the race's
-        sdpa_flash), else the one registered as the baseline."""
+        """The impl speedups are relative to: the preset's (the race's sdpa_flash), else the
+        registered one."""
         if self.spec.baseline in {i.name for i in self.impls}:
             return self.spec.baseline
         return registry.baseline(self.impls)
@@ -226,8 +226,7 @@ class Plan:
         text += f" ({done} rows already done)" if done else ""
         if self.left_out:
             text += f"\n{left_out_summary(self.left_out, self.target.impls)}"
-        unfit = unfit_text(self.impls, self.cases)
-        return text + (f"\n{unfit}" if unfit else "")
+        return "\n".join([text, *unfit_lines(self.impls, self.cases)])
 
     def dry_run_text(self) -> str:
         cases, selected = self.cases, self.impls
@@ -242,8 +241,7 @@ class Plan:
             *([f"  ... and {more} more"] if more > 0 else []),
         ]
         lines += [left_out_text(self.left_out)] if self.left_out else []
-        unfit = unfit_text(self.impls, self.cases)
-        return "\n".join(lines + ([unfit] if unfit else []))
+        return "\n".join(lines + unfit_lines(self.impls, self.cases))
 
     def sweep(
         self, run: RunDir, run_id: str, lanes: list, done, no_progress: bool, row_lines: bool

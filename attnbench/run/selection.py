@@ -86,9 +86,9 @@ def check_profile_filter(profile: tuple[str, ...] | None, impls: list, cases: li
         )
 
 
-def unfit_text(impls: list, cases: list[Case]) -> str:
+def unfit_lines(impls: list, cases: list[Case]) -> list[str]:
     """One line per impl that fits no case of the grid (every row would be unsupported):
-    its first reason and the flag that would make a case it takes ('' when all fit)."""
+    its first reason and the flag that would make a case it takes."""
     lines = []
     for impl in impls:
         reasons = [impl.reasons(c) for c in cases]
@@ -99,7 +99,7 @@ def unfit_text(impls: list, cases: list[Case]) -> str:
                 f"{impl.name} fits no case of this grid ({first}): its rows will be "
                 f"unsupported" + (f"; {hint} makes cases it takes" if hint else "")
             )
-    return "\n".join(lines)
+    return lines
 
 
 def _flag_hint(reason: str) -> str:

@@ -244,7 +244,7 @@ class Worker:
 
 def who(executor: Worker) -> str:
     """'actor 1 on host-b (node 3fa2c1d0)': the executor, as far as it says."""
-    where = getattr(executor, "where", {})
+    where = executor.where
     actor = f"actor {where['actor']} on " if where.get("actor") is not None else ""
     node = f" (node {str(where['node'])[:8]})" if where.get("node") else ""
     return f"{actor}{executor.host or 'this machine'}{node}"
