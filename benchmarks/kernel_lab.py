@@ -429,9 +429,9 @@ def main(argv=None) -> int:
             print("kernel_lab.py: needs a CUDA GPU (none is visible to torch); "
                   "--dry-run checks the lab on the CPU", file=sys.stderr)  # fmt: skip
             return 2
-    from attnbench import registry
+    from attnbench import plugins
 
-    impls = registry.discover()
+    impls = plugins.discover()
     controls = [c for c in args.controls.split(",") if c]
     try:
         todo = variants(args)

@@ -194,7 +194,7 @@ def test_the_profiled_calls_run_inside_the_last_timing_round_and_record_their_cl
     """The plumbing on the CPU: the profile comes right after the last round's samples (not
     after the memory pass), its clock is the row's profiler_sm_clock_mhz, and the cross-check
     compares the two in SM cycles."""
-    from attnbench import registry
+    from attnbench import plugins
     from attnbench.case import Case
     from attnbench.measure.timing import RoundTimer, TimerConfig
     from attnbench.run import passes, row
@@ -221,7 +221,7 @@ def test_the_profiled_calls_run_inside_the_last_timing_round_and_record_their_cl
     monkeypatch.setattr(passes, "profile_fn", profiled)
     monkeypatch.setattr(passes, "peak_mem_mib", memory)
     settings = row.Settings(TimerConfig(rep_ms=1.0, min_samples=1, rounds=3), profile=())
-    impl = registry.discover(entry_points=False)["sdpa"]
+    impl = plugins.discover(entry_points=False)["sdpa"]
     got = run_row(impl, Case(1, 2, 2, 16, 16, 16), settings=settings)
     assert got["status"] == "ok", got["reason"]
     rounds = [e for e in events if e.startswith("samples")]
