@@ -415,12 +415,14 @@ def score_memory_lines(a) -> list[str]:
 
 
 def disagreement_section(a) -> list[str]:
-    """Ok rows that disagree or were not checked, from a DeviceAnalysis (analysis.py)."""
+    """Ok rows that disagree or were not checked, and those whose precision is below an
+    fp32-accumulating kernel's, from a DeviceAnalysis (analysis.py)."""
     df, bad = a.frame, a.disagreements
     lines = ["### Numerical agreement", ""]
     if bad.empty:
         n = len(rules.ok_rows(df))
-        return lines + [f"All {n} ok rows agree with the float64 reference within their bound.", ""]
+        lines += [f"All {n} ok rows agree with the float64 reference within their bound.", ""]
+        return lines + _precision_lines(df)
     bad = bad.assign(
         case=[case_label(r) for _, r in bad.iterrows()],
         verdict=bad["agrees"].map({False: "disagrees"}).fillna("not checked"),
@@ -451,4 +453,35 @@ def disagreement_section(a) -> list[str]:
             },
         )
     )
-    return lines
+    return lines + [""] + _precision_lines(df)
+
+
+def _precision_lines(df: pd.DataFrame) -> list[str]:
+    """Half-precision rows whose error is over its calibrated multiple of what a kernel that
+    accumulates in float32 gets on the same inputs (``precision_low``): a flag apart from
+    agreement (a half-type accumulator can still pass the agreement bound)."""
+    if "precision_low" not in df:  # runs made before the column existed
+        return []
+    low = rules.ok_rows(df)
+    low = low[low["precision_low"].eq(True).fillna(False).astype(bool)]
+    if low.empty:
+        return []
+    low = low.assign(case=[case_label(r) for _, r in low.iterrows()])
+    return [
+        f"{len(low)} ok row(s) have a precision below an fp32-accumulating kernel's "
+        "(`precision_ratio`: their largest error over that kernel's on the same inputs, "
+        "docs/method.md): a kernel that keeps its running sums in half precision is wrong "
+        "for training even where it agrees.",
+        "",
+        table(
+            low,
+            {
+                "impl": "impl",
+                "case": "case",
+                "precision_ratio": "precision ratio",
+                "rel_err": "rel_err",
+                "agrees": "agrees",
+            },
+            formats={"precision_ratio": ".2f", "rel_err": ".2e"},
+        ),
+    ]
