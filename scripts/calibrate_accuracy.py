@@ -93,6 +93,43 @@ class AlibiUp(ScoreMod):
 UP = AlibiUp.name
 
 
+class Ramp(ScoreMod):
+    """A bias in [0, K] per (head, key), s + K frac(hash(h, j)) (ramp:K), as a plugin's
+    modifier may add: at K just above a power of two the dominant scores land on the coarser
+    grid of their binade (ramp:17 puts them in [16, 17.6]); SDPA takes the bias as a float
+    mask in q's dtype, so each key's bias is rounded once for every query. Registered while
+    ``population`` runs."""
+
+    name = "ramp"
+    meaning = "s + K * frac(hash(h, j)) (ramp:K)"
+    default_arg = "20"
+    additive = True
+
+    def __init__(self, arg, heads, device="cpu"):
+        super().__init__(arg, heads, device)
+        self.K = float(arg)
+
+    @classmethod
+    def canonical(cls, arg):
+        return f"{float(arg):g}"
+
+    @staticmethod
+    def _frac(h, j, dtype):
+        return ((j.to(torch.int64) * 7919 + h.to(torch.int64) * 104729) % 997).to(dtype) / 996.0
+
+    def bias(self, h, p, j):
+        return self.K * self._frac(h, j, torch.float32) + 0 * p
+
+    def apply(self, s, h, p, j):
+        return s + self.bias(h, p, j).to(s.dtype)
+
+    def reference(self, s, h, p, j):
+        return s + self.K * self._frac(h, j, s.dtype) + 0 * p.to(s.dtype)
+
+
+CALIBRATION_MODS = (AlibiUp, Ramp)
+
+
 class Shape(NamedTuple):
     batch: int
     heads: int
@@ -175,6 +212,9 @@ MODIFIED = [
     Shape(1, 8, 2, 64, 1024, 128, True, align=BR, score_mod=UP, note="a chunk after a cache"),
     Shape(1, 4, 4, 256, 256, 64, False, score_mod="alibi", note="ALiBi over 255 keys"),
     Shape(1, 2, 2, 128, 128, 64, True, score_mod="softcap:50"),
+    Shape(1, 8, 2, 64, 512, 64, True, align=BR, score_mod="ramp:17", note="scores in [16, 17.6]"),
+    Shape(1, 8, 2, 64, 512, 64, True, align=BR, score_mod="ramp:34", note="scores in [32, 35]"),
+    Shape(1, 4, 4, 128, 128, 64, False, score_mod="ramp:9", note="scores in [8, 8.8]"),
 ]
 SHAPES = PREFILL + DECODE + MODIFIED
 # CI-sized subset (tests/test_accuracy_calibration.py). Its catch-rate assertion must be robust
@@ -444,15 +484,16 @@ def case_rows(case: Case, seed: int, impls: dict) -> list[dict]:
 
 @contextlib.contextmanager
 def calibration_mods():
-    """``AlibiUp`` registered while the block runs, and taken out again after (a sweep's
-    modifiers stay the built-ins and the plugins it loads)."""
-    added = UP not in MODS
-    register_mod(AlibiUp)
+    """``CALIBRATION_MODS`` registered while the block runs, and taken out again after (a
+    sweep's modifiers stay the built-ins and the plugins it loads)."""
+    added = [m.name for m in CALIBRATION_MODS if m.name not in MODS]
+    for mod in CALIBRATION_MODS:
+        register_mod(mod)
     try:
         yield
     finally:
-        if added:
-            MODS.pop(UP, None)
+        for name in added:
+            MODS.pop(name, None)
 
 
 def population(shapes, seeds, dtypes, device, progress=True) -> pd.DataFrame:

@@ -36,9 +36,11 @@ C_ELEM = {
     torch.bfloat16: {"out": 4.0, "grad": 32.0},
     torch.float16: {"out": 4.0, "grad": 32.0},
 }  # (elem): |d_e| <= (C_ELEM u + C_ACC_ELEM u_acc sqrt(n_e)) max(m_e, TAU rms(m))
-C_BIAS = {torch.bfloat16: 1.0}  # (bias): |<d, r>| <= C_BIAS u ||r||^2; other dtypes: none
+C_BIAS = {torch.bfloat16: 1.0}  # (bias): |<d, r>| <= C_BIAS u ||r||^2 + C_MOD_BIAS u ||mod|| ||r||
+#                                 other dtypes: none
 C_UNDER = 1.0  # probabilities below the smallest normal number: their rounding's size
-C_MOD = 0.5  # a score modifier's change: its rounding (calibrated, docs/method.md)
+C_MOD = 1.0  # a score modifier's rounding, on the grid it lands on (calibrated, docs/method.md)
+C_MOD_BIAS = 0.05  # and along the reference (a key's bias rounded once for every query)
 C_ACC = 0.25  # the accumulation's share of (norm), any dtype (the sums are float32)
 C_ACC_ELEM = 1.0  # and of (elem)
 BETA = 0.02  # ||r|| < BETA ||m||: the reference is (near) zero, (norm) becomes absolute
@@ -160,7 +162,9 @@ def error(
             under_norm=under, acc_norm=accumulated, mod_norm=mod,
         )  # fmt: skip
     bias = 0.0 if near_zero else ((x64 - r64) * r64).sum().item() / ref_norm**2
-    bias_bound = None if near_zero or dtype not in C_BIAS else C_BIAS[dtype] * u
+    bias_bound = None
+    if not near_zero and dtype in C_BIAS:
+        bias_bound = C_BIAS[dtype] * u + C_MOD_BIAS * u * mod / ref_norm
     d = (x64 - r64).abs()
     err_norm = torch.linalg.vector_norm(d).item()
     floor = TAU * m64.square().mean().sqrt().item()
