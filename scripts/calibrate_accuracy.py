@@ -51,7 +51,7 @@ from attnbench import registry
 from attnbench.case import Case
 from attnbench.dims import DIMS
 from attnbench.masks import ALIGNS, ANY, MODS, ScoreMod, register_mod
-from attnbench.measure import agreement
+from attnbench.measure import agreement, precision
 from attnbench.measure.agreement import checked_names
 from attnbench.measure.reference import Magnitude
 from attnbench.run.call import Call
@@ -65,6 +65,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 TARGET = {"float32": 0.95, "bfloat16": 0.90, "float16": 0.90}
 NOT_DEMANDED = {("scale_x1.001", "bfloat16"), ("scale_x1.001", "float16")}
 DETECTABLE = 2.0  # a bug is detectable when its effect is over twice a correct impl's error
+MANY_TILES = 16  # key tiles from which a half-type accumulator must be flagged
 BR = "bottom_right"
 
 
@@ -266,6 +267,40 @@ def key_by_key(q, k, v, *, causal, scale, mask):
     return (out if keyless is None else out.masked_fill(keyless, 0.0)).to(dtype)
 
 
+# --- a planted precision bug: the running output kept in the half type ------------------------
+HALF_TILE = 64  # keys per tile of half_acc: its accumulator is rounded once per tile
+
+
+def half_acc(q, k, v, *, causal, scale, mask):
+    """Online softmax over HALF_TILE-key tiles with scores, maxima and sums in float32 but the
+    running output kept in the case dtype, rounded after every tile: the mistake of a kernel
+    that should accumulate in float32. Its verdict passes on short rows; its precision
+    figure (measure/precision.py) is what flags it."""
+    dtype, group = q.dtype, q.shape[1] // k.shape[1]
+    q, k, v = (t.float() for t in (q, k, v))
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = (q @ k.transpose(-1, -2)) * scale  # (B, H, Sq, Skv)
+    if mask.masked(causal):
+        keep = mask.keep(q.shape[-2], k.shape[-2], causal, q.device)  # (Bm, 1, Sq, Skv)
+        s = s.masked_fill(~keep, -math.inf)
+    m = torch.full((*s.shape[:-1], 1), -math.inf, device=q.device)
+    total = torch.zeros_like(m)
+    acc = torch.zeros(*s.shape[:-1], v.shape[-1], dtype=dtype, device=q.device)
+    for start in range(0, s.shape[-1], HALF_TILE):
+        tile = s[..., start : start + HALF_TILE]
+        m_new = torch.maximum(m, tile.amax(-1, keepdim=True))
+        alpha = torch.exp(m - m_new).nan_to_num(0.0)
+        p = torch.exp(tile - m_new).nan_to_num(0.0)
+        total = total * alpha + p.sum(-1, keepdim=True)
+        pv = p.to(dtype).float() @ v[..., start : start + HALF_TILE, :]
+        acc = (acc.float() * alpha + pv).to(dtype)
+        m = m_new
+    return (acc.float() / total.masked_fill(total == 0, 1.0)).to(dtype)
+
+
+PRECISION_BUGS = {"half_acc": half_acc}  # run on the low-precision cases, forward verdict
+
+
 # --- planted bugs ------------------------------------------------------------------------------
 def _sdpa(q, k, v, keep, scale, mask):
     """Attention by SDPA; with a score modifier, by the formula on float32 scores (float64 for
@@ -376,6 +411,9 @@ BUGS = {
 GRAD_ONLY = {"dq_x1.01", "dk_x1.01", "dv_x1.01"}
 
 
+PRECISION = object()  # marks a planted precision bug in case_rows' list
+
+
 def _impl(name: str, fn) -> registry.Impl:
     return registry.Impl(name, fn, masks=ANY, causal_align=ALIGNS)
 
@@ -435,18 +473,23 @@ def case_rows(case: Case, seed: int, impls: dict) -> list[dict]:
     u = agreement.unit_roundoff(dt)
     todo = [(impls[n], None) for n in CORRECT if n in impls and not impls[n].reasons(case)]
     todo += [(_impl(n, b.fn), b) for n, b in BUGS.items() if b.applies(case)]
+    if truth.fp32_acc is not None:
+        todo += [(_impl(n, fn), PRECISION) for n, fn in PRECISION_BUGS.items()]
     rows, key = [], dict(case.columns(), seed=seed)
     for impl, bug in todo:
         out, grads = Call.prepare(impl, case, inputs).check()
         got = [out, *(grads or ())]
         verdict = agreement.judge(case, got, truth)
-        effect = exact(impl.fn, inputs, case) if bug else None
+        effect = exact(impl.fn, inputs, case) if bug and bug is not PRECISION else None
         for t, tensor in enumerate(names):
             e, mag = verdict.errors[t], truth.mag[t]
             row = {
                 **key,
                 "impl": impl.name,
-                "bug": bug is not None,
+                "bug": bug is not None and bug is not PRECISION,
+                "precision_bug": bug is PRECISION,
+                "precision_ratio": verdict.columns.get("precision_ratio") if t == 0 else None,
+                "tiles": -(-int(e.terms) // HALF_TILE),  # half_acc's tiles on the longest row
                 "tensor": tensor,
                 "finite": e.finite,
                 "rel_u": (math.nan if e.rel is None else e.rel) / u,
@@ -636,8 +679,42 @@ def modified(c: pd.DataFrame) -> tuple[list[str], dict]:
     return lines, alarms
 
 
+def precision_table(df: pd.DataFrame) -> tuple[list[str], dict]:
+    """The precision figure (measure/precision.py) of out in the low-precision cases, per
+    dtype and impl: the correct impls' largest figure and flags (must be 0: a flag is a false
+    alarm), the textbook formula's, and the half-type accumulator's flags over the cases of
+    MANY_TILES key tiles or more (target >= 90%) and below; ``ok``: the flags and rates."""
+    d = df[(df.tensor == "out") & df.precision_ratio.notna() & ~df.bug]
+    if d.empty:
+        return [], {}
+    d = d.assign(flag=d.precision_ratio.astype(float) > precision.PRECISION_LIMIT)
+    lines = [
+        f"| dtype | impl | rows | largest figure | flagged (> {precision.PRECISION_LIMIT:g}) "
+        f"| flagged, {MANY_TILES}+ key tiles | flagged, fewer tiles |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    ok = {}
+    for (dt, impl), g in d.groupby(["dtype", "impl"]):
+        many, few = g[g.tiles >= MANY_TILES], g[g.tiles < MANY_TILES]
+
+        def cell(x):
+            return f"{int(x.flag.sum())}/{len(x)}" if len(x) else "–"
+
+        lines.append(
+            f"| {dt} | {impl} | {len(g)} | {g.precision_ratio.max():.2f} | {cell(g)} | "
+            f"{cell(many)} | {cell(few)} |"
+        )
+        if impl in PRECISION_BUGS:
+            ok[f"precision/{impl}/{dt}"] = (many.flag.mean() if len(many) else math.nan, 0.90)
+        elif impl != "naive":
+            ok[f"precision_false_flags/{impl}/{dt}"] = int(g.flag.sum())
+    return lines, ok
+
+
 def report(df: pd.DataFrame) -> tuple[str, dict]:
     lines, ok = [], {}
+    prec_lines, prec_ok = precision_table(df)
+    df = df[~df.precision_bug]
     df = with_detectable(df)
     c, b = df[~df.bug], df[df.bug]
     nc = c.groupby(CASE_COLS, dropna=False).ngroups
@@ -694,6 +771,18 @@ def report(df: pd.DataFrame) -> tuple[str, dict]:
             f"rule {fa}/{len(v)}, the previous rule {fo}/{len(v)}"
             + (f" ({', '.join(sorted(v[v.o].impl.unique()))})" if fo else "")
         )
+    if prec_lines:
+        ok.update(prec_ok)
+        lines.append(
+            "\nPrecision figure of out (bfloat16, float16; measure/precision.py): its largest "
+            "error where the output is at least a quarter of its magnitude, over that of a "
+            "kernel accumulating in float32 on the same inputs; flagged above the limit as "
+            "precision below an fp32-accumulating kernel. `half_acc` (planted: the running "
+            "output kept in the case dtype, rounded after every 64-key tile) must be flagged in "
+            f"90% of the cases of {MANY_TILES}+ key tiles; no correct impl but `naive` may be "
+            "flagged:\n"
+        )
+        lines += prec_lines
     lines.append(
         "\nCatch rate of planted bugs over the cases where the bug is detectable (its exact "
         f"effect over {DETECTABLE:g}x the worst correct error on the case, in the norm, at "
@@ -749,7 +838,7 @@ def report(df: pd.DataFrame) -> tuple[str, dict]:
     short = [
         k
         for k, v in ok.items()
-        if isinstance(v, tuple) and v[1] is not None and v[0] < 1 and "/" in k
+        if isinstance(v, tuple) and v[1] is not None and v[0] < 1 and k.split("/")[0] in BUGS
     ]
     if short:
         lines.append("\nPer shape, where a demanded catch rate is below 100% (rule, caught/n):\n")

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 
 from attnbench.case import Case
+from attnbench.measure import precision
 from attnbench.measure.reference import Magnitude
 
 # The rule's constants (docs/method.md), calibrated by scripts/calibrate_accuracy.py
@@ -282,6 +283,8 @@ class Truth:
     names: list[str] | None = None  # of ref's tensors; None: checked_names(case)
     # level layer: out (disagreeing) -> notes naming a convention it matches (run/layer.py)
     explain: Callable[[torch.Tensor], list[str]] | None = None
+    # level op, low precision: out of a float32-accumulating kernel (measure/precision.py)
+    fp32_acc: torch.Tensor | None = None
 
 
 def checked_names(case: Case) -> list[str]:
@@ -293,13 +296,19 @@ def checked_names(case: Case) -> list[str]:
 def judge(case: Case, got: list[torch.Tensor], truth: Truth) -> Verdict:
     """The verdict a row gets (and the calibration counts) on the checked tensors ``got``
     (``checked_names``) of one call: the rule at level op, the legacy rule at level layer,
-    none (a note, blank columns) when the case has no reference."""
+    none (a note, blank columns) when the case has no reference. At level op a low-precision
+    row also gets its precision figure against a float32-accumulating kernel
+    (measure/precision.py), apart from the verdict."""
     if truth.failure:
         return Verdict([], [], {}, [truth.failure])
     names, dtype = truth.names or checked_names(case), case.torch_dtype
     if truth.baseline is not None:
         return legacy_rule(names, got, truth.ref, truth.baseline, dtype)
-    return rule(names, got, truth.ref, truth.mag, dtype)
+    verdict = rule(names, got, truth.ref, truth.mag, dtype)
+    columns, note = precision.judged(got[0], truth.ref[0], truth.fp32_acc, truth.mag[0].m)
+    verdict.columns.update(columns)
+    verdict.notes.extend([note] if note else [])
+    return verdict
 
 
 def rule(

@@ -29,6 +29,7 @@ def reference(
     dout=None,
     dtype=torch.float64,
     mask=None,
+    rounded_p=None,
 ):
     """Attention by the textbook formula in ``dtype``, one batch element and one query chunk
     at a time, so neither the score matrix nor a widened copy of k and v is ever whole (a
@@ -41,7 +42,9 @@ def reference(
     the rule impls run (without a layout, causal alone: query i at position p = i + shift
     among the keys does not see j > p); its score modifier's ``reference`` rule changes the
     scaled scores of query position p before the mask. A query with every key masked has
-    output zero and gradients zero."""
+    output zero and gradients zero. ``rounded_p`` (forward only; None: exact softmax): a
+    flash kernel's arithmetic instead, the probabilities exp(s - max) rounded to that dtype
+    before P V and the row divided by their unrounded sum after it."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     group = Hq // Hkv
@@ -75,7 +78,7 @@ def reference(
                 drop = _hidden(mask, i, j, b, causal, shift)  # (c, Skv)
                 empty = drop.all(dim=-1, keepdim=True)  # (c, 1): no key at all
                 s = s.masked_fill(drop, float("-inf")).masked_fill(empty, 0.0)
-                oc = s.softmax(dim=-1).masked_fill(empty, 0.0) @ vb  # (Hkv, group, c, D)
+                oc = _weights(s, rounded_p, vb).masked_fill(empty, 0.0)  # (Hkv, group, c, D)
             out[b, :, rows] = oc.detach().reshape(Hq, c, D)
             if grad:
                 g = dout[b, :, rows].to(dtype).reshape(Hkv, group, c, D)
@@ -86,6 +89,15 @@ def reference(
         if grad:
             dk[b], dv[b] = gk[:, 0].to(dtype), gv[:, 0].to(dtype)
     return out, ((dq, dk, dv) if grad else None)
+
+
+def _weights(s: torch.Tensor, rounded_p, vb: torch.Tensor) -> torch.Tensor:
+    """softmax(s) V, or with ``rounded_p`` as a flash kernel computes it: the unnormalised
+    probabilities rounded to that dtype, P V in s's dtype, divided by their unrounded sum."""
+    if rounded_p is None:
+        return s.softmax(dim=-1) @ vb
+    e = (s - s.amax(-1, keepdim=True)).exp()
+    return (e.to(rounded_p).to(s.dtype) @ vb) / e.sum(-1, keepdim=True)
 
 
 def _shift(mask, seq_q: int, seq_kv: int) -> int:

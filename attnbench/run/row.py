@@ -19,6 +19,7 @@ from attnbench.measure.agreement import Truth
 from attnbench.measure.backends import borrowed_note
 from attnbench.measure.clocks import ClockSampler, summarize
 from attnbench.measure.compiling import RECOMPILED_NOTE, Watch, compile_ms, eagerly, isolate
+from attnbench.measure.precision import emulated
 from attnbench.measure.reference import magnitude, reference
 from attnbench.measure.roofline import rates, roofline
 from attnbench.measure.timing import RoundTimer, Slice, TimerConfig, Timing
@@ -87,7 +88,9 @@ def ground_truth(case: Case, inputs: Inputs, parts: Parts | None = None) -> Trut
             return layer_truth(case, inputs, parts, **args)
         out, grads = reference(inputs.q, inputs.k, inputs.v, dtype=torch.float64, **args)
         mag = magnitude(inputs.q, inputs.k, inputs.v, **args)
-        return Truth([out, *(grads or ())], mag=mag)
+        kernel = dict(causal=case.causal, scale=inputs.scale, mask=inputs.mask)
+        fp32_acc = emulated(inputs.q, inputs.k, inputs.v, **kernel)
+        return Truth([out, *(grads or ())], mag=mag, fp32_acc=fp32_acc)
     except (torch.OutOfMemoryError, MemoryError) as exc:
         release(case)
         return Truth(
