@@ -648,8 +648,8 @@ def growth(df: pd.DataFrame) -> tuple[list[str], dict]:
 def modified(c: pd.DataFrame) -> tuple[list[str], dict]:
     """Correct rows of the cases with a score modifier, per modifier and dtype: false alarms
     (fwd and bwd verdicts) of the rule and of the rule without its modifier term (C_MOD u
-    ||mod||), the worst share of (norm) with and without it, and the C_MOD the worst row
-    needs (0: none); ``alarms``: the rule's false alarms per modifier."""
+    ||mod||), the worst share of (norm) with and without it, and the C_MOD and C_MOD_BIAS the
+    worst row needs (0: none); ``alarms``: the rule's false alarms per modifier."""
     c = c[c.score_mod.fillna("") != ""]
     if c.empty:
         return [], {}
@@ -659,11 +659,12 @@ def modified(c: pd.DataFrame) -> tuple[list[str], dict]:
         share_without=c.dnorm_u / bound,
         without=c.dnorm_u > bound,
         needs=((c.dnorm_u - bound) / per_c_mod).clip(lower=0).where(per_c_mod > 0, 0.0),
+        bias_needs=_bias_needs(c),
     )
     lines = [
         "| score_mod | dtype | verdicts fwd / bwd | false alarms | without the modifier's "
-        "term | share of (norm) | without the term | C_MOD needed |",
-        "|---|---|---|---|---|---|---|---|",
+        "term | share of (norm) | without the term | C_MOD needed | C_MOD_BIAS needed |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     alarms = {}
     for (mod, dt), g in c.groupby(["score_mod", "dtype"]):
@@ -674,9 +675,19 @@ def modified(c: pd.DataFrame) -> tuple[list[str], dict]:
             f"| {mod} | {dt} | {len(now[0])} / {len(now[1])} | "
             f"{int(now[0].p.sum())} / {int(now[1].p.sum())} | "
             f"{int(was[0].p.sum())} / {int(was[1].p.sum())} | "
-            f"{g.norm_share.max():.2f} | {g.share_without.max():.2f} | {g.needs.max():.2f} |"
+            f"{g.norm_share.max():.2f} | {g.share_without.max():.2f} | {g.needs.max():.2f} | "
+            + (f"{g.bias_needs.max():.3f} |" if g.bias_needs.notna().any() else "– |")
         )
     return lines, alarms
+
+
+def _bias_needs(c: pd.DataFrame) -> pd.Series:
+    """The C_MOD_BIAS each row needs for (bias) to hold (0: none; NaN where the dtype has no
+    bias criterion or the reference is near zero): (|bias|/u - C_BIAS) ||ref|| / ||mod||."""
+    c_bias = c.dtype.map(lambda dt: agreement.C_BIAS.get(getattr(torch, dt), math.nan))
+    mod = c.mod_u / agreement.C_MOD
+    need = ((c.bias_u - c_bias) * c.ref_norm / mod).clip(lower=0).where(mod > 0, 0.0)
+    return need.where(c_bias.notna() & ~c.near_zero)
 
 
 def precision_table(df: pd.DataFrame) -> tuple[list[str], dict]:
@@ -757,8 +768,11 @@ def report(df: pd.DataFrame) -> tuple[str, dict]:
     if table:
         lines.append(
             f"\nScore modifiers (correct impls): false alarms of the rule, fwd / bwd verdicts, "
-            f"and of the rule without its modifier term (C_MOD = {agreement.C_MOD:g}), and the "
-            "worst correct error as a share of (norm) with and without that term:\n"
+            f"and of the rule without its modifier term in (norm) (C_MOD = {agreement.C_MOD:g}, "
+            "sized by the grid the modified score lands on), the worst correct error as a share "
+            "of (norm) with and without that term, and the constants the worst correct row "
+            f"needs (C_MOD_BIAS = {agreement.C_MOD_BIAS:g}: the modifier's term of the bias "
+            "criterion, bfloat16):\n"
         )
         lines += table
     for fwd in (True, False):
@@ -888,11 +902,28 @@ def where() -> str:
     )
 
 
+def _indices(text: str, n: int) -> list[int]:
+    """'0,3,31-38' -> [0, 3, 31, ..., 38]; exits 2 on a row outside 0..n-1."""
+    out = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += range(int(lo), int(hi or lo) + 1)
+    if not out or min(out) < 0 or max(out) >= n:
+        sys.exit(f"calibrate_accuracy: error: --shapes {text}: rows are 0..{n - 1}")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--small", action="store_true", help="CI-sized population")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per case (10; --small 2)")
     ap.add_argument("--dtypes", default=",".join(DTYPES))
+    ap.add_argument(
+        "--shapes",
+        default=None,
+        help="only these shapes of the full population, by their 0-based row in its table "
+        "(e.g. 31-38: the score modifiers), for a subset on a busy machine",
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--csv", type=Path, default=None, help="write the per-tensor rows here")
     ap.add_argument(
@@ -908,6 +939,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
     seeds = a.seeds or (2 if a.small else 10)
     shapes = SMALL_SHAPES if a.small else SHAPES
+    if a.shapes:
+        shapes = [SHAPES[i] for i in _indices(a.shapes, len(SHAPES))]
     dtypes = a.dtypes.split(",")
     t0 = time.time()
     df = population(shapes, seeds, dtypes, a.device)
