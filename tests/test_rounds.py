@@ -4,6 +4,7 @@ costs that impl's row only; speedups paired by round against the run's baseline;
 anchor relative to the run's start, kept across --resume."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -43,16 +44,19 @@ class _Script:
     def call(self, msg, timeout_s):
         kind, *args = msg
         self.sent.append(msg)
-        who = getattr(args[1], "name", None) if len(args) > 1 else None
-        if (kind, who, args[2] if kind == "time" else None) in self.fail:
-            self.fresh = True
-            raise self.fail[(kind, who, args[2])]
+        group = args[1] if kind == "together" else [args[1]] if kind == "time" else []
+        for who in group:  # a step that times a failing impl fails (a shared one too)
+            if ("time", who.name, args[2]) in self.fail:
+                self.fresh = True
+                raise self.fail[("time", who.name, args[2])]
         if kind == "prepare":
             self.fresh = False
         elif self.fresh:
             return UNPREPARED
         if kind == "time":
             return Slice(args[2], (1.0 + args[2],))
+        if kind == "together":
+            return {who.name: Slice(args[2], (1.0 + args[2],)) for who in args[1]}
         if kind == "anchor":
             return {"t_unix": 0.0, "compute": [1.0], "memory": [2.0]}
         if kind == "finish":
@@ -65,23 +69,30 @@ class _Script:
         pass
 
 
-def _order(sent) -> list[list[str]]:
-    """Per round, who was timed in it, in order."""
-    rounds: dict[int, list[str]] = {}
+def _order(sent) -> list[list]:
+    """Per round, who was timed in it, in order (impls timed together: their names joined)."""
+    rounds: dict[int, list] = {}
     for kind, *args in sent:
         if kind == "time":
             rounds.setdefault(args[2], []).append(args[1].name)
+        elif kind == "together":
+            rounds.setdefault(args[2], []).append("".join(i.name for i in args[1]))
         elif kind == "anchor":
             rounds.setdefault(args[1], []).append(ANCHOR)
     return [rounds[r] for r in sorted(rounds)]
 
 
-def test_rounds_are_round_robin_the_order_rotated_each_round_the_anchor_among_them():
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_rounds_are_round_robin_the_order_rotated_each_round_the_anchor_among_them(device):
+    """On a GPU each impl takes its part of a round in a step of its own; on a CPU the impls
+    take theirs together, sample by sample (timing.interleaved), the anchor before or after."""
     impls = [_impl(n) for n in "abc"]
     script = _Script()
-    rows = list(Worker(WorkerSpec(settings=FAST), script).run_case(CASE, impls))
-    everyone = ["a", "b", "c", ANCHOR]
-    assert _order(script.sent) == [everyone[r:] + everyone[:r] for r in range(ROUNDS)]
+    case = replace(CASE, device=device)
+    rows = list(Worker(WorkerSpec(settings=FAST), script).run_case(case, impls))
+    everyone = ["a", "b", "c", ANCHOR] if device == "cuda" else ["abc", ANCHOR]
+    n = len(everyone)
+    assert _order(script.sent) == [everyone[r % n :] + everyone[: r % n] for r in range(ROUNDS)]
     assert [m.row["impl"] for m in rows] == ["a", "b", "c"]
     for m in rows:  # every round's sample, its round kept
         assert m.rounds == tuple(range(ROUNDS)) and len(m.anchor) == ROUNDS
@@ -98,7 +109,10 @@ def test_a_step_that_fails_in_the_rounds_costs_its_row_and_the_case_is_prepared_
     assert rows["b"].row["time_ms"] is None and rows["b"].times == []
     for name in "ac":
         assert rows[name].row["status"] == "ok" and rows[name].rounds == tuple(range(ROUNDS))
-    assert [m[0] for m in script.sent].count("prepare") == 2
+    # the shared step of round 3 failed (a fresh server), then each alone: b's failed again
+    assert [m[0] for m in script.sent].count("prepare") == 3
+    assert _order(script.sent)[2][0] == "abc"
+    assert set(_order(script.sent)[2][1:]) == {"a", "b", "c", ANCHOR}
     assert all("b" not in who for who in _order(script.sent)[3:])
 
 
