@@ -3,7 +3,9 @@ the order rotated each round, each sample's round kept; a crash or a hang inside
 costs that impl's row only; speedups paired by round against the run's baseline; the speed
 anchor relative to the run's start, kept across --resume."""
 
+import itertools
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -365,3 +367,39 @@ def test_a_bad_retry_is_one_line_and_exit_2(tmp_path, capsys, args, needle):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err, err
     assert not (tmp_path / "r").exists()
+
+
+def test_cpu_impls_take_their_turns_sample_by_sample_within_a_round():
+    """timing.interleaved: the functions' samples alternate (a change of the machine's speed
+    within the round lands on each alike), each gets its round's budget and sample count, and
+    one that raises leaves the turns while the others go on."""
+    from attnbench.measure.timing import SAMPLE_MS, RoundTimer, interleaved
+
+    calls, call_s = [], 0.0005
+
+    def recorder(name, fail_at=None):
+        def fn():
+            calls.append(name)
+            time.sleep(call_s)
+            if fail_at is not None and calls.count(name) >= fail_at:
+                raise RuntimeError("planted")
+
+        return fn
+
+    cfg = TimerConfig(rep_ms=50.0, min_samples=10, rounds=5)
+    # c raises on its third call, inside its samples (its first call sizes its block)
+    timers = {n: RoundTimer(recorder(n, 3 if n == "c" else None), "cpu", cfg) for n in "abc"}
+    failures = {}
+    slices = interleaved(timers, 3, lambda key, exc: failures.setdefault(key, str(exc)))
+    assert set(slices) == {"a", "b"} and failures == {"c": "planted"}
+    budget_ms, low, _ = cfg.per_round()
+    for part in slices.values():
+        assert part.round == 3 and len(part.samples_ms) >= low
+        per_sample = part.calls / len(part.samples_ms)
+        assert sum(part.samples_ms) * per_sample >= budget_ms  # the round's budget, at least
+    # in turns: a function's run of calls is one sample's block (at most SAMPLE_MS of calls),
+    # or two where the rotated order puts it last in one turn and first in the next
+    last = min(max(i for i, n in enumerate(calls) if n == x) for x in "ab")
+    runs = [len(list(g)) for _, g in itertools.groupby(calls[: last + 1])]
+    assert max(runs) <= 2 * SAMPLE_MS / (call_s * 1e3) + 1, runs
+    assert len(runs) >= 2 * low
