@@ -38,6 +38,8 @@ def test_correct_population_has_no_false_alarm():
     assert (correct.seq_kv >= 1024).any() and (correct.causal_align == "bottom_right").any()
     _, ok = calibrate.report(df)
     assert ok["false_alarms_fwd"] == 0 and ok["false_alarms_bwd"] == 0
+    flags = {k: v for k, v in ok.items() if k.startswith("precision_false_flags/")}
+    assert flags and not any(flags.values()), flags  # no correct kernel's precision flagged
 
 
 def test_planted_bugs_are_caught_at_the_target_rates():
