@@ -228,7 +228,6 @@ SMALL_SHAPES = [PREFILL[i] for i in (0, 3, 5, 6, 8, 11, 15, 16)] + [
     DECODE[11],
     DECODE[12],
     MODIFIED[0],
-    MODIFIED[5],  # ramp:17: scores just above a power of two
 ]
 
 

@@ -60,3 +60,11 @@ def test_the_emulated_kernel_accumulates_in_float32_and_rounds_its_probabilities
     assert out.dtype == torch.bfloat16
     assert torch.equal(out, ((v[..., 0, :].float() + v[..., 1, :].float()) / 2).bfloat16()[None])
     assert precision.emulated(q.float(), k.float(), v.float(), causal=False, scale=1.0) is None
+
+
+def test_queries_that_see_no_key_leave_the_figure_defined(impls):
+    """Sq > Skv, bottom-right causal: 63 of 100 queries see no key (out and its magnitude
+    zero); the figure is taken over the others."""
+    case = Case(1, 2, 2, 100, 37, 64, dtype="bfloat16", causal=True, mode="fwd", device="cpu")
+    row = run_row(impls["sdpa"], replace(case, causal_align="bottom_right"))
+    assert row["agrees"] is True and 0.5 < row["precision_ratio"] < precision.PRECISION_LIMIT
