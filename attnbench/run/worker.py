@@ -146,7 +146,7 @@ class Worker:
         step (``TOGETHER``), the anchor before or after them. An impl whose step fails leaves
         the rounds, its row given now."""
         n = self.spec.settings.timer.rounds
-        together = self.case.device_type == "cpu" and len(ready) > 1
+        together = self.case.device_type == "cpu"
         order: list = [TOGETHER, ANCHOR] if together else [*ready, ANCHOR]
         for r in range(n):
             if not ready:
