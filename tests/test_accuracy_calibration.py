@@ -44,7 +44,14 @@ def test_correct_population_has_no_false_alarm():
 
 def test_planted_bugs_are_caught_at_the_target_rates():
     _, ok = calibrate.report(small_population())
-    demanded = {k: v for k, v in ok.items() if isinstance(v, tuple) and v[1] is not None}
+    # the half-type accumulator's flag rate is the full table's (docs/accuracy_calibration.md):
+    # this population has 4 cases of 16+ key tiles per dtype, with 128 to 2048 outputs each
+    # (tests/test_precision.py flags it where it has 32 tiles)
+    demanded = {
+        k: v
+        for k, v in ok.items()
+        if isinstance(v, tuple) and v[1] is not None and not k.startswith("precision/")
+    }
     assert len(demanded) >= 40  # every bug x dtype x fwd/bwd cell with a target was counted
     below = {k: v for k, v in demanded.items() if v[0] < v[1]}
     assert not below, below
