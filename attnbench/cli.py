@@ -32,6 +32,7 @@ from attnbench.store.schema import LOST
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
 EXIT_LOST = 3  # --executor ray: the cluster's head, every executor, or rows were lost
+EXIT_UNJUDGED = 4  # compare --fail-above: too few cases could be judged (contended)
 COMMANDS = {  # command -> what it does, for attnbench --help
     "sweep": "sweep impls over a grid of cases: results.csv, samples.csv, env.json, a report",
     "race": "the kernel race: the race preset (a GPU grid) as a sweep",
@@ -506,7 +507,8 @@ def compare(argv: list[str]) -> int:
         default=None,
         metavar="PCT",
         help="exit 1 when any case ok in both is more than PCT%% slower in B, "
-        "or ok in A and not ok in B, or no case is ok in both (nothing compared)",
+        "or ok in A and not ok in B, or no case is ok in both (nothing compared); exit 4 "
+        "when fewer than half the compared cases could be judged (the rest contended)",
     )
     p.add_argument(
         "--out",
@@ -519,7 +521,7 @@ def compare(argv: list[str]) -> int:
     runs = _load_runs(args.run_a, args.run_b)
     out = args.out or Path("reports") / "compare" / f"{runs[0][0]}_vs_{runs[1][0]}"
     _check_folders(("--out", out))
-    from attnbench.report.compare import gate_fails, summary_lines, write_compare
+    from attnbench.report.compare import cannot_judge, gate_fails, summary_lines, write_compare
 
     cmp, path = write_compare(runs[0], runs[1], out, args.fail_above, (args.run_a, args.run_b))
     for line in summary_lines(cmp, args.fail_above):
@@ -527,4 +529,6 @@ def compare(argv: list[str]) -> int:
     print(path)
     if args.fail_above is not None and gate_fails(cmp, args.fail_above):
         return EXIT_REGRESSION
+    if args.fail_above is not None and cannot_judge(cmp):
+        return EXIT_UNJUDGED
     return EXIT_OK

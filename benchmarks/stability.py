@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from attnbench.report import rules, verdicts  # noqa: E402
-from attnbench.report.compare import regressions, write_compare  # noqa: E402
+from attnbench.report.compare import cannot_judge, regressions, write_compare  # noqa: E402
 from attnbench.report.rounds import Rounds, anchor_path  # noqa: E402
 from attnbench.store.results import load_run  # noqa: E402
 from attnbench.store.rundir import RunDir  # noqa: E402
@@ -79,9 +79,10 @@ def false_alarms(a: Path, b: Path, work: Path) -> list[str]:
         else "run-to-run noise not measured"
     )
     held = int(judged["verdict"].eq("contended (not judged)").sum())
+    gate = "FAIL" if fails else "CANNOT JUDGE" if cannot_judge(cmp) else "PASS"
     return [
         f"false alarms (compare --fail-above {GATE_PCT:g}, identical runs): {int(called.sum())} "
-        f"of {len(judged)} cases called slower or faster; gate {'FAIL' if fails else 'PASS'} "
+        f"of {len(judged)} cases called slower or faster; gate {gate} "
         f"({fails} failing); {held} contended, not judged; {spread}; rules: {rules}"
     ]
 

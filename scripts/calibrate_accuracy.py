@@ -51,7 +51,7 @@ from attnbench import plugins, registry
 from attnbench.case import Case
 from attnbench.dims import DIMS
 from attnbench.masks import ALIGNS, ANY, MODS, ScoreMod, register_mod
-from attnbench.measure import agreement
+from attnbench.measure import agreement, precision
 from attnbench.measure.agreement import checked_names
 from attnbench.measure.reference import Magnitude
 from attnbench.run.call import Call
@@ -65,6 +65,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 TARGET = {"float32": 0.95, "bfloat16": 0.90, "float16": 0.90}
 NOT_DEMANDED = {("scale_x1.001", "bfloat16"), ("scale_x1.001", "float16")}
 DETECTABLE = 2.0  # a bug is detectable when its effect is over twice a correct impl's error
+MANY_TILES = 16  # key tiles from which a half-type accumulator must be flagged
 BR = "bottom_right"
 
 
@@ -91,6 +92,43 @@ class AlibiUp(ScoreMod):
 
 
 UP = AlibiUp.name
+
+
+class Ramp(ScoreMod):
+    """A bias in [0, K] per (head, key), s + K frac(hash(h, j)) (ramp:K), as a plugin's
+    modifier may add: at K just above a power of two the dominant scores land on the coarser
+    grid of their binade (ramp:17 puts them in [16, 17.6]); SDPA takes the bias as a float
+    mask in q's dtype, so each key's bias is rounded once for every query. Registered while
+    ``population`` runs."""
+
+    name = "ramp"
+    meaning = "s + K * frac(hash(h, j)) (ramp:K)"
+    default_arg = "20"
+    additive = True
+
+    def __init__(self, arg, heads, device="cpu"):
+        super().__init__(arg, heads, device)
+        self.K = float(arg)
+
+    @classmethod
+    def canonical(cls, arg):
+        return f"{float(arg):g}"
+
+    @staticmethod
+    def _frac(h, j, dtype):
+        return ((j.to(torch.int64) * 7919 + h.to(torch.int64) * 104729) % 997).to(dtype) / 996.0
+
+    def bias(self, h, p, j):
+        return self.K * self._frac(h, j, torch.float32) + 0 * p
+
+    def apply(self, s, h, p, j):
+        return s + self.bias(h, p, j).to(s.dtype)
+
+    def reference(self, s, h, p, j):
+        return s + self.K * self._frac(h, j, s.dtype) + 0 * p.to(s.dtype)
+
+
+CALIBRATION_MODS = (AlibiUp, Ramp)
 
 
 class Shape(NamedTuple):
@@ -175,6 +213,9 @@ MODIFIED = [
     Shape(1, 8, 2, 64, 1024, 128, True, align=BR, score_mod=UP, note="a chunk after a cache"),
     Shape(1, 4, 4, 256, 256, 64, False, score_mod="alibi", note="ALiBi over 255 keys"),
     Shape(1, 2, 2, 128, 128, 64, True, score_mod="softcap:50"),
+    Shape(1, 8, 2, 64, 512, 64, True, align=BR, score_mod="ramp:17", note="scores in [16, 17.6]"),
+    Shape(1, 8, 2, 64, 512, 64, True, align=BR, score_mod="ramp:34", note="scores in [32, 35]"),
+    Shape(1, 4, 4, 128, 128, 64, False, score_mod="ramp:9", note="scores in [8, 8.8]"),
 ]
 SHAPES = PREFILL + DECODE + MODIFIED
 # CI-sized subset (tests/test_accuracy_calibration.py). Its catch-rate assertion must be robust
@@ -224,6 +265,40 @@ def key_by_key(q, k, v, *, causal, scale, mask):
     p = s.softmax(-1).to(dtype).float()
     out = _KeyByKey.apply(p, v)
     return (out if keyless is None else out.masked_fill(keyless, 0.0)).to(dtype)
+
+
+# --- a planted precision bug: the running output kept in the half type ------------------------
+HALF_TILE = 64  # keys per tile of half_acc: its accumulator is rounded once per tile
+
+
+def half_acc(q, k, v, *, causal, scale, mask):
+    """Online softmax over HALF_TILE-key tiles with scores, maxima and sums in float32 but the
+    running output kept in the case dtype, rounded after every tile: the mistake of a kernel
+    that should accumulate in float32. Its verdict passes on short rows; its precision
+    figure (measure/precision.py) is what flags it."""
+    dtype, group = q.dtype, q.shape[1] // k.shape[1]
+    q, k, v = (t.float() for t in (q, k, v))
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = (q @ k.transpose(-1, -2)) * scale  # (B, H, Sq, Skv)
+    if mask.masked(causal):
+        keep = mask.keep(q.shape[-2], k.shape[-2], causal, q.device)  # (Bm, 1, Sq, Skv)
+        s = s.masked_fill(~keep, -math.inf)
+    m = torch.full((*s.shape[:-1], 1), -math.inf, device=q.device)
+    total = torch.zeros_like(m)
+    acc = torch.zeros(*s.shape[:-1], v.shape[-1], dtype=dtype, device=q.device)
+    for start in range(0, s.shape[-1], HALF_TILE):
+        tile = s[..., start : start + HALF_TILE]
+        m_new = torch.maximum(m, tile.amax(-1, keepdim=True))
+        alpha = torch.exp(m - m_new).nan_to_num(0.0)
+        p = torch.exp(tile - m_new).nan_to_num(0.0)
+        total = total * alpha + p.sum(-1, keepdim=True)
+        pv = p.to(dtype).float() @ v[..., start : start + HALF_TILE, :]
+        acc = (acc.float() * alpha + pv).to(dtype)
+        m = m_new
+    return (acc.float() / total.masked_fill(total == 0, 1.0)).to(dtype)
+
+
+PRECISION_BUGS = {"half_acc": half_acc}  # run on the low-precision cases, forward verdict
 
 
 # --- planted bugs ------------------------------------------------------------------------------
@@ -336,6 +411,9 @@ BUGS = {
 GRAD_ONLY = {"dq_x1.01", "dk_x1.01", "dv_x1.01"}
 
 
+PRECISION = object()  # marks a planted precision bug in case_rows' list
+
+
 def _impl(name: str, fn) -> registry.Impl:
     return registry.Impl(name, fn, masks=ANY, causal_align=ALIGNS)
 
@@ -395,18 +473,23 @@ def case_rows(case: Case, seed: int, impls: dict) -> list[dict]:
     u = agreement.unit_roundoff(dt)
     todo = [(impls[n], None) for n in CORRECT if n in impls and not impls[n].reasons(case)]
     todo += [(_impl(n, b.fn), b) for n, b in BUGS.items() if b.applies(case)]
+    if truth.fp32_acc is not None:
+        todo += [(_impl(n, fn), PRECISION) for n, fn in PRECISION_BUGS.items()]
     rows, key = [], dict(case.columns(), seed=seed)
     for impl, bug in todo:
         out, grads = Call.prepare(impl, case, inputs).check()
         got = [out, *(grads or ())]
         verdict = agreement.judge(case, got, truth)
-        effect = exact(impl.fn, inputs, case) if bug else None
+        effect = exact(impl.fn, inputs, case) if bug and bug is not PRECISION else None
         for t, tensor in enumerate(names):
             e, mag = verdict.errors[t], truth.mag[t]
             row = {
                 **key,
                 "impl": impl.name,
-                "bug": bug is not None,
+                "bug": bug is not None and bug is not PRECISION,
+                "precision_bug": bug is PRECISION,
+                "precision_ratio": verdict.columns.get("precision_ratio") if t == 0 else None,
+                "tiles": -(-int(e.terms) // HALF_TILE),  # half_acc's tiles on the longest row
                 "tensor": tensor,
                 "finite": e.finite,
                 "rel_u": (math.nan if e.rel is None else e.rel) / u,
@@ -444,15 +527,16 @@ def case_rows(case: Case, seed: int, impls: dict) -> list[dict]:
 
 @contextlib.contextmanager
 def calibration_mods():
-    """``AlibiUp`` registered while the block runs, and taken out again after (a sweep's
-    modifiers stay the built-ins and the plugins it loads)."""
-    added = UP not in MODS
-    register_mod(AlibiUp)
+    """``CALIBRATION_MODS`` registered while the block runs, and taken out again after (a
+    sweep's modifiers stay the built-ins and the plugins it loads)."""
+    added = [m.name for m in CALIBRATION_MODS if m.name not in MODS]
+    for mod in CALIBRATION_MODS:
+        register_mod(mod)
     try:
         yield
     finally:
-        if added:
-            MODS.pop(UP, None)
+        for name in added:
+            MODS.pop(name, None)
 
 
 def population(shapes, seeds, dtypes, device, progress=True) -> pd.DataFrame:
@@ -564,8 +648,8 @@ def growth(df: pd.DataFrame) -> tuple[list[str], dict]:
 def modified(c: pd.DataFrame) -> tuple[list[str], dict]:
     """Correct rows of the cases with a score modifier, per modifier and dtype: false alarms
     (fwd and bwd verdicts) of the rule and of the rule without its modifier term (C_MOD u
-    ||mod||), the worst share of (norm) with and without it, and the C_MOD the worst row
-    needs (0: none); ``alarms``: the rule's false alarms per modifier."""
+    ||mod||), the worst share of (norm) with and without it, and the C_MOD and C_MOD_BIAS the
+    worst row needs (0: none); ``alarms``: the rule's false alarms per modifier."""
     c = c[c.score_mod.fillna("") != ""]
     if c.empty:
         return [], {}
@@ -575,11 +659,12 @@ def modified(c: pd.DataFrame) -> tuple[list[str], dict]:
         share_without=c.dnorm_u / bound,
         without=c.dnorm_u > bound,
         needs=((c.dnorm_u - bound) / per_c_mod).clip(lower=0).where(per_c_mod > 0, 0.0),
+        bias_needs=_bias_needs(c),
     )
     lines = [
         "| score_mod | dtype | verdicts fwd / bwd | false alarms | without the modifier's "
-        "term | share of (norm) | without the term | C_MOD needed |",
-        "|---|---|---|---|---|---|---|---|",
+        "term | share of (norm) | without the term | C_MOD needed | C_MOD_BIAS needed |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     alarms = {}
     for (mod, dt), g in c.groupby(["score_mod", "dtype"]):
@@ -590,13 +675,57 @@ def modified(c: pd.DataFrame) -> tuple[list[str], dict]:
             f"| {mod} | {dt} | {len(now[0])} / {len(now[1])} | "
             f"{int(now[0].p.sum())} / {int(now[1].p.sum())} | "
             f"{int(was[0].p.sum())} / {int(was[1].p.sum())} | "
-            f"{g.norm_share.max():.2f} | {g.share_without.max():.2f} | {g.needs.max():.2f} |"
+            f"{g.norm_share.max():.2f} | {g.share_without.max():.2f} | {g.needs.max():.2f} | "
+            + (f"{g.bias_needs.max():.3f} |" if g.bias_needs.notna().any() else "– |")
         )
     return lines, alarms
 
 
+def _bias_needs(c: pd.DataFrame) -> pd.Series:
+    """The C_MOD_BIAS each row needs for (bias) to hold (0: none; NaN where the dtype has no
+    bias criterion or the reference is near zero): (|bias|/u - C_BIAS) ||ref|| / ||mod||."""
+    c_bias = c.dtype.map(lambda dt: agreement.C_BIAS.get(getattr(torch, dt), math.nan))
+    mod = c.mod_u / agreement.C_MOD
+    need = ((c.bias_u - c_bias) * c.ref_norm / mod).clip(lower=0).where(mod > 0, 0.0)
+    return need.where(c_bias.notna() & ~c.near_zero)
+
+
+def precision_table(df: pd.DataFrame) -> tuple[list[str], dict]:
+    """The precision figure (measure/precision.py) of out in the low-precision cases, per
+    dtype and impl: the correct impls' largest figure and flags (must be 0: a flag is a false
+    alarm), the textbook formula's, and the half-type accumulator's flags over the cases of
+    MANY_TILES key tiles or more (target >= 90%) and below; ``ok``: the flags and rates."""
+    d = df[(df.tensor == "out") & df.precision_ratio.notna() & ~df.bug]
+    if d.empty:
+        return [], {}
+    d = d.assign(flag=d.precision_ratio.astype(float) > precision.PRECISION_LIMIT)
+    lines = [
+        f"| dtype | impl | rows | largest figure | flagged (> {precision.PRECISION_LIMIT:g}) "
+        f"| flagged, {MANY_TILES}+ key tiles | flagged, fewer tiles |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    ok = {}
+    for (dt, impl), g in d.groupby(["dtype", "impl"]):
+        many, few = g[g.tiles >= MANY_TILES], g[g.tiles < MANY_TILES]
+
+        def cell(x):
+            return f"{int(x.flag.sum())}/{len(x)}" if len(x) else "–"
+
+        lines.append(
+            f"| {dt} | {impl} | {len(g)} | {g.precision_ratio.max():.2f} | {cell(g)} | "
+            f"{cell(many)} | {cell(few)} |"
+        )
+        if impl in PRECISION_BUGS:
+            ok[f"precision/{impl}/{dt}"] = (many.flag.mean() if len(many) else math.nan, 0.90)
+        elif impl != "naive":
+            ok[f"precision_false_flags/{impl}/{dt}"] = int(g.flag.sum())
+    return lines, ok
+
+
 def report(df: pd.DataFrame) -> tuple[str, dict]:
     lines, ok = [], {}
+    prec_lines, prec_ok = precision_table(df)
+    df = df[~df.precision_bug]
     df = with_detectable(df)
     c, b = df[~df.bug], df[df.bug]
     nc = c.groupby(CASE_COLS, dropna=False).ngroups
@@ -639,8 +768,11 @@ def report(df: pd.DataFrame) -> tuple[str, dict]:
     if table:
         lines.append(
             f"\nScore modifiers (correct impls): false alarms of the rule, fwd / bwd verdicts, "
-            f"and of the rule without its modifier term (C_MOD = {agreement.C_MOD:g}), and the "
-            "worst correct error as a share of (norm) with and without that term:\n"
+            f"and of the rule without its modifier term in (norm) (C_MOD = {agreement.C_MOD:g}, "
+            "sized by the grid the modified score lands on), the worst correct error as a share "
+            "of (norm) with and without that term, and the constants the worst correct row "
+            f"needs (C_MOD_BIAS = {agreement.C_MOD_BIAS:g}: the modifier's term of the bias "
+            "criterion, bfloat16):\n"
         )
         lines += table
     for fwd in (True, False):
@@ -653,6 +785,18 @@ def report(df: pd.DataFrame) -> tuple[str, dict]:
             f"rule {fa}/{len(v)}, the previous rule {fo}/{len(v)}"
             + (f" ({', '.join(sorted(v[v.o].impl.unique()))})" if fo else "")
         )
+    if prec_lines:
+        ok.update(prec_ok)
+        lines.append(
+            "\nPrecision figure of out (bfloat16, float16; measure/precision.py): its largest "
+            "error where the output is at least a quarter of its magnitude, over that of a "
+            "kernel accumulating in float32 on the same inputs; flagged above the limit as "
+            "precision below an fp32-accumulating kernel. `half_acc` (planted: the running "
+            "output kept in the case dtype, rounded after every 64-key tile) must be flagged in "
+            f"90% of the cases of {MANY_TILES}+ key tiles; no correct impl but `naive` may be "
+            "flagged:\n"
+        )
+        lines += prec_lines
     lines.append(
         "\nCatch rate of planted bugs over the cases where the bug is detectable (its exact "
         f"effect over {DETECTABLE:g}x the worst correct error on the case, in the norm, at "
@@ -708,7 +852,7 @@ def report(df: pd.DataFrame) -> tuple[str, dict]:
     short = [
         k
         for k, v in ok.items()
-        if isinstance(v, tuple) and v[1] is not None and v[0] < 1 and "/" in k
+        if isinstance(v, tuple) and v[1] is not None and v[0] < 1 and k.split("/")[0] in BUGS
     ]
     if short:
         lines.append("\nPer shape, where a demanded catch rate is below 100% (rule, caught/n):\n")
@@ -758,11 +902,28 @@ def where() -> str:
     )
 
 
+def _indices(text: str, n: int) -> list[int]:
+    """'0,3,31-38' -> [0, 3, 31, ..., 38]; exits 2 on a row outside 0..n-1."""
+    out = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += range(int(lo), int(hi or lo) + 1)
+    if not out or min(out) < 0 or max(out) >= n:
+        sys.exit(f"calibrate_accuracy: error: --shapes {text}: rows are 0..{n - 1}")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--small", action="store_true", help="CI-sized population")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per case (10; --small 2)")
     ap.add_argument("--dtypes", default=",".join(DTYPES))
+    ap.add_argument(
+        "--shapes",
+        default=None,
+        help="only these shapes of the full population, by their 0-based row in its table "
+        "(e.g. 31-38: the score modifiers), for a subset on a busy machine",
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--csv", type=Path, default=None, help="write the per-tensor rows here")
     ap.add_argument(
@@ -778,6 +939,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
     seeds = a.seeds or (2 if a.small else 10)
     shapes = SMALL_SHAPES if a.small else SHAPES
+    if a.shapes:
+        shapes = [SHAPES[i] for i in _indices(a.shapes, len(SHAPES))]
     dtypes = a.dtypes.split(",")
     t0 = time.time()
     df = population(shapes, seeds, dtypes, a.device)

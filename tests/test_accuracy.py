@@ -1,8 +1,13 @@
 import math
+import sys
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 
+from attnbench import registry
+from attnbench.case import Case
 from attnbench.masks import Mask
 from attnbench.masks.interval import Interval
 from attnbench.measure import agreement
@@ -16,7 +21,10 @@ from attnbench.measure.agreement import (
     legacy_agrees,
     legacy_bound,
 )
-from attnbench.measure.reference import Magnitude, magnitude, reference
+from attnbench.measure.reference import Magnitude, coarser_grid, grid, magnitude, reference
+from attnbench.run.call import Call
+from attnbench.run.inputs import make_inputs
+from attnbench.run.row import ground_truth
 
 
 def dense(q, k, v, causal, scale):
@@ -202,3 +210,41 @@ def test_legacy_bound_is_twice_the_baseline_plus_a_floor():
     assert legacy_agrees(LegacyError(1e-3, rel_bound * 0.99, 2.0), base, torch.bfloat16)
     assert not legacy_agrees(LegacyError(1e-3, rel_bound * 1.01, 2.0), base, torch.bfloat16)
     assert not legacy_agrees(LegacyError(abs_bound * 1.01, 1e-3, 2.0), base, torch.bfloat16)
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+
+def test_the_grid_is_the_spacing_unit_of_the_binade_a_value_lands_in():
+    x = torch.tensor([16.5, 15.9, -17.0, 0.75, 0.0], dtype=torch.float64)
+    assert grid(x).tolist() == [16.0, 8.0, 16.0, 0.5, 0.0]
+    raw = torch.tensor([1.5, 1.5, 30.0], dtype=torch.float64)
+    modded = torch.tensor([17.5, 15.5, 25.0], dtype=torch.float64)  # the last: a soft-cap
+    # on a coarser grid than the raw score: that grid; on its own or a finer one: nothing
+    assert coarser_grid(raw, modded, modded - raw).tolist() == [16.0, 8.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "score_mod, impl, seed",
+    [("ramp:17", "naive", 0), ("ramp:34", "naive", 0), ("ramp:34", "sdpa", 3)],
+)
+def test_a_bias_that_lifts_the_dominant_scores_just_above_a_power_of_two_is_no_false_alarm(
+    score_mod, impl, seed
+):
+    """A ramp:K bias in [0, K] per (head, key) (scripts/calibrate_accuracy.py's modifier, as a
+    plugin may add one) puts the dominant scores in [16, 17.6] (ramp:17) or [32, 35]
+    (ramp:34), the coarser half of their binade: naive rounds them there
+    in bfloat16 (the modifier term, sized by that grid), and SDPA rounds each key's bias once
+    for every query (the bias criterion's modifier term). Both are correct."""
+    calibrate = pytest.importorskip("calibrate_accuracy")  # keeps the ramp modifier
+    impls = registry.discover(entry_points=False)
+    case = Case(1, 8, 2, 64, 512, 64, dtype="bfloat16", causal=True, mode="fwd", device="cpu")
+    with calibrate.calibration_mods():
+        case = replace(case, causal_align="bottom_right", score_mod=score_mod)
+        inputs = make_inputs(case, seed)
+        truth = ground_truth(case, inputs)
+        out, _ = Call.prepare(impls[impl], case, inputs).check()
+    verdict = agreement.judge(case, [out], truth)
+    assert verdict.agrees, verdict.notes
+    (err,) = verdict.errors
+    assert err.mod_norm > 0 and err.bias_bound > agreement.C_BIAS[torch.bfloat16] * 2.0**-8

@@ -38,11 +38,20 @@ def test_correct_population_has_no_false_alarm():
     assert (correct.seq_kv >= 1024).any() and (correct.causal_align == "bottom_right").any()
     _, ok = calibrate.report(df)
     assert ok["false_alarms_fwd"] == 0 and ok["false_alarms_bwd"] == 0
+    flags = {k: v for k, v in ok.items() if k.startswith("precision_false_flags/")}
+    assert flags and not any(flags.values()), flags  # no correct kernel's precision flagged
 
 
 def test_planted_bugs_are_caught_at_the_target_rates():
     _, ok = calibrate.report(small_population())
-    demanded = {k: v for k, v in ok.items() if isinstance(v, tuple) and v[1] is not None}
+    # the half-type accumulator's flag rate is the full table's (docs/accuracy_calibration.md):
+    # this population has 4 cases of 16+ key tiles per dtype, with 128 to 2048 outputs each
+    # (tests/test_precision.py flags it where it has 32 tiles)
+    demanded = {
+        k: v
+        for k, v in ok.items()
+        if isinstance(v, tuple) and v[1] is not None and not k.startswith("precision/")
+    }
     assert len(demanded) >= 40  # every bug x dtype x fwd/bwd cell with a target was counted
     below = {k: v for k, v in demanded.items() if v[0] < v[1]}
     assert not below, below

@@ -42,7 +42,8 @@ def test_backward_modes_are_not_captured_and_say_why(impls):
 
 def test_the_row_records_how_it_was_timed():
     assert COLUMNS["cuda_graph"][0] == "boolean" and "cuda_graph" in METRICS
-    assert list(COLUMNS)[-1] == "cuda_graph"  # appended: earlier columns keep their places
+    # appended, as the precision columns after it: earlier columns keep their places
+    assert list(COLUMNS)[-3:] == ["cuda_graph", "precision_ratio", "precision_low"]
 
 
 @pytest.mark.gpu

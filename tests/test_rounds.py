@@ -3,7 +3,10 @@ the order rotated each round, each sample's round kept; a crash or a hang inside
 costs that impl's row only; speedups paired by round against the run's baseline; the speed
 anchor relative to the run's start, kept across --resume."""
 
+import itertools
 import json
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -44,17 +47,22 @@ class _Script:
     def call(self, msg, timeout_s):
         kind, *args = msg
         self.sent.append(msg)
-        who = getattr(args[1], "name", None) if len(args) > 1 else None
-        key = (kind, who, args[2] if kind == "time" else None)
-        if key in self.fail:
-            self.fresh = True
-            raise self.fail[key]
+        group = args[1] if kind == "together" else [args[1]] if kind == "time" else []
+        keys = [("time", who.name, args[2]) for who in group]  # a shared step fails with any
+        if not group:  # a step of its own: (kind, the impl it names, None)
+            keys.append((kind, getattr(args[1], "name", None) if len(args) > 1 else None, None))
+        for key in keys:
+            if key in self.fail:
+                self.fresh = True
+                raise self.fail[key]
         if kind == "prepare":
             self.fresh = False
         elif self.fresh:
             return UNPREPARED
         if kind == "time":
             return Slice(args[2], (1.0 + args[2],))
+        if kind == "together":
+            return {who.name: Slice(args[2], (1.0 + args[2],)) for who in args[1]}
         if kind == "anchor":
             return {"t_unix": 0.0, "compute": [1.0], "memory": [2.0]}
         if kind == "finish":
@@ -67,23 +75,30 @@ class _Script:
         pass
 
 
-def _order(sent) -> list[list[str]]:
-    """Per round, who was timed in it, in order."""
-    rounds: dict[int, list[str]] = {}
+def _order(sent) -> list[list]:
+    """Per round, who was timed in it, in order (impls timed together: their names joined)."""
+    rounds: dict[int, list] = {}
     for kind, *args in sent:
         if kind == "time":
             rounds.setdefault(args[2], []).append(args[1].name)
+        elif kind == "together":
+            rounds.setdefault(args[2], []).append("".join(i.name for i in args[1]))
         elif kind == "anchor":
             rounds.setdefault(args[1], []).append(ANCHOR)
     return [rounds[r] for r in sorted(rounds)]
 
 
-def test_rounds_are_round_robin_the_order_rotated_each_round_the_anchor_among_them():
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_rounds_are_round_robin_the_order_rotated_each_round_the_anchor_among_them(device):
+    """On a GPU each impl takes its part of a round in a step of its own; on a CPU the impls
+    take theirs together, sample by sample (timing.interleaved), the anchor before or after."""
     impls = [_impl(n) for n in "abc"]
     script = _Script()
-    rows = list(Worker(WorkerSpec(settings=FAST), script).run_case(CASE, impls))
-    everyone = ["a", "b", "c", ANCHOR]
-    assert _order(script.sent) == [everyone[r:] + everyone[:r] for r in range(ROUNDS)]
+    case = replace(CASE, device=device)
+    rows = list(Worker(WorkerSpec(settings=FAST), script).run_case(case, impls))
+    everyone = ["a", "b", "c", ANCHOR] if device == "cuda" else ["abc", ANCHOR]
+    n = len(everyone)
+    assert _order(script.sent) == [everyone[r % n :] + everyone[: r % n] for r in range(ROUNDS)]
     assert [m.row["impl"] for m in rows] == ["a", "b", "c"]
     for m in rows:  # every round's sample, its round kept
         assert m.rounds == tuple(range(ROUNDS)) and len(m.anchor) == ROUNDS
@@ -100,7 +115,10 @@ def test_a_step_that_fails_in_the_rounds_costs_its_row_and_the_case_is_prepared_
     assert rows["b"].row["time_ms"] is None and rows["b"].times == []
     for name in "ac":
         assert rows[name].row["status"] == "ok" and rows[name].rounds == tuple(range(ROUNDS))
-    assert [m[0] for m in script.sent].count("prepare") == 2
+    # the shared step of round 3 failed (a fresh server), then each alone: b's failed again
+    assert [m[0] for m in script.sent].count("prepare") == 3
+    assert _order(script.sent)[2][0] == "abc"
+    assert set(_order(script.sent)[2][1:]) == {"a", "b", "c", ANCHOR}
     assert all("b" not in who for who in _order(script.sent)[3:])
 
 
@@ -428,3 +446,39 @@ def test_an_executor_lost_during_the_speed_anchor_gives_the_next_row_its_cause()
     assert rows[0]["status"] == LOST
     assert rows[0]["reason"] == f"{lost.reason} (during the speed anchor of timing round 1)"
     assert [m[0] for m in script.sent].count("prepare") == 1  # nothing sent past the loss
+
+
+def test_cpu_impls_take_their_turns_sample_by_sample_within_a_round():
+    """timing.interleaved: the functions' samples alternate (a change of the machine's speed
+    within the round lands on each alike), each gets its round's budget and sample count, and
+    one that raises leaves the turns while the others go on."""
+    from attnbench.measure.timing import SAMPLE_MS, RoundTimer, interleaved
+
+    calls, call_s = [], 0.0005
+
+    def recorder(name, fail_at=None):
+        def fn():
+            calls.append(name)
+            time.sleep(call_s)
+            if fail_at is not None and calls.count(name) >= fail_at:
+                raise RuntimeError("planted")
+
+        return fn
+
+    cfg = TimerConfig(rep_ms=50.0, min_samples=10, rounds=5)
+    # c raises on its third call, inside its samples (its first call sizes its block)
+    timers = {n: RoundTimer(recorder(n, 3 if n == "c" else None), "cpu", cfg) for n in "abc"}
+    failures = {}
+    slices = interleaved(timers, 3, lambda key, exc: failures.setdefault(key, str(exc)))
+    assert set(slices) == {"a", "b"} and failures == {"c": "planted"}
+    budget_ms, low, _ = cfg.per_round()
+    for part in slices.values():
+        assert part.round == 3 and len(part.samples_ms) >= low
+        per_sample = part.calls / len(part.samples_ms)
+        assert sum(part.samples_ms) * per_sample >= budget_ms  # the round's budget, at least
+    # in turns: a function's run of calls is one sample's block (at most SAMPLE_MS of calls),
+    # or two where the rotated order puts it last in one turn and first in the next
+    last = min(max(i for i, n in enumerate(calls) if n == x) for x in "ab")
+    runs = [len(list(g)) for _, g in itertools.groupby(calls[: last + 1])]
+    assert max(runs) <= 2 * SAMPLE_MS / (call_s * 1e3) + 1, runs
+    assert len(runs) >= 2 * low

@@ -166,6 +166,32 @@ def test_compare_names_a_busy_machine_next_to_the_verdict_and_judges_no_contende
     assert f"{len(tiled)} case(s) contended in A or B" in out
 
 
+def test_a_gate_that_could_judge_too_few_cases_exits_with_its_own_code(tmp_path, capsys):
+    """Every case of B contended (a busy machine): none is judged, so the gate cannot pass;
+    it says so in one line and exits EXIT_UNJUDGED, neither 0 nor the regression code. The
+    same runs with half their cases judged pass again."""
+    from attnbench.cli import EXIT_OK, EXIT_REGRESSION, EXIT_UNJUDGED
+
+    a = write_rounds_run(tmp_path, "a", smoke_rows("a", seqs=SEQS), seed=1)
+    slow = slow_down(smoke_rows("a", seqs=SEQS), "tiled", 1.5)
+    held = [{**r, "contended": True} if r["status"] == "ok" else r for r in slow]
+    b = write_rounds_run(tmp_path, "b", held, seed=2)
+    args = ["compare", str(a), str(b), "--fail-above", "5", "--out", str(tmp_path / "o")]
+    code = main(args)
+    out = capsys.readouterr().out
+    assert code == EXIT_UNJUDGED and EXIT_UNJUDGED not in (EXIT_OK, EXIT_REGRESSION)
+    gate = [line for line in out.splitlines() if line.startswith("gate:")]
+    assert len(gate) == 1 and "CANNOT JUDGE: only 0 of" in gate[0], gate
+    assert "PASS" not in out and "CANNOT JUDGE" in (tmp_path / "o" / "compare.md").read_text()
+    half = [
+        {**r, "contended": True} if r["status"] == "ok" and r["impl"] == "tiled" else r
+        for r in smoke_rows("a", seqs=SEQS)
+    ]
+    c = write_rounds_run(tmp_path, "c", half, seed=2)
+    args = ["compare", str(a), str(c), "--fail-above", "5", "--out", str(tmp_path / "p")]
+    assert main(args) == EXIT_OK and "gate: PASS" in capsys.readouterr().out
+
+
 def test_runs_without_rounds_keep_the_older_rule_and_say_so(tmp_path, capsys):
     a = write_run(tmp_path, "a", smoke_rows("a", seqs=SEQS))
     b = write_run(tmp_path, "b", smoke_rows("b", seqs=SEQS, seed=1))

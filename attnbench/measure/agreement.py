@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 
 from attnbench.case import Case
+from attnbench.measure import precision
 from attnbench.measure.reference import Magnitude
 
 # The rule's constants (docs/method.md), calibrated by scripts/calibrate_accuracy.py
@@ -36,9 +37,11 @@ C_ELEM = {
     torch.bfloat16: {"out": 4.0, "grad": 32.0},
     torch.float16: {"out": 4.0, "grad": 32.0},
 }  # (elem): |d_e| <= (C_ELEM u + C_ACC_ELEM u_acc sqrt(n_e)) max(m_e, TAU rms(m))
-C_BIAS = {torch.bfloat16: 1.0}  # (bias): |<d, r>| <= C_BIAS u ||r||^2; other dtypes: none
+C_BIAS = {torch.bfloat16: 1.0}  # (bias): |<d, r>| <= C_BIAS u ||r||^2 + C_MOD_BIAS u ||mod|| ||r||
+#                                 other dtypes: none
 C_UNDER = 1.0  # probabilities below the smallest normal number: their rounding's size
-C_MOD = 0.5  # a score modifier's change: its rounding (calibrated, docs/method.md)
+C_MOD = 1.0  # a score modifier's rounding, on the grid it lands on (calibrated, docs/method.md)
+C_MOD_BIAS = 0.05  # and along the reference (a key's bias rounded once for every query)
 C_ACC = 0.25  # the accumulation's share of (norm), any dtype (the sums are float32)
 C_ACC_ELEM = 1.0  # and of (elem)
 BETA = 0.02  # ||r|| < BETA ||m||: the reference is (near) zero, (norm) becomes absolute
@@ -160,7 +163,9 @@ def error(
             under_norm=under, acc_norm=accumulated, mod_norm=mod,
         )  # fmt: skip
     bias = 0.0 if near_zero else ((x64 - r64) * r64).sum().item() / ref_norm**2
-    bias_bound = None if near_zero or dtype not in C_BIAS else C_BIAS[dtype] * u
+    bias_bound = None
+    if not near_zero and dtype in C_BIAS:
+        bias_bound = C_BIAS[dtype] * u + C_MOD_BIAS * u * mod / ref_norm
     d = (x64 - r64).abs()
     err_norm = torch.linalg.vector_norm(d).item()
     floor = TAU * m64.square().mean().sqrt().item()
@@ -278,6 +283,8 @@ class Truth:
     names: list[str] | None = None  # of ref's tensors; None: checked_names(case)
     # level layer: out (disagreeing) -> notes naming a convention it matches (run/layer.py)
     explain: Callable[[torch.Tensor], list[str]] | None = None
+    # level op, low precision: out of a float32-accumulating kernel (measure/precision.py)
+    fp32_acc: torch.Tensor | None = None
 
 
 def checked_names(case: Case) -> list[str]:
@@ -289,13 +296,19 @@ def checked_names(case: Case) -> list[str]:
 def judge(case: Case, got: list[torch.Tensor], truth: Truth) -> Verdict:
     """The verdict a row gets (and the calibration counts) on the checked tensors ``got``
     (``checked_names``) of one call: the rule at level op, the legacy rule at level layer,
-    none (a note, blank columns) when the case has no reference."""
+    none (a note, blank columns) when the case has no reference. At level op a low-precision
+    row also gets its precision figure against a float32-accumulating kernel
+    (measure/precision.py), apart from the verdict."""
     if truth.failure:
         return Verdict([], [], {}, [truth.failure])
     names, dtype = truth.names or checked_names(case), case.torch_dtype
     if truth.baseline is not None:
         return legacy_rule(names, got, truth.ref, truth.baseline, dtype)
-    return rule(names, got, truth.ref, truth.mag, dtype)
+    verdict = rule(names, got, truth.ref, truth.mag, dtype)
+    columns, note = precision.judged(got[0], truth.ref[0], truth.fp32_acc, truth.mag[0].m)
+    verdict.columns.update(columns)
+    verdict.notes.extend([note] if note else [])
+    return verdict
 
 
 def rule(

@@ -29,6 +29,7 @@ def reference(
     dout=None,
     dtype=torch.float64,
     mask=None,
+    rounded_p=None,
 ):
     """Attention by the textbook formula in ``dtype``, one batch element and one query chunk
     at a time, so neither the score matrix nor a widened copy of k and v is ever whole (a
@@ -41,7 +42,9 @@ def reference(
     the rule impls run (without a layout, causal alone: query i at position p = i + shift
     among the keys does not see j > p); its score modifier's ``reference`` rule changes the
     scaled scores of query position p before the mask. A query with every key masked has
-    output zero and gradients zero."""
+    output zero and gradients zero. ``rounded_p`` (forward only; None: exact softmax): a
+    flash kernel's arithmetic instead, the probabilities exp(s - max) rounded to that dtype
+    before P V and the row divided by their unrounded sum after it."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     group = Hq // Hkv
@@ -75,7 +78,7 @@ def reference(
                 drop = _hidden(mask, i, j, b, causal, shift)  # (c, Skv)
                 empty = drop.all(dim=-1, keepdim=True)  # (c, 1): no key at all
                 s = s.masked_fill(drop, float("-inf")).masked_fill(empty, 0.0)
-                oc = s.softmax(dim=-1).masked_fill(empty, 0.0) @ vb  # (Hkv, group, c, D)
+                oc = _weights(s, rounded_p, vb).masked_fill(empty, 0.0)  # (Hkv, group, c, D)
             out[b, :, rows] = oc.detach().reshape(Hq, c, D)
             if grad:
                 g = dout[b, :, rows].to(dtype).reshape(Hkv, group, c, D)
@@ -86,6 +89,15 @@ def reference(
         if grad:
             dk[b], dv[b] = gk[:, 0].to(dtype), gv[:, 0].to(dtype)
     return out, ((dq, dk, dv) if grad else None)
+
+
+def _weights(s: torch.Tensor, rounded_p, vb: torch.Tensor) -> torch.Tensor:
+    """softmax(s) V, or with ``rounded_p`` as a flash kernel computes it: the unnormalised
+    probabilities rounded to that dtype, P V in s's dtype, divided by their unrounded sum."""
+    if rounded_p is None:
+        return s.softmax(dim=-1) @ vb
+    e = (s - s.amax(-1, keepdim=True)).exp()
+    return (e.to(rounded_p).to(s.dtype) @ vb) / e.sum(-1, keepdim=True)
 
 
 def _shift(mask, seq_q: int, seq_kv: int) -> int:
@@ -111,8 +123,9 @@ class Magnitude:
     (query, head) pairs that see a key for dk and dv), broadcastable to ``m``. ``under``: the
     part of ``m`` from probabilities below the dtype's smallest normal number (stored with an
     absolute precision; float16 past about 16k keys), None when there is none. ``mod``: the
-    random walk of the score modifier's changes, P·|change| in place of W (the rounding of
-    modified scores beyond the raw scores' own), None without a modifier."""
+    random walk of the rounding a score modifier adds, P·G in place of W with G the grid its
+    modified score (or its change) lands on where that is coarser than the raw score's
+    (``coarser_grid``), None without a modifier."""
 
     m: torch.Tensor
     terms: torch.Tensor
@@ -239,7 +252,7 @@ def _magnitude(q, k, v, *, scale, dout, causal, mask, batch) -> list[Magnitude]:
         rows = slice(start, min(start + step, Sq))
         c.qc = q[:, :, rows]
         i = torch.arange(rows.start, rows.stop, device=q.device)[:, None]
-        s, size, change, g = _scores(c.qc, kk, i, j, scale, mask, (causal, shift, batch))
+        s, size, added, g = _scores(c.qc, kk, i, j, scale, mask, (causal, shift, batch))
         kept, p = _probabilities(s)
         out[:, :, rows] = p @ vv
         n_q[:, :, rows] = kept.sum(-1, keepdim=True).to(f64)
@@ -257,7 +270,7 @@ def _magnitude(q, k, v, *, scale, dout, causal, mask, batch) -> list[Magnitude]:
         walks["all"].add(rows, _weighted(p, 1 + size), c)
         tinies = torch.where(low, tiny, torch.zeros_like(p)) if low.any() else None
         walks["under"].add(rows, tinies, c)
-        walks["mod"].add(rows, None if change is None else _weighted(p, change.abs()), c)
+        walks["mod"].add(rows, None if added is None else _weighted(p, added), c)
 
     def per_kv(t):  # (B, Hq, Skv, X) -> (B, Hkv, Skv, X), summed over the group
         return t.view(B, Hkv, G, Skv, t.shape[-1]).sum(2)
@@ -275,12 +288,13 @@ def _magnitude(q, k, v, *, scale, dout, causal, mask, batch) -> list[Magnitude]:
 def _scores(qc, kk, i, j, scale, mask, where):
     """Scores of query chunk qc (1, Hq, c, D) against kk (1, Hq, Skv, D), modified and masked
     (-inf), the size that sets their rounding error (|s|, or with a modifier |s| + |change|),
-    the modifier's change (None without one) and d(modified)/d(s) (1 without a modifier):
+    the rounding grid the modifier adds (``coarser_grid``; None without one) and
+    d(modified)/d(s) (1 without a modifier):
     (1, Hq, c, Skv) each. i (c, 1): the queries; j (1, Skv); ``where``: (causal, shift,
     batch row)."""
     causal, shift, batch = where
     s = (qc @ kk.transpose(-1, -2)) * scale  # (1, Hq, c, Skv)
-    size, change, g = s.abs(), None, 1.0
+    size, added, g = s.abs(), None, 1.0
     score_mod = None if mask is None else mask.score_mod
     if score_mod is not None:
         heads = torch.arange(s.shape[1], device=s.device)[None, :, None, None]
@@ -291,7 +305,25 @@ def _scores(qc, kk, i, j, scale, mask, where):
         s = modded.detach()
         change = s - raw.detach()
         size = raw.detach().abs() + change.abs()
-    return s.masked_fill(_hidden(mask, i, j, batch, causal, shift), -math.inf), size, change, g
+        added = coarser_grid(raw.detach(), s, change)
+    return s.masked_fill(_hidden(mask, i, j, batch, causal, shift), -math.inf), size, added, g
+
+
+def grid(x: torch.Tensor) -> torch.Tensor:
+    """The spacing unit of the binade each value lies in, 2^floor(log2 |x|) (0 at 0): a float
+    of unit roundoff u stores x with an error up to u times this, so a value just above a power
+    of two rounds twice as coarsely as one just below it."""
+    mantissa, exponent = torch.frexp(x.abs())  # |x| = mantissa 2^exponent, mantissa in [0.5, 1)
+    return torch.where(mantissa > 0, torch.ldexp(torch.ones_like(x), exponent - 1), 0.0)
+
+
+def coarser_grid(raw: torch.Tensor, modded: torch.Tensor, change: torch.Tensor) -> torch.Tensor:
+    """The rounding a score modifier adds, in units of u: the grid of the modified score or of
+    the change itself, whichever is coarser, where it is coarser than the raw score's (whose
+    rounding the rule's constants already cover); zero where the modifier leaves the score on
+    its own grid or a finer one (a soft-cap). Same shape as the scores."""
+    landed = torch.maximum(grid(modded), grid(change))
+    return torch.where(landed > grid(raw), landed, torch.zeros_like(landed))
 
 
 def _probabilities(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -228,6 +228,78 @@ class RoundTimer:
         return Slice(index, tuple(start.elapsed_time(end) for start, end in events))
 
 
+SAMPLE_MS = 2.0  # CPU, impls timed in turns: one sample is a block of calls of about this long
+
+
+@dataclass
+class _Turns:
+    """One timer's part of ``interleaved``: its calls per sample, samples, time spent, calls
+    and page faults so far."""
+
+    timer: RoundTimer
+    per_sample: int
+    samples_ms: list
+    spent_s: float = 0.0
+    calls: int = 0
+    faults: int = 0
+
+
+def interleaved(timers: dict, index: int, failed: Callable[[object, Exception], None]) -> dict:
+    """CPU: round ``index`` of several functions at once, in turns sample by sample (a sample is
+    a block of calls of about SAMPLE_MS; a longer call is one sample, so long calls alternate
+    call by call), the order rotated every turn, until each has its round's budget and sample
+    count: a change of the machine's speed within the round hits every function alike, where
+    one block per function let it land between them. ``timers``: key -> RoundTimer (warmed
+    up: ``warm_up``); a function that raises leaves the turns and ``failed(key, exc)`` is
+    called. Returns key -> Slice; each Slice's contention is the whole loop's."""
+    threads = torch.get_num_threads()
+    turns, dropped = {}, set()
+
+    def drop(key, exc):
+        dropped.add(key)
+        failed(key, exc)
+
+    for key, timer in timers.items():
+        budget_ms, low, high = timer.cfg.per_round()
+        try:
+            start = time.perf_counter()
+            timer.fn()
+            once_s = max(time.perf_counter() - start, 1e-7)
+        except Exception as exc:  # noqa: BLE001 - the caller makes the function's row
+            drop(key, exc)
+            continue
+        turns[key] = _Turns(timer, max(1, round(SAMPLE_MS / 1e3 / once_s)), [])
+    before, done, k = contention.usage(), set(), 0
+    while len(done) < len(turns):
+        keys = [key for key in turns if key not in done]
+        for key in keys[k % len(keys) :] + keys[: k % len(keys)]:
+            t = turns[key]
+            try:
+                faults, start = minor_faults(), time.perf_counter()
+                for _ in range(t.per_sample):
+                    t.timer.fn()
+                elapsed = time.perf_counter() - start
+                t.faults += minor_faults() - faults
+            except Exception as exc:  # noqa: BLE001 - the caller makes the function's row
+                drop(key, exc)
+                done.add(key)
+                continue
+            t.samples_ms.append(elapsed * 1e3 / t.per_sample)
+            t.spent_s, t.calls = t.spent_s + elapsed, t.calls + t.per_sample
+            budget_ms, low, high = t.timer.cfg.per_round()
+            n = len(t.samples_ms)
+            if n >= high or (n >= low and t.spent_s * 1e3 >= budget_ms):
+                done.add(key)
+        k += 1
+    after = contention.usage()
+    shared, wall_s = contention.between(before, after, threads), after.wall_s - before.wall_s
+    return {
+        key: Slice(index, tuple(t.samples_ms), t.calls, t.faults, wall_s, shared)
+        for key, t in turns.items()
+        if key not in dropped
+    }
+
+
 def _flush_buffer() -> torch.Tensor:
     """A buffer larger than the L2 (the caching allocator hands the same block back)."""
     return torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")

@@ -19,7 +19,9 @@ runs' p20-p80 ranges overlap.
 The gate fails when a compared case got slower, by that verdict, by more than the threshold,
 and also when a case that was ok in A is not ok in B (a kernel that starts crashing or running
 out of memory is a regression too). Cases present in one run only, or not ok in A, are listed
-and do not fail the gate.
+and do not fail the gate. Without a regression, a gate that could judge fewer than
+JUDGED_MIN_SHARE of the compared cases (the rest contended) cannot pass: it says so in one
+line (``cannot_judge``) and the command exits with a code of its own.
 
 If a run folder holds several rows for one case (a resumed sweep), the last one wins.
 """
@@ -129,6 +131,25 @@ def gate_fails(cmp: pd.DataFrame, fail_above_pct: float) -> bool:
     """The gate fails on a regression, and when it compared nothing: a gate that checked no
     case cannot pass."""
     return bool(len(regressions(cmp, fail_above_pct))) or not cmp["ratio"].notna().any()
+
+
+JUDGED_MIN_SHARE = 0.5  # the gate judges when at least this share of compared cases got a verdict
+
+
+def cannot_judge(cmp: pd.DataFrame) -> str | None:
+    """Why the gate cannot judge, in one line, when fewer than JUDGED_MIN_SHARE of the
+    compared cases got a verdict (the others contended: another process held a CPU while a
+    run timed them); None when it can. A gate that judged too few cases must not pass."""
+    compared = cmp["ratio"].notna()
+    held = cmp["verdict"].eq(CONTENDED).fillna(False).astype(bool) & compared
+    n, judged = int(compared.sum()), int((compared & ~held).sum())
+    if n == 0 or judged >= JUDGED_MIN_SHARE * n:
+        return None
+    return (
+        f"CANNOT JUDGE: only {judged} of {n} compared case(s) could be judged ({n - judged} "
+        f"contended: another process held a CPU while a run timed them; at least "
+        f"{JUDGED_MIN_SHARE:.0%} are needed); rerun both on an idle machine"
+    )
 
 
 def within_noise(cmp: pd.DataFrame, fail_above_pct: float) -> pd.DataFrame:
@@ -333,6 +354,8 @@ def _gate_lines(cmp: pd.DataFrame, fail_above_pct: float) -> list[str]:
         if len(reg)
         else f"**FAIL**: {NOTHING_COMPARED}"
         if gate_fails(cmp, fail_above_pct)
+        else f"**{cannot_judge(cmp)}**"
+        if cannot_judge(cmp)
         else f"PASS: no case slower, outside the noise, by more than {fail_above_pct:g}%, "
         f"none newly failing"
     )
@@ -480,6 +503,8 @@ def summary_lines(cmp: pd.DataFrame, fail_above_pct: float | None) -> list[str]:
             )
         if not len(reg) and gate_fails(cmp, fail_above_pct):
             lines.append(f"gate: FAIL (--fail-above {fail_above_pct:g}%: {NOTHING_COMPARED})")
+        elif not len(reg) and cannot_judge(cmp):
+            lines.append(f"gate: {cannot_judge(cmp)}")
         else:
             lines.append(
                 f"gate: {'FAIL' if len(reg) else 'PASS'} (--fail-above "

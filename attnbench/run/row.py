@@ -19,9 +19,10 @@ from attnbench.measure.agreement import Truth
 from attnbench.measure.backends import borrowed_note
 from attnbench.measure.clocks import ClockSampler, summarize
 from attnbench.measure.compiling import RECOMPILED_NOTE, Watch, compile_ms, eagerly, isolate
+from attnbench.measure.precision import emulated
 from attnbench.measure.reference import magnitude, reference
 from attnbench.measure.roofline import rates, roofline
-from attnbench.measure.timing import RoundTimer, Slice, TimerConfig, Timing
+from attnbench.measure.timing import RoundTimer, Slice, TimerConfig, Timing, interleaved
 from attnbench.registry import Impl
 from attnbench.run import heap
 from attnbench.run.call import Call
@@ -82,7 +83,9 @@ def ground_truth(case: Case, inputs: Inputs, parts: Parts | None = None) -> Trut
             return layer_truth(case, inputs, parts, **args)
         out, grads = reference(inputs.q, inputs.k, inputs.v, dtype=torch.float64, **args)
         mag = magnitude(inputs.q, inputs.k, inputs.v, **args)
-        return Truth([out, *(grads or ())], mag=mag)
+        kernel = dict(causal=case.causal, scale=inputs.scale, mask=inputs.mask)
+        fp32_acc = emulated(inputs.q, inputs.k, inputs.v, **kernel)
+        return Truth([out, *(grads or ())], mag=mag, fp32_acc=fp32_acc)
     except (torch.OutOfMemoryError, MemoryError) as exc:
         release(case)
         return Truth(
@@ -157,6 +160,30 @@ def time_round(checked: Checked, index: int) -> Slice | Measured:
         return replace(part, clocks=tuple(clocks.samples), recompiled=timed.compiled)
     except Exception as exc:  # noqa: BLE001 - an impl's failure is a row, never a crash
         return caught(impl, case, exc)
+
+
+def time_together(group: list[Checked], index: int) -> dict[str, Slice | Measured]:
+    """CPU: the impls' parts of timing round ``index`` taken in turns, sample by sample
+    (measure/timing.py ``interleaved``), after each one's short warm-up; impl name -> its
+    slice, or its failed row if it raised."""
+    answers: dict[str, Slice | Measured] = {}
+    timers = {}
+    for checked in group:
+        try:
+            checked.timer.warm_up()
+            timers[checked.impl.name] = checked.timer
+        except Exception as exc:  # noqa: BLE001 - an impl's failure is a row, never a crash
+            answers[checked.impl.name] = caught(checked.impl, checked.case, exc)
+    by_name = {c.impl.name: c for c in group}
+
+    def failed_row(name, exc):
+        answers[name] = caught(by_name[name].impl, by_name[name].case, exc)
+
+    with Watch() as timed:
+        slices = interleaved(timers, index, failed_row)
+    for name, part in slices.items():
+        answers[name] = replace(part, recompiled=timed.compiled)
+    return answers
 
 
 def finish(checked: Checked, slices: list[Slice], settings: Settings) -> Measured:

@@ -5,6 +5,8 @@ process, a Ray actor's worker process), the steps it answers, one message each:
                                      ``PrepareFailed`` (status and reason of its rows)
     ("check", case, impl)            its checked call: None when it passed, else its row
     ("time", case, impl, round)      its part of a timing round (``timing.Slice``), or its row
+    ("together", case, impls, round) CPU: their parts of a round taken in turns, sample by
+                                     sample: impl name -> its Slice, or its row
     ("anchor", case, round)          the speed anchor's part of a round (measure/anchor.py)
     ("finish", case, impl, slices)   its row (``row.Measured``) from its slices
     ("device", packages)             the device's env.json entry (run/environment.device_env)
@@ -36,7 +38,7 @@ class Steps:
 
     def handle(self, msg: tuple):
         kind, *args = msg
-        if kind in ("check", "time", "anchor", "finish") and not self._ready(args[0]):
+        if kind in ("check", "time", "together", "anchor", "finish") and not self._ready(args[0]):
             return UNPREPARED
         return getattr(self, f"_{kind}")(*args)
 
@@ -77,6 +79,16 @@ class Steps:
         checked = self._checked(case, impl)
         return checked if isinstance(checked, Measured) else row.time_round(checked, index)
 
+    def _together(self, case: Case, impls: tuple, index: int) -> dict:
+        answers, group = {}, []
+        for impl in impls:
+            checked = self._checked(case, impl)
+            if isinstance(checked, Measured):
+                answers[checked.row["impl"]] = checked
+            else:
+                group.append(checked)
+        return {**answers, **row.time_together(group, index)}
+
     def _finish(self, case: Case, impl: Impl | str, slices: list) -> Measured:
         checked = self._checked(case, impl)
         if isinstance(checked, Measured):
@@ -105,5 +117,14 @@ class Steps:
 
 
 def wire(msg: tuple) -> tuple:
-    """``msg`` for another process: each impl by its name (the server loads the registry)."""
-    return tuple(a.name if isinstance(a, Impl) else a for a in msg)
+    """``msg`` for another process: each impl by its name (the server loads the registry),
+    a tuple of impls too."""
+    return tuple(_named(a) for a in msg)
+
+
+def _named(a):
+    if isinstance(a, Impl):
+        return a.name
+    if isinstance(a, tuple) and a and isinstance(a[0], Impl):
+        return tuple(i.name for i in a)
+    return a

@@ -3,12 +3,14 @@
 ``Worker`` is the state machine every executor runs in the sweep's process: prepare a case
 (inputs and the float64 reference, outside any row's timeout), check each impl once, time the
 impls that passed in interleaved rounds with the speed anchor (round-robin, the order rotated
-each round), then finish each (its row: time, memory, profile; its speedup over the baseline,
-paired by round). Each is a step of the server (``steps.Steps``); a crash or a hang of a step
-is that impl's row (status crash / timeout), and the next step reaches a fresh server, which
-says it is unprepared: the worker prepares the case again there and the rounds go on without
-the failed impl. A case whose preparation fails makes every runnable row of it a
-failure (PREPARING). Its configuration is one frozen ``WorkerSpec``.
+each round; on a CPU the impls take turns sample by sample within a round), then finish each
+(its row: time, memory, profile; its speedup over the baseline, paired by round). Each is a
+step of the server (``steps.Steps``); a crash or a hang of a step is that impl's row (status
+crash / timeout; a shared CPU round that failed is taken again impl by impl, which names the
+impl), and the next step reaches a fresh server, which says it is unprepared: the worker
+prepares the case again there and the rounds go on without the failed impl. A case whose
+preparation fails makes every runnable row of it a failure (PREPARING). Its configuration is
+one frozen ``WorkerSpec``.
 
 The transports carry a step to a ``Steps`` server and back (``call(msg, timeout_s)``, raising
 ``WorkerFailed``): this process (``local.InProcess``), a worker process over a pipe
@@ -33,6 +35,7 @@ from attnbench.store.schema import LOST
 PREPARING = "while preparing the case"  # the reason's start of a case that could not be made
 UNPREPARED = "unprepared"  # a server's answer to a step of a case it has not prepared
 ANCHOR = "anchor"  # the speed anchor's place in the rounds
+TOGETHER = "together"  # CPU: the impls' place in the rounds, taking turns sample by sample
 
 
 @dataclass(frozen=True)
@@ -152,9 +155,12 @@ class Worker:
 
     def _rounds(self, ready: list[Impl], slices: dict, anchor: list[dict]) -> Iterator[Measured]:
         """The timing rounds: the ready impls and the speed anchor round-robin, the order
-        rotated each round. An impl whose step fails leaves the rounds, its row given now."""
+        rotated each round; on a CPU the impls take their turns sample by sample within one
+        step (``TOGETHER``), the anchor before or after them. An impl whose step fails leaves
+        the rounds, its row given now."""
         n = self.spec.settings.timer.rounds
-        order: list = [*ready, ANCHOR]
+        together = self.case.device_type == "cpu"
+        order: list = [TOGETHER, ANCHOR] if together else [*ready, ANCHOR]
         for r in range(n):
             if not ready:
                 return
@@ -167,14 +173,37 @@ class Worker:
                         if exc.status == LOST:  # the executor is gone: the next row says why
                             during = f"during the speed anchor of timing round {r + 1}"
                             self.broken = WorkerFailed(LOST, f"{exc.reason} ({during})")
-                    continue
-                answer = self._answer(who, ("time", self.case, who, r), f"timing round {r + 1}")
-                if isinstance(answer, Measured):
-                    order.remove(who)
-                    ready.remove(who)
-                    yield answer
+                elif who == TOGETHER:
+                    yield from self._together(ready, slices, r)
                 else:
-                    slices[who.name].append(answer)
+                    yield from self._alone(who, ready, slices, r, order)
+
+    def _alone(self, who: Impl, ready: list, slices: dict, r: int, order=None):
+        """``who``'s part of round ``r`` in a step of its own; its row if the step failed."""
+        answer = self._answer(who, ("time", self.case, who, r), f"timing round {r + 1}")
+        if isinstance(answer, Measured):
+            if order is not None:
+                order.remove(who)
+            ready.remove(who)
+            yield answer
+        else:
+            slices[who.name].append(answer)
+
+    def _together(self, ready: list, slices: dict, r: int) -> Iterator[Measured]:
+        """The ready impls' parts of round ``r`` taken in turns in one step; where that step
+        failed (a crash or a hang), each in a step of its own, which names the impl it was."""
+        try:
+            answers = None if self.broken else self._step(("together", self.case, tuple(ready), r))
+        except WorkerFailed:
+            answers = None
+        for who in list(ready):
+            if answers is None:
+                yield from self._alone(who, ready, slices, r)
+            elif isinstance(answers.get(who.name), Measured):
+                ready.remove(who)
+                yield answers[who.name]
+            elif who.name in answers:
+                slices[who.name].append(answers[who.name])
 
     def _finish(
         self, ready: list[Impl], slices: dict, anchor: tuple, baseline: Impl | None, silent

@@ -179,6 +179,17 @@ COLUMNS: dict[str, tuple[str, str]] = {
         "time_ms is the replay of a CUDA graph of the timed call (--cuda-graph: CUDA, mode "
         "fwd), which leaves the host's launch cost out; false: calls launched one by one",
     ),
+    "precision_ratio": (
+        "Float64",
+        "bfloat16 and float16, level op: out's largest element error against the float64 "
+        "reference over that of a kernel that accumulates in float32, on the same inputs "
+        "(docs/method.md: precision); about 1 for a correct kernel, blank in float32",
+    ),
+    "precision_low": (
+        "boolean",
+        "precision_ratio is over its calibrated limit: precision below an fp32-accumulating "
+        "kernel (a half-type accumulator?), a flag apart from agrees; reason says so",
+    ),
 }
 METRICS = (  # blank in every row that is not ok
     "flops",
@@ -201,6 +212,8 @@ METRICS = (  # blank in every row that is not ok
     "agrees",
     "err_bound",
     "max_abs_bound",
+    "precision_ratio",
+    "precision_low",
     "page_faults",
     "cpu_share",
     "contended",
