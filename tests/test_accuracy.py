@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.case import Case
 from attnbench.masks import Mask
 from attnbench.masks.interval import Interval
@@ -237,7 +237,7 @@ def test_a_bias_that_lifts_the_dominant_scores_just_above_a_power_of_two_is_no_f
     in bfloat16 (the modifier term, sized by that grid), and SDPA rounds each key's bias once
     for every query (the bias criterion's modifier term). Both are correct."""
     calibrate = pytest.importorskip("calibrate_accuracy")  # keeps the ramp modifier
-    impls = registry.discover(entry_points=False)
+    impls = plugins.discover(entry_points=False)
     case = Case(1, 8, 2, 64, 512, 64, dtype="bfloat16", causal=True, mode="fwd", device="cpu")
     with calibrate.calibration_mods():
         case = replace(case, causal_align="bottom_right", score_mod=score_mod)

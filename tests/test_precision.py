@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.case import Case
 from attnbench.measure import precision
 from attnbench.testing import run_row
@@ -21,7 +21,7 @@ CASE = Case(1, 4, 4, 64, 2048, 64, dtype="bfloat16", mode="fwd", device="cpu")
 
 @pytest.fixture(scope="module")
 def impls():
-    return registry.discover(entry_points=False, plugins=[str(PLUGINS / "half_acc.py")])
+    return plugins.discover(entry_points=False, plugins=[str(PLUGINS / "half_acc.py")])
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
