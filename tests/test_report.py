@@ -384,3 +384,22 @@ def test_a_peak_of_several_score_matrices_is_said_in_score_matrices(tmp_path):
     text = "\n".join(score_memory_lines(a))
     assert "math (fwd full bfloat16 B2 H16 D128 Skv=Sq, N 4096): 4.8x" in text
     assert "flash (" not in text
+
+
+def test_a_row_whose_precision_is_below_an_fp32_accumulating_kernel_is_listed(tmp_path):
+    from synth import ok_row
+
+    from attnbench.case import Case
+    from attnbench.report.analysis import analyse_device
+    from attnbench.report.sections import disagreement_section
+
+    rows = []
+    for impl, ratio in (("half_acc", 9.5), ("sdpa", 1.1)):
+        row = ok_row("p", impl, Case(1, 4, 4, 2048, 2048, 64, dtype="bfloat16"), 1.0, 1.0)
+        rows.append({**row, "precision_ratio": ratio, "precision_low": ratio > 2.75})
+    a = analyse_device(read_results(write_run(tmp_path, "p", rows)))
+    text = "\n".join(disagreement_section(a))
+    assert "All 2 ok rows agree" in text
+    assert "1 ok row(s) have a precision below an fp32-accumulating kernel's" in text
+    assert "| half_acc | B1 H4 S2048 D64 bfloat16 full fwd | 9.50 |" in text
+    assert "| sdpa |" not in text
