@@ -164,8 +164,9 @@ def time_round(checked: Checked, index: int) -> Slice | Measured:
 
 def time_together(group: list[Checked], index: int) -> dict[str, Slice | Measured]:
     """CPU: the impls' parts of timing round ``index`` taken in turns, sample by sample
-    (measure/timing.py ``interleaved``), after each one's short warm-up; impl name -> its
-    slice, or its failed row if it raised."""
+    (measure/timing.py ``interleaved``), after each one's short warm-up; in the last round,
+    then each profiled row's profiled calls; impl name -> its slice, or its failed row if it
+    raised."""
     answers: dict[str, Slice | Measured] = {}
     timers = {}
     for checked in group:
@@ -179,10 +180,18 @@ def time_together(group: list[Checked], index: int) -> dict[str, Slice | Measure
     def failed_row(name, exc):
         answers[name] = caught(by_name[name].impl, by_name[name].case, exc)
 
-    with Watch() as timed:
+    with ClockSampler(group[0].case.device) as clocks, Watch() as timed:
         slices = interleaved(timers, index, failed_row)
     for name, part in slices.items():
-        answers[name] = replace(part, recompiled=timed.compiled)
+        answers[name] = replace(part, clocks=tuple(clocks.samples), recompiled=timed.compiled)
+        checked = by_name[name]
+        if checked.profile_due and index == checked.settings.timer.rounds - 1:
+            try:  # its profiled calls right after the round, as time_round takes them
+                checked.in_round = profile_in_round(
+                    checked.impl, checked.case, checked.call, checked.settings
+                )
+            except Exception as exc:  # noqa: BLE001 - an impl's failure is a row, never a crash
+                answers[name] = caught(checked.impl, checked.case, exc)
     return answers
 
 
