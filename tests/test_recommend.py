@@ -138,3 +138,12 @@ def test_every_case_label_in_every_committed_report_is_unique_within_its_table(r
 def test_the_label_check_catches_a_table_whose_labels_hide_a_dimension():
     text = "| impl | each case |\n|---|---|\n| sdpa | 4096: 0.39x; 4096: 0.47x |\n"
     assert label_clashes(text) == ["each case: 4096: 0.39x; 4096: 0.47x"]
+
+
+def test_a_case_where_only_the_pick_ran_leaves_its_margin_to_the_others():
+    rows = alias_rows()
+    lone = rows["seq_q"] == 4096
+    rows = rows[~lone | (rows["impl"] == "sdpa")]  # at 4096 only sdpa ran
+    rec = recommendations(rows).iloc[0]
+    assert rec["impl"] == "sdpa" and rec["runner_up"] == "triton_flash"
+    assert rec["margin"] == pytest.approx(1.5)  # from the case where others ran

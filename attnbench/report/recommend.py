@@ -168,8 +168,13 @@ def _merge_neighbours(times, kernels, parts: list[list[list]]) -> list[list]:
 def _about(pick: Pick, times, kernels, g, winners, cases, vary) -> dict:
     """What the table says of a group's pick (see recommendations)."""
     mine = kernels[pick.impl]
-    same = [
-        c for c in kernels.columns if c != pick.impl and kernels[c].eq(mine).fillna(False).all()
+    ran = kernels.notna()
+    same = [  # the impls that ran the pick's kernel wherever both ran
+        c
+        for c in kernels.columns
+        if c != pick.impl
+        and (ran[c] & ran[pick.impl]).any()
+        and kernels[c].eq(mine).where(ran[c] & ran[pick.impl], True).astype(bool).all()
     ]
     others = times.drop(columns=[pick.impl, *same])
     other_best = others.min(axis=1)
@@ -185,7 +190,10 @@ def _about(pick: Pick, times, kernels, g, winners, cases, vary) -> dict:
         "worst_loss": pick.worst,
         "worst_at": _case_text(cases, pick.worst_at, vary),
         "margin": float(margin.median()) if len(margin) else None,
-        "runner_up": others.idxmin(axis=1).dropna().mode().iloc[0] if len(margin) else None,
+        # the other kernel fastest in most cases, over the cases where another one ran
+        "runner_up": others.dropna(how="all").idxmin(axis=1).mode().iloc[0]
+        if len(margin)
+        else None,
         "time_ms": float(times[pick.impl].median()),
         "peak_mem_mib": float(ran["peak_mem_mib"].median())
         if ran["peak_mem_mib"].notna().any()
