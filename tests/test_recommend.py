@@ -147,3 +147,11 @@ def test_a_case_where_only_the_pick_ran_leaves_its_margin_to_the_others():
     rec = recommendations(rows).iloc[0]
     assert rec["impl"] == "sdpa" and rec["runner_up"] == "triton_flash"
     assert rec["margin"] == pytest.approx(1.5)  # from the case where others ran
+
+
+def test_a_pick_whose_precision_is_below_fp32_accumulation_is_marked():
+    rows = alias_rows()
+    rows["precision_low"] = (rows["impl"] == "sdpa") & (rows["seq_q"] == 4096)
+    rec = recommendations(rows).iloc[0]
+    assert rec["impl"] == "sdpa" and "precision below fp32 accumulation in 1 case" in rec["marks"]
+    assert "precision" not in recommendations(alias_rows()).iloc[0]["marks"]

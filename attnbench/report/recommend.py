@@ -182,6 +182,9 @@ def _about(pick: Pick, times, kernels, g, winners, cases, vary) -> dict:
     won = winners[winners["impl"].isin([pick.impl, *same])]
     ties = won["tie"].astype(bool)
     marks = {p for c in won.loc[~ties, "caveat"].fillna("") for p in str(c).split(", ") if p}
+    low = int(ran["precision_low"].eq(True).sum()) if "precision_low" in ran else 0
+    if low:  # wrong for training even where it agrees (docs/method.md: precision)
+        marks.add(f"precision below fp32 accumulation in {low} case{'s' if low > 1 else ''}")
     margin = (other_best / times[pick.impl]).dropna()
     return {
         "impl": pick.impl,
