@@ -86,9 +86,10 @@ def one_term(m: torch.Tensor) -> Magnitude:
 
 
 def test_error_metrics():
-    ref = torch.tensor([3.0, 4.0], dtype=torch.float64)
-    mag = torch.tensor([3.0, 4.0], dtype=torch.float64)
-    e = error(torch.tensor([3.0, 4.5]), ref, one_term(mag))
+    half = agreement.N_STAT // 2  # N_STAT elements: (norm) is the statistical bound
+    ref = torch.tensor([3.0, 4.0], dtype=torch.float64).repeat(half)
+    x = torch.tensor([3.0, 4.5]).repeat(half)
+    e = error(x, ref, one_term(ref.clone()))
     assert e.max_abs == pytest.approx(0.5) and e.rel == pytest.approx(0.1)
     # element-wise: |d_e| against (C_ELEM u + C_ACC_ELEM u_acc sqrt(1)) max(m_e, TAU rms(m))
     u = agreement.unit_roundoff(torch.float32)
@@ -96,8 +97,9 @@ def test_error_metrics():
     assert e.elem_index == (1,) and e.elem_err == pytest.approx(0.5)
     assert e.elem_bound == pytest.approx(per * 4.0)
     # (norm): C_NORM u ||r|| + C_ACC u_acc ||sqrt(n) m||
-    want = agreement.C_NORM[torch.float32]["out"] * u * 5.0 + agreement.C_ACC * u * 5.0
-    assert e.norm_bound == pytest.approx(want) and e.rel_bound == pytest.approx(want / 5.0)
+    r = 5.0 * half**0.5
+    want = agreement.C_NORM[torch.float32]["out"] * u * r + agreement.C_ACC * u * r
+    assert e.norm_bound == pytest.approx(want) and e.rel_bound == pytest.approx(want / r)
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
@@ -111,14 +113,15 @@ def test_nan_and_inf_never_agree_with_any_magnitude(bad):
 
 
 def test_exactly_zero_reference_is_judged_by_an_absolute_bound_from_the_magnitude():
-    ref = torch.zeros(8, dtype=torch.float64)
-    mag = one_term(torch.ones(8, dtype=torch.float64))
+    n = agreement.N_STAT
+    ref = torch.zeros(n, dtype=torch.float64)
+    mag = one_term(torch.ones(n, dtype=torch.float64))
     u = agreement.unit_roundoff(torch.bfloat16)
-    noise = error(torch.full((8,), 0.1 * u), ref, mag, "dq", torch.bfloat16)  # rounding noise
+    noise = error(torch.full((n,), 0.1 * u), ref, mag, "dq", torch.bfloat16)  # rounding noise
     assert noise.rel is None and noise.near_zero  # never a division by zero
     assert bound(noise)[0] is None
     assert agrees(noise)
-    wrong = error(torch.full((8,), 2 * u), ref, mag, "dq", torch.bfloat16)  # 2u ||m|| > C_ZERO
+    wrong = error(torch.full((n,), 2 * u), ref, mag, "dq", torch.bfloat16)  # 2u ||m|| > C_ZERO
     assert "abs (reference near zero)" in failed(wrong)
 
 

@@ -4,6 +4,8 @@ random wrong output get no diagnosis; a compiled impl's row says whether its eag
 agrees."""
 
 import dataclasses
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -239,3 +241,19 @@ def test_an_agreeing_compiled_impl_is_not_run_eagerly(register, monkeypatch):
     monkeypatch.setattr(diagnose, "eager_note", never)
     r = run_row(register(None, right_compiled), CASES["scale_1"])
     assert r["status"] == "ok" and r["agrees"] is True, r["reason"]
+
+
+def test_a_convention_indistinguishable_from_the_declared_one_explains_nothing():
+    """s -> 32 s (the calibration's temp modifier) makes decode's softmax nearly one-hot, so
+    scale 1 gives the same output as the declared 1/sqrt(D) within the rule's bound: a
+    miss is not explained by a scale the impl never used."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    calibrate = pytest.importorskip("calibrate_accuracy")
+    with calibrate.calibration_mods():
+        case = Case(
+            1, 4, 1, 1, 2048, 64, dtype="bfloat16", causal=True, causal_align="bottom_right",
+            mode="fwd", device="cpu", score_mod="temp:32",
+        )  # fmt: skip
+        inputs = make_inputs(case, 0)
+        truth = ground_truth(case, inputs)
+        assert diagnose.explain(case, inputs, truth.ref[0].to(torch.bfloat16), truth) == []

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnbench import plugins
+from attnbench import plugins, registry
 from attnbench.case import Case
 from attnbench.measure import precision
 from attnbench.testing import run_row
@@ -68,3 +68,32 @@ def test_queries_that_see_no_key_leave_the_figure_defined(impls):
     case = Case(1, 2, 2, 100, 37, 64, dtype="bfloat16", causal=True, mode="fwd", device="cpu")
     row = run_row(impls["sdpa"], replace(case, causal_align="bottom_right"))
     assert row["agrees"] is True and 0.5 < row["precision_ratio"] < precision.PRECISION_LIMIT
+
+
+def test_a_decode_row_of_sixteen_outputs_gets_no_figure(impls):
+    """Two heads of dim 8 over 512 keys: the figure was a ratio of two maxima over a few
+    elements, 3.76 for `tiled` (flagged, with a guess at its cause); a figure needs
+    MIN_ELEMENTS elements to pool."""
+    case = Case(1, 2, 1, 1, 512, 8, dtype="bfloat16", causal=True, mode="fwd", device="cpu")
+    row = run_row(impls["tiled"], replace(case, causal_align="bottom_right"), seed=6)
+    assert row["agrees"] is True
+    assert row.get("precision_ratio") is None and row.get("precision_low") is None
+
+
+def test_a_wrong_result_is_a_disagreement_not_a_precision_flag():
+    """A plugin that ignores causal disagrees; its row has no precision figure or note."""
+
+    def no_causal(q, k, v, *, causal, scale):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+
+    impl = registry.Impl("no_causal", no_causal)
+    row = run_row(impl, replace(CASE, causal=True, seq_kv=64))
+    assert row["agrees"] is False
+    assert row.get("precision_ratio") is None and row.get("precision_low") is None
+    assert "precision" not in row["reason"]
+
+
+def test_the_note_says_what_was_measured():
+    text = precision.note(3.1, 512)
+    assert "rms error over the 512 elements" in text and "3.1x" in text
+    assert "accumulator" not in text  # a measurement, not a guess at its cause

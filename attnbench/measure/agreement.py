@@ -41,10 +41,14 @@ C_BIAS = {torch.bfloat16: 1.0}  # (bias): |<d, r>| <= C_BIAS u ||r||^2 + C_MOD_B
 #                                 other dtypes: none
 C_UNDER = 1.0  # probabilities below the smallest normal number: their rounding's size
 C_MOD = 1.0  # a score modifier's rounding, on the grid it lands on (calibrated, docs/method.md)
-C_MOD_BIAS = 0.05  # and along the reference (a key's bias rounded once for every query)
+C_MOD_BIAS = 1.0  # and along the reference: a walk over rows (row_walk), plus its second
+#                   order (u ||mod|| / ||r||)^2 / 2, the mean of e^delta - 1 - delta
 C_ACC = 0.25  # the accumulation's share of (norm), any dtype (the sums are float32)
 C_ACC_ELEM = 1.0  # and of (elem)
-BETA = 0.02  # ||r|| < BETA ||m||: the reference is (near) zero, (norm) becomes absolute
+C_GROUP = 1.0  # a GQA kv head's gradient summed over its query heads in the case dtype
+BETA = 0.02  # ||r|| < BETA ||scale||: the reference is (near) zero, (norm) becomes absolute
+N_STAT = 256  # (norm) and (bias) are statistics of this many elements or more; below, the floor
+FAR = 0.5  # the floor: no bound passes an error of FAR ||r|| (a zero output errs by ||r||)
 TAU = 0.1  # (elem) divides by max(m_e, TAU * rms(m)): no bound below a tenth of the typical
 
 
@@ -68,7 +72,13 @@ class Error:
     bias_bound what (bias) allows its size (None: not checked in this dtype, or the reference
     is near zero). max_abs: max |d| over the tensor (for the CSV). terms: the most terms any
     element's sum adds. under_norm, acc_norm: ||under|| and u_acc ||sqrt(n) m||, the parts
-    of norm_bound the constants multiply, and mod_norm ||mod|| (the score modifier's part)."""
+    of norm_bound the constants multiply, mod_norm ||mod|| (the score modifier's part) and
+    group_norm ||group|| (a GQA kv head's sum over its query heads); mod_walk the modifier's
+    walk along the reference (``row_walk``), the part of bias_bound C_MOD_BIAS multiplies
+    (times u / ||r||^2). scale_norm: ||scale||, the
+    size of the terms that says whether the reference is near zero. statistical: the tensor has
+    N_STAT elements or more, so (norm) and (bias) hold as statistics; below, (norm) is its floor
+    alone and (bias) is not checked."""
 
     max_abs: float
     rel: float | None
@@ -85,6 +95,10 @@ class Error:
     under_norm: float = 0.0
     acc_norm: float = 0.0
     mod_norm: float = 0.0
+    group_norm: float = 0.0
+    mod_walk: float = 0.0
+    scale_norm: float | None = None
+    statistical: bool = True
 
     @property
     def finite(self) -> bool:
@@ -93,7 +107,8 @@ class Error:
     @property
     def near_zero(self) -> bool:
         """The reference is (near) zero: (norm) is the absolute one, from ||m||."""
-        return _near_zero(self.ref_norm, self.mag_norm)
+        scale = self.mag_norm if self.scale_norm is None else self.scale_norm
+        return _near_zero(self.ref_norm, scale)
 
     @property
     def abs_ratio(self) -> float:
@@ -118,9 +133,9 @@ class Error:
         return _share(self.elem_err, self.elem_bound)
 
 
-def _near_zero(ref_norm: float, mag_norm: float) -> bool:
-    """||r|| < BETA ||m||, or r is all zero."""
-    return ref_norm < BETA * mag_norm or ref_norm == 0
+def _near_zero(ref_norm: float, scale_norm: float) -> bool:
+    """||r|| < BETA ||scale||, or r is all zero."""
+    return ref_norm < BETA * scale_norm or ref_norm == 0
 
 
 def _share(err: float, bound: float) -> float:
@@ -144,36 +159,41 @@ def error(
     u, kind, f64 = unit_roundoff(dtype), _kind(tensor), torch.float64
     x64, r64, m64 = (t.detach().to(f64) for t in (x, ref, mag.m))
     root_n = mag.terms.to(f64).sqrt()  # broadcasts against m
-    ref_norm = torch.linalg.vector_norm(r64).item()
-    mag_norm = torch.linalg.vector_norm(m64).item()
-    under = 0.0 if mag.under is None else torch.linalg.vector_norm(mag.under).item()
-    mod = 0.0 if mag.mod is None else torch.linalg.vector_norm(mag.mod).item()
-    accumulated = ACC_UNIT_ROUNDOFF * torch.linalg.vector_norm(root_n * m64).item()
-    near_zero = _near_zero(ref_norm, mag_norm)
+    ref_norm, mag_norm = _norm(r64), _norm(m64)
+    parts = {p: _norm(getattr(mag, p)) for p in ("under", "mod", "group")}
+    scale = mag_norm if mag.scale is None else _norm(mag.scale)
+    accumulated = ACC_UNIT_ROUNDOFF * _norm(root_n * m64)
+    statistical = int((m64 > 0).sum()) >= N_STAT
+    near_zero = _near_zero(ref_norm, scale)
+    norm_bound, floor_norm = C_NORM[dtype][kind] * u * ref_norm, FAR * ref_norm
     if near_zero:
-        norm_bound = C_ZERO[dtype] * u * mag_norm
-    else:
-        norm_bound = C_NORM[dtype][kind] * u * ref_norm
-    norm_bound += C_UNDER * u * under + C_MOD * u * mod + C_ACC * accumulated
+        norm_bound, floor_norm = C_ZERO[dtype] * u * mag_norm, FAR * scale
+    norm_bound += accumulated * C_ACC + u * (
+        C_UNDER * parts["under"] + C_MOD * parts["mod"] + C_GROUP * parts["group"]
+    )
+    norm_bound = min(norm_bound, floor_norm) if statistical else floor_norm
     terms = int(mag.terms.max().item()) if mag.terms.numel() else 0
+    extra = dict(
+        under_norm=parts["under"], acc_norm=accumulated, mod_norm=parts["mod"],
+        group_norm=parts["group"], mod_walk=row_walk(mag.mod, r64), scale_norm=scale,
+        statistical=statistical,
+    )  # fmt: skip
     if not torch.isfinite(x64).all():
         inf = math.inf
         return Error(
-            inf, inf, ref_norm, mag_norm, inf, norm_bound, inf, math.nan, (), terms,
-            under_norm=under, acc_norm=accumulated, mod_norm=mod,
-        )  # fmt: skip
+            inf, inf, ref_norm, mag_norm, inf, norm_bound, inf, math.nan, (), terms, **extra
+        )
     bias = 0.0 if near_zero else ((x64 - r64) * r64).sum().item() / ref_norm**2
     bias_bound = None
-    if not near_zero and dtype in C_BIAS:
-        bias_bound = C_BIAS[dtype] * u + C_MOD_BIAS * u * mod / ref_norm
+    if statistical and not near_zero and dtype in C_BIAS:
+        walk = C_MOD_BIAS * u * extra["mod_walk"] / ref_norm**2
+        bias_bound = C_BIAS[dtype] * u + walk + (u * parts["mod"] / ref_norm) ** 2 / 2
     d = (x64 - r64).abs()
-    err_norm = torch.linalg.vector_norm(d).item()
-    floor = TAU * m64.square().mean().sqrt().item()
-    per_elem = C_ELEM[dtype][kind] * u + C_ACC_ELEM * ACC_UNIT_ROUNDOFF * root_n
-    b = (per_elem * torch.clamp(m64, min=floor)).expand_as(d)
+    b = _elem_bound(m64, root_n, mag, u, dtype, kind).expand_as(d)
     ratio = torch.where(d == 0, torch.zeros_like(d), d / b)
     at = int(ratio.flatten().argmax())
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(at), d.shape))
+    err_norm = _norm(d)
     return Error(
         d.max().item(),
         None if near_zero else (err_norm / ref_norm if err_norm else 0.0),
@@ -187,10 +207,38 @@ def error(
         terms,
         bias,
         bias_bound,
-        under,
-        accumulated,
-        mod,
+        **extra,
     )
+
+
+def row_walk(mod: torch.Tensor | None, r64: torch.Tensor) -> float:
+    """The random walk of a score modifier's rounding along the reference, over the rows
+    (the last dim: one query's output, one key's gradient): sqrt(sum_rows ||mod_row||^2
+    ||r_row||^2). A row's rounding may lie wholly along its own reference (a near one-hot
+    softmax moves its output towards or away from the dominant value), and rows add as a
+    random walk: over R alike rows it is ||mod|| ||r|| / sqrt(R). 0 without a modifier."""
+    if mod is None:
+        return 0.0
+    per_row = mod.to(torch.float64).square().sum(-1) * r64.square().sum(-1)
+    return per_row.sum().sqrt().item()
+
+
+def _norm(t: torch.Tensor | None) -> float:
+    """||t|| in float64 (0 for None)."""
+    return 0.0 if t is None else torch.linalg.vector_norm(t.to(torch.float64)).item()
+
+
+def _elem_bound(m64, root_n, mag: Magnitude, u: float, dtype, kind: str) -> torch.Tensor:
+    """(elem)'s bound per element: (C_ELEM u + C_ACC_ELEM u_acc sqrt(n_e)) max(m_e, TAU rms m),
+    plus the score modifier's rounding at the element, sqrt(2 ln N) u mod_e: mod_e is the
+    size (standard deviation) of a random walk, and the largest of N such errors stays within
+    sqrt(2 ln N) of it."""
+    floor = TAU * m64.square().mean().sqrt().item()
+    per_elem = C_ELEM[dtype][kind] * u + C_ACC_ELEM * ACC_UNIT_ROUNDOFF * root_n
+    b = per_elem * torch.clamp(m64, min=floor)
+    if mag.mod is not None:
+        b = b + math.sqrt(2 * math.log(max(m64.numel(), 2))) * u * mag.mod.to(torch.float64)
+    return b
 
 
 def bound(err: Error) -> tuple[float | None, float]:
@@ -305,7 +353,9 @@ def judge(case: Case, got: list[torch.Tensor], truth: Truth) -> Verdict:
     if truth.baseline is not None:
         return legacy_rule(names, got, truth.ref, truth.baseline, dtype)
     verdict = rule(names, got, truth.ref, truth.mag, dtype)
-    columns, note = precision.judged(got[0], truth.ref[0], truth.fp32_acc, truth.mag[0].m)
+    columns, note = precision.judged(
+        got[0], truth.ref[0], truth.fp32_acc, truth.mag[0].m, verdict.agrees
+    )
     verdict.columns.update(columns)
     verdict.notes.extend([note] if note else [])
     return verdict

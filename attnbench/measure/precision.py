@@ -20,7 +20,14 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)  # the dtypes a row gets the fig
 # Flagged above this (calibrated: scripts/calibrate_accuracy.py, docs/accuracy_calibration.md)
 PRECISION_LIMIT = 2.75
 OWN_SHARE = 0.25  # the elements compared: |ref| >= OWN_SHARE * magnitude
+MIN_ELEMENTS = 64  # fewer such elements: no figure (a few errors' ratio is noise)
 FLAG = "precision below an fp32-accumulating kernel"
+MEANING = (
+    "`precision_ratio`: their rms error over the elements whose output dominates its "
+    "magnitude, over that of a kernel accumulating in float32 on the same inputs "
+    "(docs/method.md); a row over the limit rounds more than such a kernel does: wrong for "
+    "training even where it agrees"
+)
 
 
 def emulated(q, k, v, *, causal: bool, scale: float, mask=None) -> torch.Tensor | None:
@@ -38,45 +45,57 @@ def emulated(q, k, v, *, causal: bool, scale: float, mask=None) -> torch.Tensor 
 
 def precision_ratio(
     out: torch.Tensor, ref: torch.Tensor, fp32_acc: torch.Tensor, m: torch.Tensor
-) -> float:
-    """The figure: the largest error relative to the magnitude ``m`` (measure/reference.py)
-    among the elements whose output is at least OWN_SHARE of their magnitude, over the same of
-    the float32-accumulating kernel (1: as precise as it; every element where none is).
+) -> tuple[float, int] | None:
+    """The figure and the count it pools: the rms error relative to the magnitude ``m``
+    (measure/reference.py) over the elements whose output is at least OWN_SHARE of their
+    magnitude, over the same of the float32-accumulating kernel (1: as precise as it); None
+    with fewer than MIN_ELEMENTS such elements.
 
     Those elements are where an accumulator's rounding shows: a half-type accumulator rounds
     the running output itself, so its error grows with the output and with the number of key
-    tiles, while a correct kernel's error there is its output's final rounding; the textbook
-    formula in bfloat16 rounds its scores, an error spread over the elements whose terms
-    cancel (small outputs), and so stays near the kernel's here though its norm error is
-    twice it."""
+    tiles (about sqrt(tiles / 2) times the kernel's), while a correct kernel's error there is
+    its output's final rounding; the textbook formula in bfloat16 rounds its scores, an error
+    spread over the elements whose terms cancel (small outputs). Pooled over every such
+    element and head, not the largest of a few: a ratio of two maxima over two elements is
+    the tail of two draws, which put correct kernels at 3 to 22 on decode rows of 8 to 16
+    outputs."""
     m = m.double()
     ref64 = ref.double()
-    seen = m > 0  # a query that sees no key: out, m and the error are all zero
-    own = seen & (ref64.abs() >= OWN_SHARE * m)
-    if not own.any():
-        own = seen
-    if not own.any():
-        return 1.0
-    err = (out.double() - ref64).abs() / m
-    base = (fp32_acc.double() - ref64).abs() / m
-    worst, kernel = err[own].max().item(), base[own].max().item()
+    own = (m > 0) & (ref64.abs() >= OWN_SHARE * m)  # m = 0: a query that sees no key
+    count = int(own.sum())
+    if count < MIN_ELEMENTS:
+        return None
+    err = ((out.double() - ref64) / m)[own].square().mean().sqrt().item()
+    kernel = ((fp32_acc.double() - ref64) / m)[own].square().mean().sqrt().item()
     if kernel == 0:
-        return 1.0 if worst == 0 else math.inf
-    return worst / kernel
+        return (1.0 if err == 0 else math.inf), count
+    return err / kernel, count
 
 
-def judged(out: torch.Tensor, ref: torch.Tensor, fp32_acc: torch.Tensor | None, m: torch.Tensor):
+def judged(
+    out: torch.Tensor,
+    ref: torch.Tensor,
+    fp32_acc: torch.Tensor | None,
+    m: torch.Tensor,
+    agrees: bool | None = True,
+):
     """The row's precision columns and its note: ({precision_ratio, precision_low}, note or
-    None); no columns without an emulation (float32 rows, level layer)."""
-    if fp32_acc is None or not torch.isfinite(out).all():  # non-finite: the verdict says it
+    None). No columns without an emulation (float32 rows, level layer), on a row that
+    disagrees (a wrong result is a disagreement, not a precision) or too few elements to pool
+    (``precision_ratio``)."""
+    if fp32_acc is None or not agrees or not torch.isfinite(out).all():
         return {}, None
-    ratio = precision_ratio(out, ref, fp32_acc, m)
+    figure = precision_ratio(out, ref, fp32_acc, m)
+    if figure is None:
+        return {}, None
+    ratio, count = figure
     low = ratio > PRECISION_LIMIT
-    note = (
-        f"{FLAG}: out's largest error where the output dominates its magnitude is {ratio:.3g}x "
-        f"that kernel's on the same inputs (limit {PRECISION_LIMIT:g}x: a half-type "
-        f"accumulator?)"
-        if low
-        else None
+    return {"precision_ratio": ratio, "precision_low": low}, note(ratio, count) if low else None
+
+
+def note(ratio: float, count: int) -> str:
+    """The reason's note of a flagged row, in the terms of what was measured."""
+    return (
+        f"{FLAG}: out's rms error over the {count} elements where the output dominates its "
+        f"magnitude is {ratio:.3g}x that kernel's on the same inputs (limit {PRECISION_LIMIT:g}x)"
     )
-    return {"precision_ratio": ratio, "precision_low": low}, note

@@ -125,12 +125,19 @@ class Magnitude:
     absolute precision; float16 past about 16k keys), None when there is none. ``mod``: the
     random walk of the rounding a score modifier adds, P·G in place of W with G the grid its
     modified score (or its change) lands on where that is coarser than the raw score's
-    (``coarser_grid``), None without a modifier."""
+    (``coarser_grid``), None without a modifier. ``group`` (dk and dv of a GQA case): the
+    random walk of a sum over the query heads of a kv head kept in the case dtype,
+    sqrt(sum_k s_k^2) over its running sums s_k (``group_walk``), None elsewhere. ``scale``:
+    the size of the element's terms without their rounding, |exact| + sqrt(sum P^2 V^2) (for
+    the gradients A with P in place of W), which says whether the reference is (near) zero
+    (None: ``m`` says it)."""
 
     m: torch.Tensor
     terms: torch.Tensor
     under: torch.Tensor | None = None
     mod: torch.Tensor | None = None
+    group: torch.Tensor | None = None
+    scale: torch.Tensor | None = None
 
 
 def magnitude(
@@ -164,8 +171,10 @@ def magnitude(
         Magnitude(
             torch.cat([x.m for x in per_batch]),
             torch.cat([x.terms for x in per_batch]),
-            _joined([x.under for x in per_batch], [x.m for x in per_batch]),
-            _joined([x.mod for x in per_batch], [x.m for x in per_batch]),
+            *(
+                _joined([getattr(x, part) for x in per_batch], [x.m for x in per_batch])
+                for part in ("under", "mod", "group", "scale")
+            ),
         )
         for per_batch in zip(*parts)  # one tensor's magnitudes, batch element by element
     ]
@@ -237,7 +246,7 @@ def _magnitude(q, k, v, *, scale, dout, causal, mask, batch) -> list[Magnitude]:
     q, k, v = (t.detach().to(f64) for t in (q, k, v))
     kk, vv = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)  # (B, Hq, Skv, D)
     do = dout.detach().to(f64) if grads else None
-    walks = {part: _Walk(q, Skv, scale, grads) for part in ("all", "under", "mod")}
+    walks = {part: _Walk(q, Skv, scale, grads) for part in ("all", "under", "mod", "plain")}
     out = torch.empty_like(q)  # the exact values, and with grads dq, dk, dv
     n_q = torch.empty(B, Hq, Sq, 1, dtype=f64, device=q.device)  # keys each query sees
     if grads:
@@ -271,18 +280,31 @@ def _magnitude(q, k, v, *, scale, dout, causal, mask, batch) -> list[Magnitude]:
         tinies = torch.where(low, tiny, torch.zeros_like(p)) if low.any() else None
         walks["under"].add(rows, tinies, c)
         walks["mod"].add(rows, None if added is None else _weighted(p, added), c)
+        walks["plain"].add(rows, p, c)
 
     def per_kv(t):  # (B, Hq, Skv, X) -> (B, Hkv, Skv, X), summed over the group
         return t.view(B, Hkv, G, Skv, t.shape[-1]).sum(2)
 
-    exact, terms = [out], [n_q]
+    exact, terms, group = [out], [n_q], [None]
     if grads:
         exact, terms = [out, dq, per_kv(dk), per_kv(dv)], [n_q, n_q, per_kv(n_k), per_kv(n_k)]
+        group = [None, None, *(group_walk(t, Hkv) for t in (dk, dv))]
     sizes = {part: walk.sizes(per_kv) for part, walk in walks.items()}
     return [
-        Magnitude(_plus(x.abs() + walk, under), n, under, mod)
-        for x, n, walk, under, mod in zip(exact, terms, *sizes.values())
+        Magnitude(_plus(x.abs() + walk, under), n, under, mod, grouped, x.abs() + plain)
+        for x, n, grouped, walk, under, mod, plain in zip(exact, terms, group, *sizes.values())
     ]
+
+
+def group_walk(per_head: torch.Tensor, kv_heads: int) -> torch.Tensor | None:
+    """The random walk of adding a kv head's per-query-head gradients (B, Hq, Skv, D) in the
+    case dtype, one head after another: sqrt(sum_k s_k^2) over the running sums s_k (B, Hkv,
+    Skv, D); None without GQA (one query head per kv head: no such sum)."""
+    B, Hq, Skv, D = per_head.shape
+    if Hq == kv_heads:
+        return None
+    running = per_head.view(B, kv_heads, Hq // kv_heads, Skv, D).cumsum(2)
+    return running.square().sum(2).sqrt()
 
 
 def _scores(qc, kk, i, j, scale, mask, where):

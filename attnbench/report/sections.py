@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from attnbench.measure import precision
 from attnbench.report import rules
 from attnbench.report.header import borrowed_kernels, case_label
 from attnbench.report.markdown import MISSING, table
@@ -459,7 +460,7 @@ def disagreement_section(a) -> list[str]:
 def _precision_lines(df: pd.DataFrame) -> list[str]:
     """Half-precision rows whose error is over its calibrated multiple of what a kernel that
     accumulates in float32 gets on the same inputs (``precision_low``): a flag apart from
-    agreement (a half-type accumulator can still pass the agreement bound)."""
+    agreement, in measure/precision.py's words."""
     if "precision_low" not in df:  # runs made before the column existed
         return []
     low = rules.ok_rows(df)
@@ -469,9 +470,7 @@ def _precision_lines(df: pd.DataFrame) -> list[str]:
     low = low.assign(case=[case_label(r) for _, r in low.iterrows()])
     return [
         f"{len(low)} ok row(s) have a precision below an fp32-accumulating kernel's "
-        "(`precision_ratio`: their largest error over that kernel's on the same inputs, "
-        "docs/method.md): a kernel that keeps its running sums in half precision is wrong "
-        "for training even where it agrees.",
+        f"({precision.MEANING}).",
         "",
         table(
             low,

@@ -71,7 +71,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "rel_err": (
         "Float64",
         "||x - ref||_2 / ||ref||_2 of the tensor nearest its bound; blank when every "
-        "reference is zero (reason says which and how it was judged)",
+        "reference is zero (reason says which and how it was judged); under 256 elements "
+        "its bound is the floor, half of ||ref||",
     ),
     "agrees": (
         "boolean",
@@ -181,14 +182,16 @@ COLUMNS: dict[str, tuple[str, str]] = {
     ),
     "precision_ratio": (
         "Float64",
-        "bfloat16 and float16, level op: out's largest element error against the float64 "
-        "reference over that of a kernel that accumulates in float32, on the same inputs "
-        "(docs/method.md: precision); about 1 for a correct kernel, blank in float32",
+        "bfloat16 and float16, level op, agreeing rows: out's rms error against the float64 "
+        "reference over the elements whose output dominates its magnitude, over that of a "
+        "kernel that accumulates in float32, on the same inputs (docs/method.md: precision); "
+        "about 1 for a flash kernel, blank in float32, on disagreeing rows and under 64 such "
+        "elements",
     ),
     "precision_low": (
         "boolean",
         "precision_ratio is over its calibrated limit: precision below an fp32-accumulating "
-        "kernel (a half-type accumulator?), a flag apart from agrees; reason says so",
+        "kernel, a flag apart from agrees; reason says so, with the figure and its count",
     ),
 }
 METRICS = (  # blank in every row that is not ok
