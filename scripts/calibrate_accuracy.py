@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import platform
 import sys
 import time
@@ -282,6 +283,8 @@ SMALL_SHAPES = [PREFILL[i] for i in (0, 3, 5, 6, 8, 11, 15, 16)] + [
     DECODE[11],
     DECODE[12],
     MODIFIED[0],
+    ADDED[1],
+    Shape(1, 16, 1, 64, 64, 32, True, note="GQA 16:1 backward"),
 ]
 
 
@@ -833,19 +836,25 @@ def report(df: pd.DataFrame) -> tuple[str, dict]:
     )
     lines.append(
         "| dtype | tensor | rel/u | share of (norm) | near-zero refs: share of (norm) | "
-        "bias/u | share of (bias) | share of (elem) | most terms |"
+        "bias/u | share of (bias) | share of (elem) | most terms | fewer than "
+        f"{agreement.N_STAT} elements: share of (elem) |"
     )
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for (dt, tensor), g in c.groupby(["dtype", "tensor"]):
         z = g[g.near_zero]
         zs = f"{z.norm_share.max():.2f} ({len(z)} tensors)" if len(z) else "–"
-        share = g[~g.near_zero].norm_share.max()
+        stat = g[~g.near_zero & g.statistical.astype(bool)]
         c_bias = agreement.C_BIAS.get(getattr(torch, dt))
-        bias = g[~g.near_zero].bias_u.max()
-        bias_share = f"{bias / c_bias:.2f}" if c_bias else "–"
+        bias_share = "–"
+        if c_bias:
+            bound = c_bias + agreement.C_MOD_BIAS * stat.bias_walk_u + stat.bias_second_u
+            bias_share = f"{(stat.bias_u / bound).max():.2f}"
+        small = g[~g.statistical.astype(bool)]
+        small_share = f"{small.elem_share.max():.2f}" if len(small) else "–"
         lines.append(
-            f"| {dt} | {tensor} | {g.rel_u.max():.3g} | {share:.2f} | {zs} | {bias:.3g} | "
-            f"{bias_share} | {g.elem_share.max():.2f} | {int(g.terms.max())} |"
+            f"| {dt} | {tensor} | {g.rel_u.max():.3g} | {stat.norm_share.max():.2f} | {zs} | "
+            f"{stat.bias_u.max():.3g} | {bias_share} | {g.elem_share.max():.2f} | "
+            f"{int(g.terms.max())} | {small_share} |"
         )
     table, exps = growth(c)
     ok["growth"] = exps
@@ -1031,6 +1040,9 @@ def main(argv=None) -> int:
         "--threads", type=int, default=1, help="torch threads (1: a busy machine slows 2 tenfold)"
     )
     ap.add_argument(
+        "--rows", type=Path, default=None, help="make the tables from an earlier run's --csv"
+    )
+    ap.add_argument(
         "--jobs", type=int, default=1, help="processes, each running whole shapes (default 1)"
     )
     a = ap.parse_args(argv)
@@ -1040,15 +1052,22 @@ def main(argv=None) -> int:
     if a.shapes:
         shapes = [SHAPES[i] for i in _indices(a.shapes, len(SHAPES))]
     dtypes = a.dtypes.split(",")
-    t0 = time.time()
-    df = population(shapes, seeds, dtypes, a.device, jobs=a.jobs)
+    t0, load = time.time(), os.getloadavg()[0]
+    if a.rows:  # the table of an earlier run's rows
+        df = pd.read_csv(a.rows, keep_default_na=False, na_values=[""])
+    else:
+        df = population(shapes, seeds, dtypes, a.device, jobs=a.jobs)
     if a.csv:
         df.to_csv(a.csv, index=False)
     text, ok = report(df)
     tail = (
         f"{time.time() - t0:.0f} s; {len(shapes)} shapes x up to {seeds} seeds x "
-        f"{len(dtypes)} dtypes; device {a.device}; {where()}"
+        f"{len(dtypes)} dtypes; device {a.device}; {where()}, {a.jobs} process(es) on "
+        f"{os.cpu_count()} CPUs at a load average of {load:.1f} (start) and "
+        f"{os.getloadavg()[0]:.1f} (end)"
     )
+    if a.rows:
+        tail = f"the tables of the rows in {a.rows}, written by an earlier run's --csv"
     print(text)
     print(f"\n({tail})")
     if a.markdown:

@@ -29,15 +29,16 @@ C_NORM = {
     torch.float32: {"out": 32.0, "grad": 32.0},
     torch.bfloat16: {"out": 2.25, "grad": 2.5},
     torch.float16: {"out": 2.5, "grad": 3.5},
-}  # (norm): ||d|| <= C_NORM u ||r|| + C_UNDER u ||under|| + C_MOD u ||mod||
-#                  + C_ACC u_acc ||sqrt(n) m||
+}  # (norm): ||d|| <= min(C_NORM u ||r|| + C_UNDER u ||under|| + C_MOD u ||mod||
+#                  + C_GROUP u ||group|| + C_ACC u_acc ||sqrt(n) m||, FAR ||r||)
 C_ZERO = {torch.float32: 4.0, torch.bfloat16: 0.5, torch.float16: 0.5}  # ||d|| <= C_ZERO u ||m||
 C_ELEM = {
     torch.float32: {"out": 32.0, "grad": 512.0},
     torch.bfloat16: {"out": 4.0, "grad": 32.0},
     torch.float16: {"out": 4.0, "grad": 32.0},
 }  # (elem): |d_e| <= (C_ELEM u + C_ACC_ELEM u_acc sqrt(n_e)) max(m_e, TAU rms(m))
-C_BIAS = {torch.bfloat16: 1.0}  # (bias): |<d, r>| <= C_BIAS u ||r||^2 + C_MOD_BIAS u ||mod|| ||r||
+#                     + sqrt(2 ln N) u mod_e
+C_BIAS = {torch.bfloat16: 1.0}  # (bias): |<d, r>| / ||r||^2 <= C_BIAS u + the modifier's terms
 #                                 other dtypes: none
 C_UNDER = 1.0  # probabilities below the smallest normal number: their rounding's size
 C_MOD = 1.0  # a score modifier's rounding, on the grid it lands on (calibrated, docs/method.md)
@@ -74,11 +75,11 @@ class Error:
     element's sum adds. under_norm, acc_norm: ||under|| and u_acc ||sqrt(n) m||, the parts
     of norm_bound the constants multiply, mod_norm ||mod|| (the score modifier's part) and
     group_norm ||group|| (a GQA kv head's sum over its query heads); mod_walk the modifier's
-    walk along the reference (``row_walk``), the part of bias_bound C_MOD_BIAS multiplies
-    (times u / ||r||^2). scale_norm: ||scale||, the
-    size of the terms that says whether the reference is near zero. statistical: the tensor has
-    N_STAT elements or more, so (norm) and (bias) hold as statistics; below, (norm) is its floor
-    alone and (bias) is not checked."""
+    walk along the reference (``row_walk``), the part of bias_bound that C_MOD_BIAS u /
+    ||r||^2 multiplies. scale_norm: ||scale||, the size of the terms that says whether the
+    reference is near zero. statistical: the tensor has N_STAT elements or more, so (norm)
+    and (bias) hold as statistics; below, (norm) is its floor alone and (bias) is not
+    checked."""
 
     max_abs: float
     rel: float | None
@@ -165,12 +166,11 @@ def error(
     accumulated = ACC_UNIT_ROUNDOFF * _norm(root_n * m64)
     statistical = int((m64 > 0).sum()) >= N_STAT
     near_zero = _near_zero(ref_norm, scale)
-    norm_bound, floor_norm = C_NORM[dtype][kind] * u * ref_norm, FAR * ref_norm
-    if near_zero:
-        norm_bound, floor_norm = C_ZERO[dtype] * u * mag_norm, FAR * scale
-    norm_bound += accumulated * C_ACC + u * (
-        C_UNDER * parts["under"] + C_MOD * parts["mod"] + C_GROUP * parts["group"]
-    )
+    if near_zero:  # the absolute form, and its floor from the terms' size
+        base, floor_norm = C_ZERO[dtype] * u * mag_norm, FAR * scale
+    else:
+        base, floor_norm = C_NORM[dtype][kind] * u * ref_norm, FAR * ref_norm
+    norm_bound = base + _walks(parts, accumulated, u)
     norm_bound = min(norm_bound, floor_norm) if statistical else floor_norm
     terms = int(mag.terms.max().item()) if mag.terms.numel() else 0
     extra = dict(
@@ -209,6 +209,13 @@ def error(
         bias_bound,
         **extra,
     )
+
+
+def _walks(parts: dict, accumulated: float, u: float) -> float:
+    """(norm)'s terms beyond the dtype's constant: the long sums' and the random walks of
+    underflow, a score modifier and a GQA kv head's sum over its query heads."""
+    walks = C_UNDER * parts["under"] + C_MOD * parts["mod"] + C_GROUP * parts["group"]
+    return C_ACC * accumulated + u * walks
 
 
 def row_walk(mod: torch.Tensor | None, r64: torch.Tensor) -> float:
