@@ -43,7 +43,13 @@ def test_correct_population_has_no_false_alarm():
 
 
 def test_planted_bugs_are_caught_at_the_target_rates():
-    _, ok = calibrate.report(small_population())
+    """Over the tensors where the rule has its statistics (N_STAT elements or more) and no
+    modifier raises the scores (the limits docs/method.md states, "Calibration": below N_STAT
+    elements only max-abs and the floor judge, and with scores raised past 16 a 1% error is
+    within a correct computation's rounding of them; the full table shows those rates)."""
+    df = small_population()
+    plain = df.statistical.astype(bool) & (df.score_mod.fillna("") == "")
+    _, ok = calibrate.report(df[plain])
     # the half-type accumulator's flag rate is the full table's (docs/accuracy_calibration.md):
     # this population has 4 cases of 16+ key tiles per dtype, with 128 to 2048 outputs each
     # (tests/test_precision.py flags it where it has 32 tiles)
