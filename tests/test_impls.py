@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from attnbench import plugins, registry
 from attnbench.case import Case
+from attnbench.measure import agreement
 from attnbench.measure.memory import peak_mem_mib
 from attnbench.measure.timing import TimerConfig
 from attnbench.run.call import Call
@@ -238,8 +239,11 @@ def test_degenerate_cases_agree_with_finite_errors(impls, name, sq, skv, causal)
         "dq: the reference is zero" in row["reason"]
         and "dk: the reference is zero" in (row["reason"])
     )
-    assert row["rel_err"] is not None and row["rel_err"] <= row["err_bound"] < 1e-5  # out, dv
-    assert 0 <= row["max_abs_err"] <= row["max_abs_bound"] < 0.1  # finite, not astronomical
+    # out, dv: dv of one key has 32 elements, under N_STAT, so its rel bound is the floor
+    # (FAR) and max-abs judges it, within a bound that is finite, not astronomical
+    assert row["rel_err"] is not None and row["rel_err"] <= row["err_bound"] <= agreement.FAR
+    assert row["rel_err"] < 1e-5
+    assert 0 <= row["max_abs_err"] <= row["max_abs_bound"] < 0.1
 
 
 LAYER_IMPLS = ["naive", "sdpa", "sdpa_flash", "sdpa_math", "tiled"]
