@@ -28,6 +28,9 @@ harness's own way: the inputs (run.inputs.make_inputs), the float64 reference an
 
     PYTHONPATH=. python scripts/calibrate_accuracy.py            # the full population
     PYTHONPATH=. python scripts/calibrate_accuracy.py --small    # CI-sized (about 1 min, 2 cores)
+    PYTHONPATH=. python scripts/calibrate_accuracy.py --seeds 3 --jobs 3 --csv pop.csv
+    PYTHONPATH=. python scripts/calibrate_accuracy.py --rows pop.csv --markdown table.md
+                                                   # the tables again from those rows
 """
 
 from __future__ import annotations
