@@ -35,6 +35,7 @@ from attnbench.run.target import Target
 from attnbench.run.worker import WorkerSpec
 from attnbench.spec import GPU_PRESETS, SPEC_OPTIONS, Spec
 from attnbench.store.rundir import RunDir
+from attnbench.store.results import check_resumable
 
 DRY_RUN_CASES = 10  # --dry-run names this many cases, then counts the rest
 
@@ -198,6 +199,8 @@ class Plan:
         run_id, run = RunDir.choose(
             results_dir, run_id, resume=resume, grid=self.grid, default_id=self.default_run_id()
         )
+        if resume:
+            check_resumable(run.path)  # before anything is cut, rewritten or written
         self.settings = replace(self.settings, traces_dir=run.traces)
         return run_id, run
 
