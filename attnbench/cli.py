@@ -8,6 +8,7 @@ docs/cli.md). ``python scripts/sweep.py ...`` is ``attnbench sweep ...``.
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
 import sys
@@ -244,6 +245,22 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
         raise UsageError("--retry: only with --resume (it names rows of a run to run again)")
     _check_folders(("--results-dir", args.results_dir), ("--reports-dir", args.reports_dir))
     run_id, run = plan.run_dir(args.results_dir, args.run_id, resume=args.resume)
+    try:
+        return _sweep(args, argv, plan, target, run, run_id)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        again = (
+            f"every row finished before is in {run.results}: free space, then continue with: "
+            f"{plan.resume_command(argv, run_id, bool(args.run_id))}"
+            if run.results.exists()
+            else "no row was finished: free space, then run the same command again"
+        )
+        raise UsageError(f"{exc.strerror} (writing {exc.filename or run.path}); {again}") from None
+
+
+def _sweep(args, argv: list[str], plan: Plan, target: Target, run: RunDir, run_id: str) -> int:
+    """The sweep of a checked ``plan`` into ``run``, its summary and its report."""
     with executors.start(target.executor, plan) as pool:
         if pool.started:
             print(pool.started)

@@ -34,8 +34,8 @@ from attnbench.run.sweep import run_sweep
 from attnbench.run.target import Target
 from attnbench.run.worker import WorkerSpec
 from attnbench.spec import GPU_PRESETS, SPEC_OPTIONS, Spec
-from attnbench.store.rundir import RunDir
 from attnbench.store.results import check_resumable
+from attnbench.store.rundir import RunDir
 
 DRY_RUN_CASES = 10  # --dry-run names this many cases, then counts the rest
 

@@ -54,10 +54,13 @@ class CsvAppender:
             self._writer = csv.DictWriter(self._file, fieldnames=self.columns)
             if new:
                 self._writer.writeheader()
-        for row in rows:
-            self._writer.writerow({c: _fmt(row.get(c)) for c in self.columns})
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        try:
+            for row in rows:
+                self._writer.writerow({c: _fmt(row.get(c)) for c in self.columns})
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as exc:  # a full disk, say: the message names the file
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
 
     def close(self) -> None:
         if self._file is not None:
