@@ -238,7 +238,9 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
     target = Target.from_options(opts, dry_run=args.dry_run)
     if args.list:
         return _print(list_impls(target.impls, target.device_type))
-    plan = Plan.from_options(opts, target, command=command, default_preset=default_preset)
+    plan = Plan.from_options(
+        opts, target, command=command, default_preset=default_preset, dry_run=args.dry_run
+    )
     if args.dry_run:
         return _print(plan.dry_run_text())
     if plan.run.retry and not args.resume:
