@@ -103,19 +103,26 @@ class LayerModule:
     @classmethod
     def of(
         cls,
-        module: torch.nn.Module,
-        forward: Callable[[torch.Tensor], torch.Tensor],
+        module: torch.nn.Module = None,
+        forward: Callable[[torch.Tensor], torch.Tensor] = None,
         layout: ModuleLayout | None = None,
+        *more,
         **unknown,
     ) -> LayerModule:
         """``module`` with ``layout``; None: ``MHA`` for an nn.MultiheadAttention, else
-        transformers' q_proj, k_proj, v_proj, o_proj (nn.Linear, biases where they have one)."""
+        transformers' q_proj, k_proj, v_proj, o_proj (nn.Linear, biases where they have one).
+        A call with a part missing or too many is LayerModuleError (not Python's TypeError,
+        which a sweep could not tell from the factory's own failures)."""
         if unknown:
             given = ", ".join(f"{k}=" for k in unknown)
             raise LayerModuleError(
                 f"LayerModule.of() was given {given}, which it does not take (an earlier API); "
                 f"declare the parts' paths in a ModuleLayout: {CALL}"
             )
+        if module is None or forward is None or more:
+            what = "no module" if module is None else "no forward" if forward is None else ""
+            what = what or f"{3 + len(more)} arguments"
+            raise LayerModuleError(f"LayerModule.of() was given {what}; build it as {CALL}")
         if layout is None:
             mha = isinstance(module, torch.nn.MultiheadAttention)
             layout = MHA if mha else ModuleLayout()
