@@ -16,10 +16,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import socket
 import sys
 import tempfile
 
-from attnbench.errors import UsageError
+from attnbench.errors import ClusterLost, UsageError
 from attnbench.run.local import CLOSE_WAIT_S, Subprocess, stderr_tail
 from attnbench.run.ray_cluster import actor_options, actor_start_problem, connect
 from attnbench.run.row import one_line
@@ -28,8 +29,10 @@ from attnbench.run.worker import WorkerFailed, WorkerSpec
 from attnbench.store.schema import LOST
 
 START_TIMEOUT_S = 300.0  # the actors' first start-up: import torch (and a CUDA context)
+START_NOTICE_S = 10.0  # actors not started by then: a line says what the sweep waits for
 REPLACE_TIMEOUT_S = 60.0  # a lost actor's replacement; none placed by then: its lane ends
 READ_TIMEOUT_S = 10.0  # fetching a dead actor's stderr from its node
+ERR_FILE = "attnbench-ray-actor-{pid}.err"  # an actor's stderr, in its node's temp folder
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # a dead actor's stderr without Ray's own log lines, address dumps and faulthandler's module list
 _NOISE = re.compile(
@@ -46,9 +49,8 @@ class _Actor:
     can say how the actor died, if it does (its node lost, killed from outside)."""
 
     def __init__(self, spec: WorkerSpec):
-        self.err_path = os.path.join(
-            tempfile.gettempdir(), f"attnbench-ray-actor-{os.getpid()}.err"
-        )
+        _remove_stale(tempfile.gettempdir())
+        self.err_path = os.path.join(tempfile.gettempdir(), ERR_FILE.format(pid=os.getpid()))
         fd = os.open(self.err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         os.dup2(fd, 2)
         os.close(fd)
@@ -103,6 +105,7 @@ class RayActor:
         it where the resources are), else False: none could be placed or started. No wait
         where the cluster has not the resources free; ``say`` gets what it waits for and how
         that ended."""
+        self.loss_detail()  # the lost actor's stderr file, if no one asked for it
         who = f"actor {self.where['actor']}"
         free = self.ray.available_resources()
         need = {r: self.options.get(k) or 0 for k, r in (("num_cpus", "CPU"), ("num_gpus", "GPU"))}
@@ -150,10 +153,18 @@ class RayActor:
         return answer[1]
 
     def _failed(self, status: str, what: str) -> WorkerFailed:
-        """The actor is gone (killed here if need be): the step's failure, its stderr said."""
+        """The actor is gone (killed here if need be): the step's failure, said at once; its
+        stderr is fetched by ``loss_detail`` (from a dead node that takes READ_TIMEOUT_S)."""
         self._drop()
-        self.lost = what
-        return WorkerFailed(status, f"{what}; stderr: {self._stderr_tail()}")
+        self.lost, self._detail_due = what, True
+        return WorkerFailed(status, what)
+
+    def loss_detail(self) -> str:
+        """'; stderr: ...' of the actor lost last, once (before a replacement starts)."""
+        if not getattr(self, "_detail_due", False):
+            return ""
+        self._detail_due = False
+        return f"; stderr: {self._stderr_tail()}"
 
     def close(self) -> None:
         if self.actor is not None:  # its worker process exits on its own, then the actor
@@ -175,10 +186,12 @@ class RayActor:
         self.actor = None
 
     def _stderr_tail(self) -> str:
-        """The last actor's stderr file, read (and removed) on its own node."""
+        """The last actor's stderr file, read (and removed) on its own node; a file left on
+        this machine by a node that died here is removed all the same."""
         path, node = self.info.get("err_path"), self.info.get("node_id")
         if not path:
             return "(no stderr: the actor never started)"
+        self.info = {**self.info, "err_path": None}  # read once
         try:
             if node == self.ray.get_runtime_context().get_node_id():
                 return _summarize(_read_and_remove(path))
@@ -191,7 +204,24 @@ class RayActor:
             )
             return _summarize(self.ray.get(task.remote(path), timeout=READ_TIMEOUT_S))
         except Exception as exc:  # noqa: BLE001 - the node itself may be gone
+            if self.info.get("host") == socket.gethostname():  # its node ran on this machine
+                _read_and_remove(path)
             return f"(unavailable: {type(exc).__name__})"
+
+
+def _remove_stale(folder: str) -> None:
+    """The stderr files of actors of this machine whose process is gone (killed with their
+    node, which could not remove them)."""
+    for name in os.listdir(folder):
+        m = re.fullmatch(re.escape(ERR_FILE).replace(r"\{pid\}", r"(\d+)"), name)
+        if m is None:
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            _read_and_remove(os.path.join(folder, name))
+        except OSError:  # another user's: alive
+            pass
 
 
 def _free_text(free: dict) -> str:
@@ -234,37 +264,86 @@ def _exit_detail(exc: BaseException) -> str:
 
 def start(address: str | None, spec: WorkerSpec, actors: int | None, command: str) -> list:
     """Connect to Ray and start one actor per device (ray_cluster.actor_options), all at
-    once. Returns their transports, started."""
+    once, saying what it waits for when they are not placed at once. Returns their
+    transports, started; those lost as they started are left out, with a line each; none
+    started is ClusterLost (a cluster refusing them for its authentication: UsageError)."""
     ray = connect(address, command)
     n, options = actor_options(ray, spec.device, spec.threads, actors)
     spec = dataclasses.replace(spec, plugins=tuple(str(p) for p in spec.plugins))
     proxies = [RayActor(ray, options, spec, i) for i in range(n)]
+    short = _short_of(ray, options, n)
     for proxy in proxies:
         proxy.launch()
     refs = [p._info_ref for p in proxies]
-    if ray.wait(refs, num_returns=n, timeout=START_TIMEOUT_S)[1]:  # some not started yet
+    first = 0.0 if short else min(START_NOTICE_S, START_TIMEOUT_S)
+    waiting = ray.wait(refs, num_returns=n, timeout=first)[1]
+    if waiting:
+        print(
+            f"ray: waiting up to {START_TIMEOUT_S:g} s for Ray to place and start "
+            f"{len(waiting)} of {n} actors ({_need_text(options)} each){short}",
+            file=sys.stderr,
+        )
+        waiting = ray.wait(refs, num_returns=n, timeout=START_TIMEOUT_S - first)[1]
+    if waiting:  # some not started yet
         for proxy in proxies:
             proxy.close()
         raise UsageError(
-            f"Ray did not start {n} actors ({options}) within {START_TIMEOUT_S:g} s; "
-            f"cap them with --ray-actors"
+            f"Ray did not start {n} actors ({_need_text(options)} each) within "
+            f"{START_TIMEOUT_S:g} s; cap them with --ray-actors"
         )
     infos = [_info(ray, p) for p in proxies]
-    failed = [info for info in infos if isinstance(info, BaseException)]
-    if len(failed) == n:  # none started: the cluster refuses them (its auth, its resources)
-        for proxy in proxies:
-            proxy.close()
-        raise UsageError(actor_start_problem(failed[0])) from None
+    return _up(proxies, infos)
+
+
+def _short_of(ray, options: dict, n: int) -> str:
+    """'': the cluster has the CPUs (and GPUs) of ``n`` actors free; else what it has."""
+    free = ray.available_resources()
+    need = {r: (options.get(k) or 0) * n for k, r in (("num_cpus", "CPU"), ("num_gpus", "GPU"))}
+    if all(free.get(r, 0) >= v for r, v in need.items()):
+        return ""
+    return f": the cluster has {_free_text(free)} free, other jobs hold the rest"
+
+
+def _need_text(options: dict) -> str:
+    """'1 CPU' or '1 GPU, 2 CPU': what one actor asks Ray for."""
+    need = [(options.get("num_gpus"), "GPU"), (options.get("num_cpus"), "CPU")]
+    return ", ".join(f"{v:g} {r}" for v, r in need if v)
+
+
+def _up(proxies: list[RayActor], infos: list) -> list[RayActor]:
+    """The actors that started; one lost as it started (its node died) leaves with a line
+    saying where and how many go on; none left is ClusterLost, one line."""
+    failed = [(p, i) for p, i in zip(proxies, infos) if isinstance(i, BaseException)]
+    for proxy, _ in failed:
+        proxy.close()
+    if len(failed) == len(proxies):  # none started
+        problem = actor_start_problem(failed[0][1])
+        if problem is not None:
+            raise UsageError(problem)
+        causes = "; ".join(f"actor {p.where['actor']}{_lost_on(i)}" for p, i in failed)
+        raise ClusterLost(
+            f"every Ray actor was lost as it started ({causes}); nothing was written: check "
+            f"the cluster (ray status) and run the command again"
+        )
     up = []
     for proxy, info in zip(proxies, infos):
-        if isinstance(info, BaseException):  # its node lost as it started: the others go on
-            proxy.close()
-            print(f"lost: actor {proxy.where['actor']} as it started ({_exit_detail(info)})",
-                  file=sys.stderr)  # fmt: skip
-        else:
+        if not isinstance(info, BaseException):
             proxy.started(info)
             up.append(proxy)
+    for proxy, info in failed:
+        print(
+            f"lost: actor {proxy.where['actor']} as it started{_lost_on(info)}; going on with "
+            f"{len(up)} executor{'s' if len(up) != 1 else ''}",
+            file=sys.stderr,
+        )
     return up
+
+
+def _lost_on(exc: BaseException) -> str:
+    """' on the node at 10.0.0.2 (the node running it died)': where and why, as far as Ray's
+    error says."""
+    m = re.search(r"\bip: (\S+)", str(exc))
+    return f"{f' on the node at {m.group(1)}' if m else ''} ({_exit_detail(exc)})"
 
 
 def _info(ray, proxy: RayActor):

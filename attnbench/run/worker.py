@@ -194,8 +194,10 @@ class Worker:
         failed (a crash or a hang), each in a step of its own, which names the impl it was."""
         try:
             answers = None if self.broken else self._step(("together", self.case, tuple(ready), r))
-        except WorkerFailed:
+        except WorkerFailed as exc:
             answers = None
+            if exc.status == LOST:  # the executor is gone: the next row says why, whole
+                self.broken = WorkerFailed(LOST, f"{exc.reason} (during timing round {r + 1})")
         for who in list(ready):
             if answers is None:
                 yield from self._alone(who, ready, slices, r)
@@ -266,6 +268,12 @@ class Worker:
             return False
         self.gpu = {k: entry.get(k) for k in GPU_WHERE}
         return True
+
+    def loss_detail(self) -> str:
+        """What the transport learns of a loss after saying it ('; stderr: ...' of a lost Ray
+        actor, fetched from its node), once; '' for a transport that learns nothing more."""
+        detail = getattr(self.transport, "loss_detail", None)
+        return detail() if detail is not None else ""
 
     def close(self) -> None:
         self.transport.close()
