@@ -94,8 +94,24 @@ def test_a_worker_node_killed_mid_row(tmp_path):
         cluster.remove_node(worker, allow_graceful=False)
         proc.wait(timeout=SWEEP_S)
         reader.join(timeout=30)
+        rows = _check_the_loss(proc, lines, killed, tmp_path)
+        assert set(glob.glob(LITTER)) <= litter, "an actor's stderr file was left behind"
+        again = subprocess.run(
+            [*cmd, "--resume"], capture_output=True, text=True, timeout=SWEEP_S, env=env
+        )
     finally:
         cluster.shutdown()
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed = read_results(tmp_path / "r")  # the lost row alone ran again
+    assert len(resumed) == 24 and not resumed.duplicated(KEY).any()
+    assert (resumed["status"] == "ok").all()
+    assert resumed.iloc[:-1].equals(rows[rows["status"] != LOST].reset_index(drop=True))
+
+
+def _check_the_loss(proc, lines: list, killed: float, tmp_path):
+    """One row lost, said at once, with its stderr; the survivor is the node that is not the
+    lost row's, only it wrote rows after the loss, and the lost family's later rows are its.
+    Returns the rows."""
     err = "".join(x for _, x in lines)
     assert proc.returncode == 3, err[-3000:]  # a row lost: the resume command, exit 3
     assert err.strip().splitlines()[-1].endswith("--run-id r --resume"), err[-3000:]
@@ -115,15 +131,7 @@ def test_a_worker_node_killed_mid_row(tmp_path):
     family = rows[(rows["mode"] == lost["mode"]) & (rows["causal"] == lost["causal"])]
     later = family[family["seq_q"] > lost["seq_q"]]
     assert (later["node"] == survivor).all(), family[["impl", "seq_q", "node"]]
-    assert set(glob.glob(LITTER)) <= litter, "an actor's stderr file was left behind"
-    again = subprocess.run(
-        [*cmd, "--resume"], capture_output=True, text=True, timeout=SWEEP_S, env=env
-    )
-    assert again.returncode == 0, again.stderr[-3000:]
-    resumed = read_results(tmp_path / "r")  # the lost row alone ran again
-    assert len(resumed) == 24 and not resumed.duplicated(KEY).any()
-    assert (resumed["status"] == "ok").all()
-    assert resumed.iloc[:-1].equals(rows.drop(index=at).reset_index(drop=True))
+    return rows
 
 
 @pytest.mark.slow
