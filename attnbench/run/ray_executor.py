@@ -88,6 +88,7 @@ class RayActor:
         self.host: str | None = None
         self.device_name: str | None = None
         self.lost: str | None = None  # why the last actor was lost (Ray's reason)
+        self._detail_due = False  # its stderr not fetched yet (loss_detail)
 
     def launch(self) -> None:
         cls = self.ray.remote(_Actor).options(
@@ -161,7 +162,7 @@ class RayActor:
 
     def loss_detail(self) -> str:
         """'; stderr: ...' of the actor lost last, once (before a replacement starts)."""
-        if not getattr(self, "_detail_due", False):
+        if not self._detail_due:
             return ""
         self._detail_due = False
         return f"; stderr: {self._stderr_tail()}"
