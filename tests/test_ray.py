@@ -288,7 +288,7 @@ def test_a_cluster_that_wants_a_token_names_the_cause_and_the_fix(
 def test_one_actor_is_one_actor(monkeypatch):
     """--ray-actors 1 asks Ray for one actor and says 'ray: 1 actor up' (the actors' start
     itself is the fixture's two-actor run)."""
-    from attnbench.run import executors, ray_executor
+    from attnbench.run import executors, ray_start
 
     asked = []
 
@@ -296,7 +296,7 @@ def test_one_actor_is_one_actor(monkeypatch):
         asked.append(actors)
         return [SimpleNamespace(device_name="AMD EPYC", host="vm", close=lambda: None)]
 
-    monkeypatch.setattr(ray_executor, "start", start)
+    monkeypatch.setattr(ray_start, "start", start)
     plan = SimpleNamespace(worker=WorkerSpec(), ray=(None, 1), command="attnbench sweep")
     pool = executors.start("ray", plan)
     pool._leave = None  # no cluster was joined
@@ -641,11 +641,11 @@ def test_the_next_step_after_a_lost_actor_keeps_ray_s_reason_and_no_wait_without
 
 
 def _starting(monkeypatch, dying: set, actors: int) -> None:
-    """ray_executor.start on a fake Ray whose ``actors`` actors start, but those in ``dying``,
+    """ray_start.start on a fake Ray whose ``actors`` actors start, but those in ``dying``,
     whose node dies as they start (Ray's error names the node's address)."""
     import ray
 
-    from attnbench.run import ray_executor
+    from attnbench.run import ray_start
 
     class Actor:
         def __init__(self, number):
@@ -666,17 +666,17 @@ def _starting(monkeypatch, dying: set, actors: int) -> None:
         wait=lambda refs, num_returns, timeout: (refs, []),
         available_resources=lambda: {"CPU": float(actors)},
     )  # fmt: skip
-    monkeypatch.setattr(ray_executor, "connect", lambda address, command: fake)
-    monkeypatch.setattr(ray_executor, "actor_options", lambda *a: (actors, {"num_cpus": 1}))
+    monkeypatch.setattr(ray_start, "connect", lambda address, command: fake)
+    monkeypatch.setattr(ray_start, "actor_options", lambda *a: (actors, {"num_cpus": 1}))
 
 
 def test_an_actor_whose_node_dies_as_it_starts_is_left_out_and_the_others_start(
     monkeypatch, capsys
 ):
-    from attnbench.run import ray_executor
+    from attnbench.run import ray_start
 
     _starting(monkeypatch, dying={1}, actors=3)  # actor 1's node died as it started
-    up = ray_executor.start(None, WorkerSpec(), None, "sweep")
+    up = ray_start.start(None, WorkerSpec(), None, "sweep")
     assert [p.where["actor"] for p in up] == [0, 2] and [p.host for p in up] == ["h0", "h2"]
     assert capsys.readouterr().err.strip().splitlines() == [
         "lost: actor 1 as it started on the node at 10.0.0.2 (the node running it died.); "

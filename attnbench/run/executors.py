@@ -4,9 +4,9 @@ sweep never asks which transport carries its steps.
 
 ``start(kind, plan)`` is the one place that knows the kinds: ``local`` (a worker process,
 ``local.Subprocess``, or this process with --no-isolate, ``local.InProcess``) and ``ray`` (one
-actor per device, ``ray_executor``). It returns a ``Pool`` whose executors exist from then on;
-``Pool.measure_devices`` has each measure its device (env.json ``devices`` and ``ceilings``)
-and then reads pct_peak against its own device's ceilings."""
+actor per device: ``ray_start``, ``ray_executor``). It returns a ``Pool`` whose executors exist
+from then on; ``Pool.measure_devices`` has each measure its device (env.json ``devices`` and
+``ceilings``) and then reads pct_peak against its own device's ceilings."""
 
 from __future__ import annotations
 
@@ -174,12 +174,12 @@ def start(kind: str, plan) -> Pool:
     if kind != "ray":
         pool.executors = [Worker(spec, Subprocess(spec) if plan.isolate else InProcess(spec))]
         return pool
-    from attnbench.run import ray_cluster, ray_executor
+    from attnbench.run import ray_cluster, ray_start
 
     started = time.perf_counter()
     try:
         address, actors = plan.ray
-        transports = ray_executor.start(address, spec, actors, plan.command)
+        transports = ray_start.start(address, spec, actors, plan.command)
     except BaseException:
         pool._compile_cache.cleanup()
         raise

@@ -32,10 +32,12 @@ from attnbench.measure.profiling import profiled
 from attnbench.module_layout import (
     NORM_KINDS,
     NORM_SCOPES,
+    ORDER_HINT,
     LayerModule,
     LayerModuleError,
     Proj,
     QKNorm,
+    fix_hint,
 )
 from attnbench.registry import Impl, Unsupported
 from attnbench.run.inputs import Inputs, layer_parts, make_inputs
@@ -146,7 +148,7 @@ def _projections(made: LayerModule, case: Case) -> list[Slot]:
             kv = len(parts) - ("q" in parts)
             sizes = " + ".join(["Hq·D"] * ("q" in parts) + [f"{kv}·Hkv·D" if kv > 1 else "Hkv·D"])
             flipped = weight.shape[0 if lay.transposed else -1] == total
-            hint = f"; {_ORDER_HINT[not lay.transposed]}" if flipped else ""
+            hint = f"; {ORDER_HINT[not lay.transposed]}" if flipped else ""
             raise BadModule(
                 f"the fused {''.join(parts)} weight has {out} out_features, expected {total} "
                 f"= {sizes}{hint}"
@@ -237,9 +239,10 @@ def _check(slots: list[Slot], names: dict, want: dict, where: bool = True) -> No
         what = names[id(s.param)] + ("" if s.rows is None else f" ({s.role})")
         moved = got.dtype != seeded.dtype or got.device != seeded.device
         if got.shape != seeded.shape or (where and moved):
+            fix = fix_hint(s.role, s.transposed, got, seeded)
             raise BadModule(
                 f"{what} is {tuple(got.shape)} {got.dtype} on {got.device}, expected "
-                f"{tuple(seeded.shape)} {seeded.dtype} on {seeded.device} ({_fix(s, got, seeded)})"
+                f"{tuple(seeded.shape)} {seeded.dtype} on {seeded.device} ({fix})"
             )
     covered = {id(s.param) for s in slots}
     extra = [n for i, n in names.items() if i not in covered]
@@ -249,28 +252,6 @@ def _check(slots: list[Slot], names: dict, want: dict, where: bool = True) -> No
             f"declares: q, k, v, o projections or a fused qkv, their biases, q/k norms; the "
             f"float64 reference models nothing else)"
         )
-
-
-_ORDER_HINT = {  # a weight's storage, by the transposed flag it needs: what to declare
-    True: "its weights are stored (in_features, out_features), as GPT-2's Conv1D: declare "
-    "ModuleLayout(..., transposed=True)",
-    False: "its weights are stored (out_features, in_features), as nn.Linear: declare "
-    "ModuleLayout(..., transposed=False)",
-}
-
-
-def _fix(slot: Slot, got: torch.Tensor, seeded: torch.Tensor) -> str:
-    """The fix for a part whose shape, dtype or device is not the case's: its norm's scope,
-    its weights' storage order, or the module's dtype and device."""
-    if got.shape != seeded.shape and "_norm_" in slot.role:
-        head = got.numel() < seeded.numel()
-        scope = "'head'), over head_dim, each head alike" if head else "'projection'), over H·D"
-        return f"the module's norm is over {got.numel()} features: declare QKNorm(.., scope={scope}"
-    if got.shape != seeded.shape and tuple(got.shape) == tuple(seeded.shape)[::-1]:
-        return _ORDER_HINT[not slot.transposed]
-    if got.shape != seeded.shape:
-        return "build the module for the case: d_model = heads·head_dim, k and v kv_heads·head_dim"
-    return "build the module in the case's dtype and on its device"
 
 
 def try_factory(impl: Impl, cases: list[Case]) -> None:

@@ -58,6 +58,9 @@ class InProcess:
     def replace(self, say=print) -> bool:
         return False  # a step never loses this process
 
+    def loss_detail(self) -> str:
+        return ""  # nothing is lost here
+
     def close(self) -> None:
         self.steps.prepared = None
 
@@ -179,6 +182,9 @@ class Subprocess:
 
     def replace(self, say=print) -> bool:
         return False  # a crashed worker process is restarted by the next step, not replaced
+
+    def loss_detail(self) -> str:
+        return ""  # a worker process's loss is its row's crash, said in full
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.is_alive():

@@ -10,8 +10,6 @@ import os
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-import torch
-
 from attnbench import plugins, registry
 from attnbench.case import Case
 from attnbench.errors import UsageError
@@ -31,7 +29,7 @@ from attnbench.run.selection import (
     unfit_lines,
 )
 from attnbench.run.sweep import run_sweep
-from attnbench.run.target import Target
+from attnbench.run.target import Target, check_threads, refuse_gpu_grid
 from attnbench.run.worker import WorkerSpec
 from attnbench.spec import GPU_PRESETS, SPEC_OPTIONS, Spec
 from attnbench.store.results import check_resumable
@@ -105,7 +103,7 @@ class Plan:
             rep_ms=[opts["rep_ms"]] if "rep_ms" in opts else None,
         )
         if preset in GPU_PRESETS and device == "cpu" and "device" not in opts:
-            _refuse_gpu_grid(preset, spec, opts.get("impls"), command, dry_run)
+            refuse_gpu_grid(preset, spec, opts.get("impls"), command, dry_run)
         cases = spec.cases()
         if target.executor == "local":  # a Ray cluster's devices are not this machine's
             check_fits(cases, device)
@@ -273,36 +271,6 @@ class Plan:
         resume = "" if "--resume" in argv else " --resume"
         return f"attnbench {self.command} {' '.join(argv)}{resume}" + (
             "" if named else f" --run-id {run_id}"
-        )
-
-
-def _refuse_gpu_grid(
-    preset: str, spec: Spec, impls: list[str] | None, command: str, dry_run: bool
-) -> None:
-    """A GPU preset on a machine without one: UsageError with the grid's size (the impls
-    named, else the preset's) and what to add: --device cuda to see its grid (--dry-run),
-    --device cpu to run it here anyway."""
-    what = f"the {preset} preset" if command != "sweep" else f"--preset {preset}"
-    names = impls or spec.impls
-    size = f"{len(spec.cases())} cases" + (f" x {len(names)} impls" if names else "")
-    fix = (
-        "add --device cuda to see its grid as a GPU would run it, or --device cpu to see it here"
-        if dry_run
-        else "run it on a GPU, or add --device cpu to run it here anyway"
-    )
-    raise UsageError(
-        f"{what} is a GPU grid ({size} of {'/'.join(spec.dtype)}, N up to {max(spec.seq_len)}) "
-        f"and no CUDA device is visible to torch {torch.__version__}; {fix}"
-    )
-
-
-def check_threads(threads: int | None) -> None:
-    """--threads on this machine: at most its CPUs (more only time-slices them)."""
-    cpus = os.cpu_count() or 1
-    if threads is not None and threads > cpus:
-        raise UsageError(
-            f"--threads {threads}: this machine has {cpus} CPUs; give at most {cpus} (more "
-            f"threads would take turns on them, and the times would measure that)"
         )
 
 

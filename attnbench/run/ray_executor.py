@@ -8,28 +8,23 @@ crash with the signal, or timeout) and a fresh worker process. Impls travel by n
 worker process loads the registry. An actor that dies itself (its node lost, killed from
 outside) costs the step in flight (status lost); the sweep gives the rest of its family to
 another actor and asks this one for a replacement (``replace``, bounded by
-REPLACE_TIMEOUT_S). Nothing is retried by Ray, so no row runs twice. ``start`` starts the
-actors of a cluster, all at once."""
+REPLACE_TIMEOUT_S). Nothing is retried by Ray, so no row runs twice. run/ray_start.py starts
+the actors of a cluster, all at once."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import socket
-import sys
 import tempfile
 
-from attnbench.errors import ClusterLost, UsageError
 from attnbench.run.local import CLOSE_WAIT_S, Subprocess, stderr_tail
-from attnbench.run.ray_cluster import actor_options, actor_start_problem, connect
 from attnbench.run.row import one_line
 from attnbench.run.steps import wire
 from attnbench.run.worker import WorkerFailed, WorkerSpec
 from attnbench.store.schema import LOST
 
 START_TIMEOUT_S = 300.0  # the actors' first start-up: import torch (and a CUDA context)
-START_NOTICE_S = 10.0  # actors not started by then: a line says what the sweep waits for
 REPLACE_TIMEOUT_S = 60.0  # a lost actor's replacement; none placed by then: its lane ends
 READ_TIMEOUT_S = 10.0  # fetching a dead actor's stderr from its node
 ERR_FILE = "attnbench-ray-actor-{pid}.err"  # an actor's stderr, in its node's temp folder
@@ -114,7 +109,7 @@ class RayActor:
         if short:
             say(
                 f"ray: no replacement for {who}: it needs {', '.join(short)} and the cluster "
-                f"has {_free_text(free)} free; its rows go to the other actors"
+                f"has {free_text(free)} free; its rows go to the other actors"
             )
             return False
         say(f"ray: waiting up to {REPLACE_TIMEOUT_S:g} s for Ray to place a replacement {who}")
@@ -144,7 +139,7 @@ class RayActor:
                 f"start); the actor was killed",
             ) from None
         except exceptions.RayActorError as exc:  # died: killed, its node or the head lost
-            raise self._failed(LOST, f"actor lost ({_exit_detail(exc)})") from None
+            raise self._failed(LOST, f"actor lost ({exit_detail(exc)})") from None
         except exceptions.RayError as exc:  # the step raised in the actor, which lives on
             raise WorkerFailed(
                 "crash", f"{type(exc).__name__}: {one_line(_ANSI.sub('', str(exc)))}"
@@ -225,7 +220,7 @@ def _remove_stale(folder: str) -> None:
             pass
 
 
-def _free_text(free: dict) -> str:
+def free_text(free: dict) -> str:
     """'CPU 0, GPU 0': the free CPUs and GPUs of the cluster."""
     return ", ".join(f"{k} {free.get(k, 0):g}" for k in ("CPU", "GPU"))
 
@@ -254,103 +249,10 @@ def _summarize(text: str) -> str:
     return stderr_tail(" | ".join(lines))
 
 
-def _exit_detail(exc: BaseException) -> str:
+def exit_detail(exc: BaseException) -> str:
     text = " ".join(_ANSI.sub("", str(exc)).split())
     for pattern in (r"Worker exit detail: (.*?\.)(?: |$)", r"The actor is dead because (.*?\.)"):
         m = re.search(pattern, text)
         if m:
             return m.group(1)
     return type(exc).__name__
-
-
-def start(address: str | None, spec: WorkerSpec, actors: int | None, command: str) -> list:
-    """Connect to Ray and start one actor per device (ray_cluster.actor_options), all at
-    once, saying what it waits for when they are not placed at once. Returns their
-    transports, started; those lost as they started are left out, with a line each; none
-    started is ClusterLost (a cluster refusing them for its authentication: UsageError)."""
-    ray = connect(address, command)
-    n, options = actor_options(ray, spec.device, spec.threads, actors)
-    spec = dataclasses.replace(spec, plugins=tuple(str(p) for p in spec.plugins))
-    proxies = [RayActor(ray, options, spec, i) for i in range(n)]
-    short = _short_of(ray, options, n)
-    for proxy in proxies:
-        proxy.launch()
-    refs = [p._info_ref for p in proxies]
-    first = 0.0 if short else min(START_NOTICE_S, START_TIMEOUT_S)
-    waiting = ray.wait(refs, num_returns=n, timeout=first)[1]
-    if waiting:
-        print(
-            f"ray: waiting up to {START_TIMEOUT_S:g} s for Ray to place and start "
-            f"{len(waiting)} of {n} actors ({_need_text(options)} each){short}",
-            file=sys.stderr,
-        )
-        waiting = ray.wait(refs, num_returns=n, timeout=START_TIMEOUT_S - first)[1]
-    if waiting:  # some not started yet
-        for proxy in proxies:
-            proxy.close()
-        raise UsageError(
-            f"Ray did not start {n} actors ({_need_text(options)} each) within "
-            f"{START_TIMEOUT_S:g} s; cap them with --ray-actors"
-        )
-    infos = [_info(ray, p) for p in proxies]
-    return _up(proxies, infos)
-
-
-def _short_of(ray, options: dict, n: int) -> str:
-    """'': the cluster has the CPUs (and GPUs) of ``n`` actors free; else what it has."""
-    free = ray.available_resources()
-    need = {r: (options.get(k) or 0) * n for k, r in (("num_cpus", "CPU"), ("num_gpus", "GPU"))}
-    if all(free.get(r, 0) >= v for r, v in need.items()):
-        return ""
-    return f": the cluster has {_free_text(free)} free, other jobs hold the rest"
-
-
-def _need_text(options: dict) -> str:
-    """'1 CPU' or '1 GPU, 2 CPU': what one actor asks Ray for."""
-    need = [(options.get("num_gpus"), "GPU"), (options.get("num_cpus"), "CPU")]
-    return ", ".join(f"{v:g} {r}" for v, r in need if v)
-
-
-def _up(proxies: list[RayActor], infos: list) -> list[RayActor]:
-    """The actors that started; one lost as it started (its node died) leaves with a line
-    saying where and how many go on; none left is ClusterLost, one line."""
-    failed = [(p, i) for p, i in zip(proxies, infos) if isinstance(i, BaseException)]
-    for proxy, _ in failed:
-        proxy.close()
-    if len(failed) == len(proxies):  # none started
-        problem = actor_start_problem(failed[0][1])
-        if problem is not None:
-            raise UsageError(problem)
-        causes = "; ".join(f"actor {p.where['actor']}{_lost_on(i)}" for p, i in failed)
-        raise ClusterLost(
-            f"every Ray actor was lost as it started ({causes}); nothing was written: check "
-            f"the cluster (ray status) and run the command again"
-        )
-    up = []
-    for proxy, info in zip(proxies, infos):
-        if not isinstance(info, BaseException):
-            proxy.started(info)
-            up.append(proxy)
-    for proxy, info in failed:
-        print(
-            f"lost: actor {proxy.where['actor']} as it started{_lost_on(info)}; going on with "
-            f"{len(up)} executor{'s' if len(up) != 1 else ''}",
-            file=sys.stderr,
-        )
-    return up
-
-
-def _lost_on(exc: BaseException) -> str:
-    """' on the node at 10.0.0.2 (the node running it died)': where and why, as far as Ray's
-    error says."""
-    m = re.search(r"\bip: (\S+)", str(exc))
-    return f"{f' on the node at {m.group(1)}' if m else ''} ({_exit_detail(exc)})"
-
-
-def _info(ray, proxy: RayActor):
-    """A started actor's ``info`` (its start is over), or the RayActorError of one that died
-    starting."""
-    try:
-        return ray.get(proxy._info_ref)
-    except ray.exceptions.RayActorError as exc:
-        return exc

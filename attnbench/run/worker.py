@@ -83,6 +83,10 @@ class Transport(Protocol):
         """After a LOST step: whether a replacement started (False: it cannot be replaced);
         ``say`` gets a line on what it waits for."""
 
+    def loss_detail(self) -> str:
+        """After a LOST step, once: what was learnt of the loss since ('; stderr: ...' of a
+        lost Ray actor, fetched from its node); '' where nothing more is learnt."""
+
     def close(self) -> None: ...
 
 
@@ -270,10 +274,8 @@ class Worker:
         return True
 
     def loss_detail(self) -> str:
-        """What the transport learns of a loss after saying it ('; stderr: ...' of a lost Ray
-        actor, fetched from its node), once; '' for a transport that learns nothing more."""
-        detail = getattr(self.transport, "loss_detail", None)
-        return detail() if detail is not None else ""
+        """What the transport learns of a loss after saying it, once (Transport.loss_detail)."""
+        return self.transport.loss_detail()
 
     def close(self) -> None:
         self.transport.close()
