@@ -8,6 +8,7 @@ docs/cli.md). ``python scripts/sweep.py ...`` is ``attnbench sweep ...``.
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
 import sys
@@ -237,13 +238,31 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
     target = Target.from_options(opts, dry_run=args.dry_run)
     if args.list:
         return _print(list_impls(target.impls, target.device_type))
-    plan = Plan.from_options(opts, target, command=command, default_preset=default_preset)
+    plan = Plan.from_options(
+        opts, target, command=command, default_preset=default_preset, dry_run=args.dry_run
+    )
     if args.dry_run:
         return _print(plan.dry_run_text())
     if plan.run.retry and not args.resume:
         raise UsageError("--retry: only with --resume (it names rows of a run to run again)")
     _check_folders(("--results-dir", args.results_dir), ("--reports-dir", args.reports_dir))
     run_id, run = plan.run_dir(args.results_dir, args.run_id, resume=args.resume)
+    try:
+        return _sweep(args, argv, plan, target, run, run_id)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        again = (
+            f"every row finished before is in {run.results}: free space, then continue with: "
+            f"{plan.resume_command(argv, run_id, bool(args.run_id))}"
+            if run.results.exists()
+            else "no row was finished: free space, then run the same command again"
+        )
+        raise UsageError(f"{exc.strerror} (writing {exc.filename or run.path}); {again}") from None
+
+
+def _sweep(args, argv: list[str], plan: Plan, target: Target, run: RunDir, run_id: str) -> int:
+    """The sweep of a checked ``plan`` into ``run``, its summary and its report."""
     with executors.start(target.executor, plan) as pool:
         if pool.started:
             print(pool.started)

@@ -62,6 +62,29 @@ class ModuleLayout:
 MHA = ModuleLayout(qkv=("in_proj_weight", "in_proj_bias"), o="out_proj")  # nn.MultiheadAttention
 
 
+ORDER_HINT = {  # a weight's storage, by the transposed flag it needs: what to declare
+    True: "its weights are stored (in_features, out_features), as GPT-2's Conv1D: declare "
+    "ModuleLayout(..., transposed=True)",
+    False: "its weights are stored (out_features, in_features), as nn.Linear: declare "
+    "ModuleLayout(..., transposed=False)",
+}
+
+
+def fix_hint(role: str, transposed: bool, got: torch.Tensor, seeded: torch.Tensor) -> str:
+    """The fix for a declared part (``role``: wq, ..., q_norm_w) whose shape, dtype or device
+    is not the case's: its norm's scope, its weights' storage order, or the module's dtype and
+    device."""
+    if got.shape != seeded.shape and "_norm_" in role:
+        head = got.numel() < seeded.numel()
+        scope = "'head'), over head_dim, each head alike" if head else "'projection'), over H·D"
+        return f"the module's norm is over {got.numel()} features: declare QKNorm(.., scope={scope}"
+    if got.shape != seeded.shape and tuple(got.shape) == tuple(seeded.shape)[::-1]:
+        return ORDER_HINT[not transposed]
+    if got.shape != seeded.shape:
+        return "build the module for the case: d_model = heads·head_dim, k and v kv_heads·head_dim"
+    return "build the module in the case's dtype and on its device"
+
+
 class LayerModuleError(UsageError):
     """A LayerModule built from arguments of the wrong kind (a plugin written against an
     earlier API): one line naming what was passed and the fix; a sweep tries each module impl
@@ -103,19 +126,26 @@ class LayerModule:
     @classmethod
     def of(
         cls,
-        module: torch.nn.Module,
-        forward: Callable[[torch.Tensor], torch.Tensor],
+        module: torch.nn.Module = None,
+        forward: Callable[[torch.Tensor], torch.Tensor] = None,
         layout: ModuleLayout | None = None,
+        *more,
         **unknown,
     ) -> LayerModule:
         """``module`` with ``layout``; None: ``MHA`` for an nn.MultiheadAttention, else
-        transformers' q_proj, k_proj, v_proj, o_proj (nn.Linear, biases where they have one)."""
+        transformers' q_proj, k_proj, v_proj, o_proj (nn.Linear, biases where they have one).
+        A call with a part missing or too many is LayerModuleError (not Python's TypeError,
+        which a sweep could not tell from the factory's own failures)."""
         if unknown:
             given = ", ".join(f"{k}=" for k in unknown)
             raise LayerModuleError(
                 f"LayerModule.of() was given {given}, which it does not take (an earlier API); "
                 f"declare the parts' paths in a ModuleLayout: {CALL}"
             )
+        if module is None or forward is None or more:
+            what = "no module" if module is None else "no forward" if forward is None else ""
+            what = what or f"{3 + len(more)} arguments"
+            raise LayerModuleError(f"LayerModule.of() was given {what}; build it as {CALL}")
         if layout is None:
             mha = isinstance(module, torch.nn.MultiheadAttention)
             layout = MHA if mha else ModuleLayout()

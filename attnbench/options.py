@@ -33,8 +33,11 @@ def _items(text: str) -> list[str]:
     return items
 
 
-def _positive(cast: type, noun: str) -> Callable[[str], int | float]:
-    """A parser of positive finite numbers of type ``cast`` (int or float)."""
+def _positive(
+    cast: type, noun: str, most: float = float("inf"), why: str = ""
+) -> Callable[[str], int | float]:
+    """A parser of positive finite numbers of type ``cast`` (int or float), at most ``most``
+    (``why``: what a larger one would mean)."""
 
     def parse(text: str):
         try:
@@ -43,11 +46,14 @@ def _positive(cast: type, noun: str) -> Callable[[str], int | float]:
             raise ValueError(f"{text!r} is not {noun}") from None
         if not 0 < value < float("inf"):
             raise ValueError(f"{text} must be a positive {noun.split()[-1]}")
+        if value > most:
+            raise ValueError(f"{text} is more than {most:g} ({why})")
         return value
 
     return parse
 
 
+REP_MS_MAX = 60_000.0  # --rep-ms: a minute of measuring per row is already far past stable
 _positive_int = _positive(int, "an integer")
 _positive_float = _positive(float, "a number")
 
@@ -225,7 +231,8 @@ OPTIONS: dict[str, Option] = {
     ),
     "device": Option(_device, "cpu or cuda (default: cuda when available)"),
     "rep_ms": Option(
-        _positive_float, "time spent measuring each row, ms (default 100; smoke preset 10)"
+        _positive(float, "a number", REP_MS_MAX, "a minute of measuring per row"),
+        "time spent measuring each row, ms (default 100; smoke preset 10)",
     ),
     "seed": Option(lambda t: int(t), "seed of the inputs (default 0)", scope="run"),
     "plugin": Option(

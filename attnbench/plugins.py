@@ -54,8 +54,8 @@ def _load(
             _run_plugin(loader)
     except NameClash:
         raise  # bad input: the user must rename one of the two
-    except Exception as exc:  # noqa: BLE001 - any other plugin failure is reported, not raised
-        error = one_line(f"{type(exc).__name__}: {exc}")
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any other failure is reported
+        error = _import_error(exc)
         if named is not None:
             _LOADED.discard(source)
             if isinstance(exc, (ContractError, RegistryError)):  # it names what and the fix
@@ -75,6 +75,14 @@ def _load(
                 unavailable=f"plugin {source} failed to import: {error}".strip(),
             )
         )
+
+
+def _import_error(exc: BaseException) -> str:
+    """A plugin's import failure on one line; a ``sys.exit`` at import (which would end the
+    sweep with the plugin's exit code) says so."""
+    if isinstance(exc, SystemExit):
+        return f"it called sys.exit({exc.code!r}) at import"
+    return one_line(f"{type(exc).__name__}: {exc}")
 
 
 def _run_plugin(loader: Callable[[], object]) -> None:

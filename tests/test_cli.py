@@ -59,6 +59,9 @@ def test_list_shows_every_impl_with_reasons(capsys):
             "would see no key",
         ),
         (["--rep-ms", "-5"], "must be a positive number"),
+        (["--rep-ms", "1e12"], "--rep-ms '1e12': 1e12 is more than 60000"),
+        (["--threads", "1000"], "--threads 1000: this machine has"),
+        (["--run-id", ""], "--run-id is empty"),
         (["--timeout", "abc"], "'abc' is not a number"),
         (["--resume"], "--resume needs the --run-id"),
         (["--resume", "--run-id", "never-ran"], "holds no results.csv to continue"),
@@ -282,6 +285,18 @@ def test_a_gpu_preset_on_a_cpu_is_refused_without_device_cpu(tmp_path, capsys, a
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is a GPU grid" in err and "add --device cpu" in err
     assert not (tmp_path / "res").exists()
+    assert main([*args, "--dry-run"]) == 2  # a dry run is told how to see the GPU's grid
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "add --device cuda to see its grid" in err, err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is visible")
+def test_a_gpu_preset_refused_on_a_cpu_counts_the_impls_its_sweep_file_names(tmp_path, capsys):
+    config = tmp_path / "sweep.toml"
+    config.write_text('preset = "gpu"\nimpls = ["sdpa", "naive", "tiled"]\n')
+    assert main(["sweep", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"is a GPU grid \(\d+ cases x 3 impls of", err), err
 
 
 @pytest.mark.slow  # a GPU preset swept on the CPU

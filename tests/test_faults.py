@@ -246,6 +246,7 @@ def test_import_failure_of_an_installed_plugin_is_unsupported_naming_it_and_erro
     [
         ("def broken(:\n", "SyntaxError"),
         ("import this_module_does_not_exist_anywhere\n", "ModuleNotFoundError"),
+        ("import sys\nprint('bye')\nsys.exit(3)\n", "sys.exit(3) at import"),
     ],
 )
 def test_a_plugin_file_that_fails_to_import_is_one_line_exit_2(
@@ -390,3 +391,22 @@ def test_an_aborting_plugin_costs_one_row_with_default_flags(tmp_path):
     assert list(crashed["impl"]) == ["f_abort"] and list(crashed["seq_q"]) == [128]
     assert (df[df["impl"] == "naive"]["status"] == "ok").all()  # later impls still ran
     assert "SIGABRT" in crashed["reason"].iloc[0]
+
+
+def test_an_impl_that_exits_its_process_without_isolation_is_a_crash_row(tmp_path):
+    """--no-isolate: os._exit(0) once ended the sweep with exit 0, no rows and no word;
+    sys.exit(3) as silently. Each is now its row's crash, and the sweep goes on."""
+    proc = sweep(
+        *GRID,
+        *("--impls", "naive,x_os_exit,x_sys_exit", "--plugin", str(PLUGINS / "exits.py")),
+        *("--no-isolate", "--results-dir", str(tmp_path), "--run-id", "x"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = read_results(tmp_path / "x")
+    assert len(rows) == 9, rows
+    crashed = rows[rows["status"] == "crash"].set_index("impl")
+    assert sorted(crashed.index) == ["x_os_exit", "x_sys_exit"]
+    assert (crashed["seq_q"] == 128).all()
+    assert "called os._exit(0)" in crashed.loc["x_os_exit", "reason"]
+    assert "called sys.exit(3)" in crashed.loc["x_sys_exit", "reason"]
+    assert (rows.loc[rows["status"] != "crash", "status"] == "ok").all()

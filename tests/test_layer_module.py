@@ -158,7 +158,7 @@ def test_the_plugin_guide_module_example_agrees(register, tmp_path):
 
 OLD_API = """
 import torch
-from attnbench import LayerModule, register
+from attnbench import LayerModule, ModuleLayout, register
 
 
 @register("old_mha", module=True, gqa=False)
@@ -184,8 +184,18 @@ def old_mha(case, mask):
             "ModuleLayout (forward and layout swapped?)",
         ),
         ("forward, mha", "LayerModule's module is the function old_mha.<locals>.<lambda>, not"),
+        ("mha", "LayerModule.of() was given no forward; build it as LayerModule.of("),
+        ("mha, forward, None, 3", "LayerModule.of() was given 4 arguments; build it as"),
+        (
+            "mha, forward, ModuleLayout(qkv=('in_proj_weight', 'in_proj_bias'), o='out')",
+            "the module's layout names 'out', which MultiheadAttention does not have",
+        ),
+        (
+            "mha, forward, ModuleLayout(qkv='out_proj', o='out_proj')",
+            "the fused qkv weight has 16 out_features, expected 48 = Hq·D + 2·Hkv·D",
+        ),
     ],
-    ids=["names", "function-as-layout", "swapped"],
+    ids=["names", "function-as-layout", "swapped", "no-forward", "four", "path", "fused-size"],
 )
 def test_a_layer_module_of_the_wrong_kinds_is_one_line_exit_2_before_any_row(
     registered, tmp_path, capsys, call, said

@@ -186,3 +186,17 @@ def test_a_plugin_that_moved_is_named_with_the_fix(kind_run, capsys):
     KINDS.pop("every2", None)
     assert main(["repro", str(run), "0"]) == 0
     assert "(changed since the run: its sha256 differs)" in capsys.readouterr().err
+
+
+def test_the_documented_repro_transcript_is_what_repro_prints(tmp_path, monkeypatch, capsys):
+    """docs/cli.md's transcript: its sweep, run here, then its repro, print its output line."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
+    block = text.split("$ attnbench sweep ", 1)[1].split("```", 1)[0].strip().splitlines()
+    sweep_line, repro_line, printed = block
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", *shlex.split(sweep_line), "--no-progress", "--no-report"]) == 0
+    capsys.readouterr()
+    assert main(shlex.split(repro_line.removeprefix("$ attnbench "))) == 0
+    assert capsys.readouterr().out.strip() == printed

@@ -4,9 +4,9 @@ sweep never asks which transport carries its steps.
 
 ``start(kind, plan)`` is the one place that knows the kinds: ``local`` (a worker process,
 ``local.Subprocess``, or this process with --no-isolate, ``local.InProcess``) and ``ray`` (one
-actor per device, ``ray_executor``). It returns a ``Pool`` whose executors exist from then on;
-``Pool.measure_devices`` has each measure its device (env.json ``devices`` and ``ceilings``)
-and then reads pct_peak against its own device's ceilings."""
+actor per device: ``ray_start``, ``ray_executor``). It returns a ``Pool`` whose executors exist
+from then on; ``Pool.measure_devices`` has each measure its device (env.json ``devices`` and
+``ceilings``) and then reads pct_peak against its own device's ceilings."""
 
 from __future__ import annotations
 
@@ -79,27 +79,29 @@ class Pool:
     def _survivors(self, ask, at_once: bool, doing: str) -> dict[Worker, object]:
         """``ask(executor)`` of each executor: one lost meanwhile (a Ray actor whose node
         died) leaves the pool with a line saying so, as one lost later would; none left is
-        ClusterLost."""
-        answers = _each(self.executors, lambda w: _answer(w, ask), at_once)
-        kept = {}
-        for worker, answer in zip(list(self.executors), answers):
-            if isinstance(answer, WorkerFailed):
-                self.executors.remove(worker)
-                worker.close()
-                left = len(self.executors)
-                print(
-                    f"lost: {who(worker)} while {doing} ({one_line(answer)}); "
-                    f"going on with {left} executor{'s' if left != 1 else ''}",
-                    file=sys.stderr,
-                )
-            else:
-                kept[worker] = answer
+        ClusterLost, one line with each one's cause."""
+        answers = dict(
+            zip(self.executors, _each(self.executors, lambda w: _answer(w, ask), at_once))
+        )
+        lost = [(w, a) for w, a in answers.items() if isinstance(a, WorkerFailed)]
+        lost = [(w, f"{one_line(a)}{w.loss_detail()}") for w, a in lost]
+        for worker, _ in lost:
+            self.executors.remove(worker)
+            worker.close()
         if not self.executors:
+            causes = "; ".join(f"{who(w)}: {one_line(a, 200)}" for w, a in lost)
             raise ClusterLost(
-                f"every executor was lost while {doing}, before the first row; "
+                f"every executor was lost while {doing}, before the first row ({causes}); "
                 "nothing was written: check the cluster (ray status) and run the command again"
             )
-        return kept
+        left = len(self.executors)
+        for worker, answer in lost:
+            print(
+                f"lost: {who(worker)} while {doing} ({answer}); "
+                f"going on with {left} executor{'s' if left != 1 else ''}",
+                file=sys.stderr,
+            )
+        return {w: a for w, a in answers.items() if not isinstance(a, WorkerFailed)}
 
     def on_head_lost(self, lost) -> None:
         """With --executor ray: ``lost(address)`` is called (from another thread) when the
@@ -172,12 +174,12 @@ def start(kind: str, plan) -> Pool:
     if kind != "ray":
         pool.executors = [Worker(spec, Subprocess(spec) if plan.isolate else InProcess(spec))]
         return pool
-    from attnbench.run import ray_cluster, ray_executor
+    from attnbench.run import ray_cluster, ray_start
 
     started = time.perf_counter()
     try:
         address, actors = plan.ray
-        transports = ray_executor.start(address, spec, actors, plan.command)
+        transports = ray_start.start(address, spec, actors, plan.command)
     except BaseException:
         pool._compile_cache.cleanup()
         raise
@@ -186,6 +188,7 @@ def start(kind: str, plan) -> Pool:
     n = len(transports)
     pool.started = (
         f"ray: {n} actor{'s' if n > 1 else ''} up in {time.perf_counter() - started:.1f} s "
-        f"({', '.join(sorted({f'{t.device_name}@{t.host}' for t in transports}))})"
+        f"({', '.join(sorted({f'{t.device_name}@{t.host}' for t in transports}))}) on "
+        f"{ray_cluster.joined()}"
     )
     return pool

@@ -32,13 +32,15 @@ from attnbench.measure.profiling import profiled
 from attnbench.module_layout import (
     NORM_KINDS,
     NORM_SCOPES,
+    ORDER_HINT,
     LayerModule,
     LayerModuleError,
     Proj,
     QKNorm,
+    fix_hint,
 )
 from attnbench.registry import Impl, Unsupported
-from attnbench.run.inputs import Inputs, layer_parts
+from attnbench.run.inputs import Inputs, layer_parts, make_inputs
 from attnbench.run.layer import EXTRAS, UNCHECKED, WEIGHTS, Parts
 
 MHA_FAST_OP = "aten::_native_multi_head_attention"
@@ -146,7 +148,7 @@ def _projections(made: LayerModule, case: Case) -> list[Slot]:
             kv = len(parts) - ("q" in parts)
             sizes = " + ".join(["Hq·D"] * ("q" in parts) + [f"{kv}·Hkv·D" if kv > 1 else "Hkv·D"])
             flipped = weight.shape[0 if lay.transposed else -1] == total
-            hint = f"; {_ORDER_HINT[not lay.transposed]}" if flipped else ""
+            hint = f"; {ORDER_HINT[not lay.transposed]}" if flipped else ""
             raise BadModule(
                 f"the fused {''.join(parts)} weight has {out} out_features, expected {total} "
                 f"= {sizes}{hint}"
@@ -210,16 +212,23 @@ def _seeded(slot: Slot, case: Case, inputs: Inputs, norms: dict, drawn: dict) ->
     return value.to(device=case.device, dtype=case.torch_dtype)
 
 
-def _check(slots: list[Slot], names: dict, want: dict) -> None:
-    """Refuse undeclared parameters (Unsupported) and misdeclared parts (BadModule)."""
-    covered = {id(s.param) for s in slots}
-    extra = [n for i, n in names.items() if i not in covered]
-    if extra:
-        raise Unsupported(
-            f"module parameters {', '.join(extra)} (supported: the learned parts its layout "
-            f"declares: q, k, v, o projections or a fused qkv, their biases, q/k norms; the "
-            f"float64 reference models nothing else)"
-        )
+def _checked(made: object, case: Case, inputs: Inputs, where: bool = True):
+    """``made``'s slots, resolved norms and the value of each slot, every declared part
+    checked (``_check``; ``where`` False: their dtype and device are not)."""
+    if not isinstance(made, LayerModule):
+        raise BadModule(f"the module factory returned {type(made).__name__}, not a LayerModule")
+    slots, norms = _slots(made, case)
+    names = {id(p): n for n, p in made.module.named_parameters()}
+    drawn = layer_parts(case, inputs.seed)
+    want = {s.role: _seeded(s, case, inputs, norms, drawn) for s in slots}
+    _check(slots, names, want, where)
+    return slots, norms, want
+
+
+def _check(slots: list[Slot], names: dict, want: dict, where: bool = True) -> None:
+    """Refuse misdeclared parts (BadModule: not the module's own parameter, one declared
+    twice, a shape, dtype or device not the case's) and undeclared parameters
+    (Unsupported)."""
     whole = [id(s.param) for s in slots if s.rows is None]
     for s in slots:
         if id(s.param) not in names:
@@ -228,39 +237,31 @@ def _check(slots: list[Slot], names: dict, want: dict) -> None:
             raise BadModule(f"{names[id(s.param)]} is declared for two parts (one each)")
         got, seeded = s.view(s.param), want[s.role]
         what = names[id(s.param)] + ("" if s.rows is None else f" ({s.role})")
-        if got.shape != seeded.shape or got.dtype != seeded.dtype or got.device != seeded.device:
+        moved = got.dtype != seeded.dtype or got.device != seeded.device
+        if got.shape != seeded.shape or (where and moved):
+            fix = fix_hint(s.role, s.transposed, got, seeded)
             raise BadModule(
                 f"{what} is {tuple(got.shape)} {got.dtype} on {got.device}, expected "
-                f"{tuple(seeded.shape)} {seeded.dtype} on {seeded.device} ({_fix(s, got, seeded)})"
+                f"{tuple(seeded.shape)} {seeded.dtype} on {seeded.device} ({fix})"
             )
-
-
-_ORDER_HINT = {  # a weight's storage, by the transposed flag it needs: what to declare
-    True: "its weights are stored (in_features, out_features), as GPT-2's Conv1D: declare "
-    "ModuleLayout(..., transposed=True)",
-    False: "its weights are stored (out_features, in_features), as nn.Linear: declare "
-    "ModuleLayout(..., transposed=False)",
-}
-
-
-def _fix(slot: Slot, got: torch.Tensor, seeded: torch.Tensor) -> str:
-    """The fix for a part whose shape, dtype or device is not the case's: its norm's scope,
-    its weights' storage order, or the module's dtype and device."""
-    if got.shape != seeded.shape and "_norm_" in slot.role:
-        head = got.numel() < seeded.numel()
-        scope = "'head'), over head_dim, each head alike" if head else "'projection'), over H·D"
-        return f"the module's norm is over {got.numel()} features: declare QKNorm(.., scope={scope}"
-    if got.shape != seeded.shape and tuple(got.shape) == tuple(seeded.shape)[::-1]:
-        return _ORDER_HINT[not slot.transposed]
-    if got.shape != seeded.shape:
-        return "build the module for the case: d_model = heads·head_dim, k and v kv_heads·head_dim"
-    return "build the module in the case's dtype and on its device"
+    covered = {id(s.param) for s in slots}
+    extra = [n for i, n in names.items() if i not in covered]
+    if extra:
+        raise Unsupported(
+            f"module parameters {', '.join(extra)} (supported: the learned parts its layout "
+            f"declares: q, k, v, o projections or a fused qkv, their biases, q/k norms; the "
+            f"float64 reference models nothing else)"
+        )
 
 
 def try_factory(impl: Impl, cases: list[Case]) -> None:
     """A module impl's factory called once before any row, on a small CPU copy of its first
-    layer case: a LayerModule built from arguments of the wrong kind is bad input (one line),
-    not the same error in every row. Any other failure is the rows' to say."""
+    layer case, and every part its layout declares checked there (found, the module's own,
+    of the case's shape; dtype and device are the rows' to check, as this copy is on the
+    CPU): a LayerModule built from arguments of the wrong kind, or a layout that does not
+    fit its module, is bad input (one line), not the same error in every row. Any other
+    failure (the factory's own, a case that does not shrink, an undeclared part, which is
+    its rows' ``unsupported``) is the rows' to say."""
     case = next((c for c in cases if c.level == "layer" and not impl.reasons(c)), None)
     if not impl.module or case is None:
         return
@@ -268,10 +269,11 @@ def try_factory(impl: Impl, cases: list[Case]) -> None:
         small = replace(case, batch=1, seq_q=min(case.seq_q, 16), seq_kv=min(case.seq_kv, 16))
         small = replace(small, device="cpu")
         layout = small.kind.layout(small, 0)
-        impl.fn(small, Mask(small.mask, layout, small.causal_align, small.modifier()))
-    except LayerModuleError as exc:
+        made = impl.fn(small, Mask(small.mask, layout, small.causal_align, small.modifier()))
+        _checked(made, small, make_inputs(small, 0), where=False)
+    except (LayerModuleError, BadModule) as exc:
         raise LayerModuleError(f"impl {impl.name} ({impl.source or 'built-in'}): {exc}") from None
-    except Exception:  # noqa: BLE001 - anything else (a case that does not shrink): the rows'
+    except Exception:  # noqa: BLE001 - anything else: the rows'
         return
 
 
@@ -280,13 +282,7 @@ def host(made: object, case: Case, inputs: Inputs, head_order: str, grad: bool) 
     and loaded with the case's seeded values, each parameter its own autograd leaf when
     ``grad``. Raises Unsupported for learned parts its layout does not declare, BadModule
     for a factory that broke the contract."""
-    if not isinstance(made, LayerModule):
-        raise BadModule(f"the module factory returned {type(made).__name__}, not a LayerModule")
-    slots, norms = _slots(made, case)
-    names = {id(p): n for n, p in made.module.named_parameters()}
-    drawn = layer_parts(case, inputs.seed)
-    want = {s.role: _seeded(s, case, inputs, norms, drawn) for s in slots}
-    _check(slots, names, want)
+    slots, norms, want = _checked(made, case, inputs)
     params = tuple({id(s.param): s.param for s in slots}.values())
     with torch.no_grad():
         for s in slots:

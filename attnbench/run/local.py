@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from attnbench import plugins
@@ -43,13 +44,55 @@ class InProcess:
         self.steps = Steps(plugins.discover(spec.plugins), spec.seed, spec.device)
 
     def call(self, msg: tuple, timeout_s: float | None):
-        return self.steps.handle(msg)
+        try:
+            with _exits_caught():
+                return self.steps.handle(msg)
+        except _Exited as exc:
+            self.steps.prepared = None  # as a fresh worker would be: the case is made again
+            raise WorkerFailed(
+                "crash",
+                f"it called {exc.how}({exc.code!r}) in the sweep's own process "
+                "(--no-isolate); the call was stopped there",
+            ) from None
 
     def replace(self, say=print) -> bool:
         return False  # a step never loses this process
 
+    def loss_detail(self) -> str:
+        return ""  # nothing is lost here
+
     def close(self) -> None:
         self.steps.prepared = None
+
+
+class _Exited(BaseException):
+    """A step's ``sys.exit`` or ``os._exit`` in this process, stopped."""
+
+    def __init__(self, how: str, code):
+        super().__init__(how, code)
+        self.how, self.code = how, code
+
+
+@contextmanager
+def _exits_caught():
+    """--no-isolate: an impl that calls ``sys.exit`` or ``os._exit`` would end the sweep with
+    its own exit code (``os._exit(0)``: success, with no rows, no report and nothing said);
+    during a step either is stopped instead (``_Exited``), and the step is that row's crash,
+    as in a worker process. ``os._exit`` in a process forked meanwhile still exits it."""
+    real, pid = os._exit, os.getpid()
+
+    def exit_here(code: int) -> None:
+        if os.getpid() != pid:
+            real(code)
+        raise _Exited("os._exit", code)
+
+    os._exit = exit_here
+    try:
+        yield
+    except SystemExit as exc:
+        raise _Exited("sys.exit", exc.code) from None
+    finally:
+        os._exit = real
 
 
 def _die_with_parent() -> None:
@@ -139,6 +182,9 @@ class Subprocess:
 
     def replace(self, say=print) -> bool:
         return False  # a crashed worker process is restarted by the next step, not replaced
+
+    def loss_detail(self) -> str:
+        return ""  # a worker process's loss is its row's crash, said in full
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.is_alive():

@@ -10,8 +10,6 @@ import os
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-import torch
-
 from attnbench import plugins, registry
 from attnbench.case import Case
 from attnbench.errors import UsageError
@@ -31,9 +29,10 @@ from attnbench.run.selection import (
     unfit_lines,
 )
 from attnbench.run.sweep import run_sweep
-from attnbench.run.target import Target
+from attnbench.run.target import Target, check_threads, refuse_gpu_grid
 from attnbench.run.worker import WorkerSpec
 from attnbench.spec import GPU_PRESETS, SPEC_OPTIONS, Spec
+from attnbench.store.results import check_resumable
 from attnbench.store.rundir import RunDir
 
 DRY_RUN_CASES = 10  # --dry-run names this many cases, then counts the rest
@@ -85,7 +84,13 @@ class Plan:
 
     @classmethod
     def from_options(
-        cls, opts: dict, target: Target, *, command: str = "sweep", default_preset: str | None
+        cls,
+        opts: dict,
+        target: Target,
+        *,
+        command: str = "sweep",
+        default_preset: str | None,
+        dry_run: bool = False,
     ) -> Plan:
         device = target.device
         preset = (
@@ -98,18 +103,11 @@ class Plan:
             rep_ms=[opts["rep_ms"]] if "rep_ms" in opts else None,
         )
         if preset in GPU_PRESETS and device == "cpu" and "device" not in opts:
-            what = f"the {preset} preset" if command != "sweep" else f"--preset {preset}"
-            size = f"{len(spec.cases())} cases" + (
-                f" x {len(spec.impls)} impls" if spec.impls else ""
-            )
-            raise UsageError(
-                f"{what} is a GPU grid ({size} of {'/'.join(spec.dtype)}, N up to "
-                f"{max(spec.seq_len)}) and no CUDA device is visible to torch "
-                f"{torch.__version__}; run it on a GPU, or add --device cpu to run it here anyway"
-            )
+            refuse_gpu_grid(preset, spec, opts.get("impls"), command, dry_run)
         cases = spec.cases()
         if target.executor == "local":  # a Ray cluster's devices are not this machine's
             check_fits(cases, device)
+            check_threads(opts.get("threads"))
         selected, left_out = select_impls(opts.get("impls"), target.impls, spec, cases)
         if not selected:
             raise UsageError(
@@ -198,6 +196,8 @@ class Plan:
         run_id, run = RunDir.choose(
             results_dir, run_id, resume=resume, grid=self.grid, default_id=self.default_run_id()
         )
+        if resume:
+            check_resumable(run.path)  # before anything is cut, rewritten or written
         self.settings = replace(self.settings, traces_dir=run.traces)
         return run_id, run
 

@@ -57,8 +57,9 @@ def _quiet_raylet_notices() -> None:
     rw.print_to_stdstream = filtered
 
 
-def _check_reachable(address: str) -> None:
-    """A refused or unknown host:port fails here at once, instead of after Ray's retries."""
+def _check_reachable(address: str, given: str) -> None:
+    """A refused or unknown host:port fails here at once, instead of after Ray's retries;
+    ``given`` names where the address came from (the flag, or RAY_ADDRESS)."""
     if address == "auto" or address.startswith("ray://"):
         return
     host, _, port = address.rpartition(":")
@@ -67,7 +68,7 @@ def _check_reachable(address: str) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=3).close()
     except OSError as exc:
-        raise UsageError(f"--ray-address {address}: cannot connect ({exc})") from None
+        raise UsageError(f"{given}: cannot connect ({exc})") from None
 
 
 def _actor_env() -> dict:
@@ -89,7 +90,7 @@ def _actor_env() -> dict:
 _AUTH_FAILURE = re.compile(r"InvalidAuthToken|Unauthenticated|AuthenticationError")
 
 
-def _auth_problem(address: str, exc: BaseException, logged: str) -> str | None:
+def _auth_problem(given: str, exc: BaseException, logged: str) -> str | None:
     """The cause and the fix when joining failed on Ray's token authentication (Ray >= 2.52:
     a cluster started where a token exists, ~/.ray/auth_token, requires one; Ray sends it to
     an address it is given only with RAY_AUTH_MODE=token), else None."""
@@ -103,44 +104,61 @@ def _auth_problem(address: str, exc: BaseException, logged: str) -> str | None:
     where = "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token"
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
         return (
-            f"--ray-address {address}: the cluster refused this process's Ray token "
+            f"{given}: the cluster refused this process's Ray token "
             f"(RAY_AUTH_MODE=token): the token here ({where}) is missing or is not the "
             f"cluster's; copy the head's (`ray get-auth-token` on the head prints it)"
         )
     return (
-        f"--ray-address {address}: the cluster requires Ray's token authentication and this "
+        f"{given}: the cluster requires Ray's token authentication and this "
         f"process sent no token; run with RAY_AUTH_MODE=token and the cluster's token in "
         f"{where} (`ray get-auth-token` on the head prints it; docs/distributed.md)"
     )
 
 
 def connect(address: str | None, command: str = "sweep"):
-    """Start a local Ray instance (``address`` None) or join a cluster (``auto``, host:port,
-    ray://host:port). Bad or unreachable addresses are a UsageError (a token the cluster
-    requires and did not get, with the fix), and a cluster that does not answer within
-    CONNECT_TIMEOUT_S ends this process with one line and exit code 2 (nothing has been
-    written by then). While joining, Ray's own log lines (one per failed attempt, from its C++
-    client) are held back: they are shown if the join succeeds, read for the cause if not."""
+    """Join the cluster at ``address`` (``auto``, host:port, ray://host:port), else at
+    RAY_ADDRESS when it is set (Ray's own convention), else start a private Ray instance
+    here (never a cluster that ``ray start`` left running: Ray's ``address="local"``); what
+    was joined and why is ``joined()``. Bad or unreachable addresses are a UsageError naming
+    where the address came from (a token the cluster requires and did not get, with the
+    fix), and a cluster that does not answer within CONNECT_TIMEOUT_S ends this process with
+    one line and exit code 2 (nothing has been written by then). While joining, Ray's own
+    log lines (one per failed attempt, from its C++ client) are held back: they are shown if
+    the join succeeds, read for the cause if not."""
+    given = f"--ray-address {address}"
+    if not address and os.environ.get("RAY_ADDRESS", "").strip():
+        address = os.environ["RAY_ADDRESS"].strip()
+        given = f"RAY_ADDRESS={address}"
     if address:
         os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "1")  # one attempt, not 20
     ray = _import_ray()
     if address:
-        _check_reachable(address)
+        _check_reachable(address, given)
     if ray.is_initialized():  # already connected (a program that drives sweeps itself)
+        _joined[:] = ["the Ray instance this process had joined"]
         return ray
     _quiet_raylet_notices()
     kwargs = dict(log_to_driver=False, logging_level=logging.ERROR)
     if not address:
-        ray.init(include_dashboard=False, **kwargs)
+        ray.init(address="local", include_dashboard=False, **kwargs)
         _connected_here.append(True)
+        _joined[:] = ["a private Ray instance started here (no --ray-address or RAY_ADDRESS)"]
         return ray
+    _join(ray, address, given, command, kwargs)
+    _connected_here.append(True)
+    _joined[:] = [f"the cluster at {address} ({given.split('=')[0].split()[0]})"]
+    return ray
+
+
+def _join(ray, address: str, given: str, command: str, kwargs: dict) -> None:
+    """ray.init at ``address``, within CONNECT_TIMEOUT_S, Ray's log lines held back."""
     sys.stderr.flush()
     stderr = os.dup(2)
     held = tempfile.TemporaryFile()
 
     def give_up() -> None:
         line = (
-            f"attnbench {command}: error: --ray-address {address}: no Ray cluster answered "
+            f"attnbench {command}: error: {given}: no Ray cluster answered "
             f"within {CONNECT_TIMEOUT_S:g} s\n"
         )
         os.write(stderr, line.encode())
@@ -166,14 +184,18 @@ def connect(address: str | None, command: str = "sweep"):
     held.close()
     if failure is not None:
         raise UsageError(
-            _auth_problem(address, failure, logged)
-            or f"--ray-address {address}: cannot connect ({one_line(failure)})"
+            _auth_problem(given, failure, logged)
+            or f"{given}: cannot connect ({one_line(failure)})"
         ) from None
     sys.stderr.write(logged)
-    _connected_here.append(True)
-    return ray
 
 
+def joined() -> str:
+    """What the last connect() joined, and why: 'the cluster at HOST:PORT (RAY_ADDRESS)'."""
+    return _joined[0] if _joined else "Ray"
+
+
+_joined: list[str] = []
 _connected_here: list[bool] = []  # non-empty once connect() called ray.init
 
 
@@ -237,9 +259,10 @@ def watch_head(lost: Callable[[str], None], address: str | None = None) -> threa
     return stop
 
 
-def actor_start_problem(exc: BaseException) -> str:
-    """Why the actors did not start, with the fix where it is known: a cluster without
-    token authentication, joined with RAY_AUTH_MODE=token, cancels every actor."""
+def actor_start_problem(exc: BaseException) -> str | None:
+    """Why no actor started when it is this process's setting, with the fix (a cluster
+    without token authentication, joined with RAY_AUTH_MODE=token, cancels every actor);
+    else None (the actors were lost: ClusterLost)."""
     text = one_line(exc)
     if "cancelled before it started" in text and os.environ.get("RAY_AUTH_MODE") == "token":
         return (
@@ -248,7 +271,7 @@ def actor_start_problem(exc: BaseException) -> str:
             "RAY_AUTH_MODE here, or restart the cluster with RAY_AUTH_MODE=token "
             "(docs/distributed.md)"
         )
-    return f"a Ray actor failed to start: {text}"
+    return None
 
 
 def shutdown() -> None:

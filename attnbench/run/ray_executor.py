@@ -8,20 +8,17 @@ crash with the signal, or timeout) and a fresh worker process. Impls travel by n
 worker process loads the registry. An actor that dies itself (its node lost, killed from
 outside) costs the step in flight (status lost); the sweep gives the rest of its family to
 another actor and asks this one for a replacement (``replace``, bounded by
-REPLACE_TIMEOUT_S). Nothing is retried by Ray, so no row runs twice. ``start`` starts the
-actors of a cluster, all at once."""
+REPLACE_TIMEOUT_S). Nothing is retried by Ray, so no row runs twice. run/ray_start.py starts
+the actors of a cluster, all at once."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
-import sys
+import socket
 import tempfile
 
-from attnbench.errors import UsageError
 from attnbench.run.local import CLOSE_WAIT_S, Subprocess, stderr_tail
-from attnbench.run.ray_cluster import actor_options, actor_start_problem, connect
 from attnbench.run.row import one_line
 from attnbench.run.steps import wire
 from attnbench.run.worker import WorkerFailed, WorkerSpec
@@ -30,6 +27,7 @@ from attnbench.store.schema import LOST
 START_TIMEOUT_S = 300.0  # the actors' first start-up: import torch (and a CUDA context)
 REPLACE_TIMEOUT_S = 60.0  # a lost actor's replacement; none placed by then: its lane ends
 READ_TIMEOUT_S = 10.0  # fetching a dead actor's stderr from its node
+ERR_FILE = "attnbench-ray-actor-{pid}.err"  # an actor's stderr, in its node's temp folder
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # a dead actor's stderr without Ray's own log lines, address dumps and faulthandler's module list
 _NOISE = re.compile(
@@ -46,9 +44,8 @@ class _Actor:
     can say how the actor died, if it does (its node lost, killed from outside)."""
 
     def __init__(self, spec: WorkerSpec):
-        self.err_path = os.path.join(
-            tempfile.gettempdir(), f"attnbench-ray-actor-{os.getpid()}.err"
-        )
+        _remove_stale(tempfile.gettempdir())
+        self.err_path = os.path.join(tempfile.gettempdir(), ERR_FILE.format(pid=os.getpid()))
         fd = os.open(self.err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         os.dup2(fd, 2)
         os.close(fd)
@@ -86,6 +83,7 @@ class RayActor:
         self.host: str | None = None
         self.device_name: str | None = None
         self.lost: str | None = None  # why the last actor was lost (Ray's reason)
+        self._detail_due = False  # its stderr not fetched yet (loss_detail)
 
     def launch(self) -> None:
         cls = self.ray.remote(_Actor).options(
@@ -103,6 +101,7 @@ class RayActor:
         it where the resources are), else False: none could be placed or started. No wait
         where the cluster has not the resources free; ``say`` gets what it waits for and how
         that ended."""
+        self.loss_detail()  # the lost actor's stderr file, if no one asked for it
         who = f"actor {self.where['actor']}"
         free = self.ray.available_resources()
         need = {r: self.options.get(k) or 0 for k, r in (("num_cpus", "CPU"), ("num_gpus", "GPU"))}
@@ -110,7 +109,7 @@ class RayActor:
         if short:
             say(
                 f"ray: no replacement for {who}: it needs {', '.join(short)} and the cluster "
-                f"has {_free_text(free)} free; its rows go to the other actors"
+                f"has {free_text(free)} free; its rows go to the other actors"
             )
             return False
         say(f"ray: waiting up to {REPLACE_TIMEOUT_S:g} s for Ray to place a replacement {who}")
@@ -140,7 +139,7 @@ class RayActor:
                 f"start); the actor was killed",
             ) from None
         except exceptions.RayActorError as exc:  # died: killed, its node or the head lost
-            raise self._failed(LOST, f"actor lost ({_exit_detail(exc)})") from None
+            raise self._failed(LOST, f"actor lost ({exit_detail(exc)})") from None
         except exceptions.RayError as exc:  # the step raised in the actor, which lives on
             raise WorkerFailed(
                 "crash", f"{type(exc).__name__}: {one_line(_ANSI.sub('', str(exc)))}"
@@ -150,10 +149,18 @@ class RayActor:
         return answer[1]
 
     def _failed(self, status: str, what: str) -> WorkerFailed:
-        """The actor is gone (killed here if need be): the step's failure, its stderr said."""
+        """The actor is gone (killed here if need be): the step's failure, said at once; its
+        stderr is fetched by ``loss_detail`` (from a dead node that takes READ_TIMEOUT_S)."""
         self._drop()
-        self.lost = what
-        return WorkerFailed(status, f"{what}; stderr: {self._stderr_tail()}")
+        self.lost, self._detail_due = what, True
+        return WorkerFailed(status, what)
+
+    def loss_detail(self) -> str:
+        """'; stderr: ...' of the actor lost last, once (before a replacement starts)."""
+        if not self._detail_due:
+            return ""
+        self._detail_due = False
+        return f"; stderr: {self._stderr_tail()}"
 
     def close(self) -> None:
         if self.actor is not None:  # its worker process exits on its own, then the actor
@@ -175,10 +182,12 @@ class RayActor:
         self.actor = None
 
     def _stderr_tail(self) -> str:
-        """The last actor's stderr file, read (and removed) on its own node."""
+        """The last actor's stderr file, read (and removed) on its own node; a file left on
+        this machine by a node that died here is removed all the same."""
         path, node = self.info.get("err_path"), self.info.get("node_id")
         if not path:
             return "(no stderr: the actor never started)"
+        self.info = {**self.info, "err_path": None}  # read once
         try:
             if node == self.ray.get_runtime_context().get_node_id():
                 return _summarize(_read_and_remove(path))
@@ -191,10 +200,27 @@ class RayActor:
             )
             return _summarize(self.ray.get(task.remote(path), timeout=READ_TIMEOUT_S))
         except Exception as exc:  # noqa: BLE001 - the node itself may be gone
+            if self.info.get("host") == socket.gethostname():  # its node ran on this machine
+                _read_and_remove(path)
             return f"(unavailable: {type(exc).__name__})"
 
 
-def _free_text(free: dict) -> str:
+def _remove_stale(folder: str) -> None:
+    """The stderr files of actors of this machine whose process is gone (killed with their
+    node, which could not remove them)."""
+    for name in os.listdir(folder):
+        m = re.fullmatch(re.escape(ERR_FILE).replace(r"\{pid\}", r"(\d+)"), name)
+        if m is None:
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            _read_and_remove(os.path.join(folder, name))
+        except OSError:  # another user's: alive
+            pass
+
+
+def free_text(free: dict) -> str:
     """'CPU 0, GPU 0': the free CPUs and GPUs of the cluster."""
     return ", ".join(f"{k} {free.get(k, 0):g}" for k in ("CPU", "GPU"))
 
@@ -223,54 +249,10 @@ def _summarize(text: str) -> str:
     return stderr_tail(" | ".join(lines))
 
 
-def _exit_detail(exc: BaseException) -> str:
+def exit_detail(exc: BaseException) -> str:
     text = " ".join(_ANSI.sub("", str(exc)).split())
     for pattern in (r"Worker exit detail: (.*?\.)(?: |$)", r"The actor is dead because (.*?\.)"):
         m = re.search(pattern, text)
         if m:
             return m.group(1)
     return type(exc).__name__
-
-
-def start(address: str | None, spec: WorkerSpec, actors: int | None, command: str) -> list:
-    """Connect to Ray and start one actor per device (ray_cluster.actor_options), all at
-    once. Returns their transports, started."""
-    ray = connect(address, command)
-    n, options = actor_options(ray, spec.device, spec.threads, actors)
-    spec = dataclasses.replace(spec, plugins=tuple(str(p) for p in spec.plugins))
-    proxies = [RayActor(ray, options, spec, i) for i in range(n)]
-    for proxy in proxies:
-        proxy.launch()
-    refs = [p._info_ref for p in proxies]
-    if ray.wait(refs, num_returns=n, timeout=START_TIMEOUT_S)[1]:  # some not started yet
-        for proxy in proxies:
-            proxy.close()
-        raise UsageError(
-            f"Ray did not start {n} actors ({options}) within {START_TIMEOUT_S:g} s; "
-            f"cap them with --ray-actors"
-        )
-    infos = [_info(ray, p) for p in proxies]
-    failed = [info for info in infos if isinstance(info, BaseException)]
-    if len(failed) == n:  # none started: the cluster refuses them (its auth, its resources)
-        for proxy in proxies:
-            proxy.close()
-        raise UsageError(actor_start_problem(failed[0])) from None
-    up = []
-    for proxy, info in zip(proxies, infos):
-        if isinstance(info, BaseException):  # its node lost as it started: the others go on
-            proxy.close()
-            print(f"lost: actor {proxy.where['actor']} as it started ({_exit_detail(info)})",
-                  file=sys.stderr)  # fmt: skip
-        else:
-            proxy.started(info)
-            up.append(proxy)
-    return up
-
-
-def _info(ray, proxy: RayActor):
-    """A started actor's ``info`` (its start is over), or the RayActorError of one that died
-    starting."""
-    try:
-        return ray.get(proxy._info_ref)
-    except ray.exceptions.RayActorError as exc:
-        return exc

@@ -155,6 +155,9 @@ def _run_family(
             row = measured.row
             if row["status"] == "oom":
                 ooms.ran_out(row["impl"], case)
+            if row["status"] == LOST:  # said at once; what the executor learns later, written
+                _say_lost(executor, writer, row, case)
+                row["reason"] = (row["reason"] or "") + executor.loss_detail()
             try:
                 anchor = completer.complete(
                     measured, executor.host, executor.device_name, executor.where
@@ -166,16 +169,20 @@ def _run_family(
                 return None
             written.add(row["impl"])
             if row["status"] == LOST:  # the executor is gone: the rest goes back
-                writer.note(
-                    f"lost: {who(executor)}, during {row['impl']}: {case.label()} "
-                    f"({shorten(row['reason'] or '', 200, placeholder=' ...')}); the rest of its "
-                    f"family goes back to the queue"
-                )
                 release(case)
                 left = [i for i in case_impls if i.name not in written]
                 return [*([(case, left)] if left else []), *family[n + 1 :]]
         release(case)
     return None
+
+
+def _say_lost(executor: Worker, writer: Writer, row: dict, case: Case) -> None:
+    """The line on a lost executor, at once: who, during which row, why."""
+    writer.note(
+        f"lost: {who(executor)}, during {row['impl']}: {case.label()} "
+        f"({shorten(row['reason'] or '', 200, placeholder=' ...')}); the rest of its "
+        f"family goes back to the queue"
+    )
 
 
 def _replaced(executor: Worker, say) -> bool:

@@ -3,6 +3,7 @@ registered impl (``Target``), checked before anything is started or written."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -10,6 +11,7 @@ import torch
 from attnbench import plugins
 from attnbench.errors import UsageError
 from attnbench.options import OPTIONS, flag
+from attnbench.spec import Spec
 
 RAY_ONLY = tuple(n for n, o in OPTIONS.items() if o.scope == "ray")  # need --executor ray
 
@@ -62,3 +64,33 @@ def check_device(text: str | None, local: bool = True) -> str:
             f"{torch.__version__}; use --device cpu"
         )
     return text
+
+
+def refuse_gpu_grid(
+    preset: str, spec: Spec, impls: list[str] | None, command: str, dry_run: bool
+) -> None:
+    """A GPU preset on a machine without one: UsageError with the grid's size (the impls
+    named, else the preset's) and what to add: --device cuda to see its grid (--dry-run),
+    --device cpu to run it here anyway."""
+    what = f"the {preset} preset" if command != "sweep" else f"--preset {preset}"
+    names = impls or spec.impls
+    size = f"{len(spec.cases())} cases" + (f" x {len(names)} impls" if names else "")
+    fix = (
+        "add --device cuda to see its grid as a GPU would run it, or --device cpu to see it here"
+        if dry_run
+        else "run it on a GPU, or add --device cpu to run it here anyway"
+    )
+    raise UsageError(
+        f"{what} is a GPU grid ({size} of {'/'.join(spec.dtype)}, N up to {max(spec.seq_len)}) "
+        f"and no CUDA device is visible to torch {torch.__version__}; {fix}"
+    )
+
+
+def check_threads(threads: int | None) -> None:
+    """--threads on this machine: at most its CPUs (more only time-slices them)."""
+    cpus = os.cpu_count() or 1
+    if threads is not None and threads > cpus:
+        raise UsageError(
+            f"--threads {threads}: this machine has {cpus} CPUs; give at most {cpus} (more "
+            f"threads would take turns on them, and the times would measure that)"
+        )

@@ -83,6 +83,10 @@ class Transport(Protocol):
         """After a LOST step: whether a replacement started (False: it cannot be replaced);
         ``say`` gets a line on what it waits for."""
 
+    def loss_detail(self) -> str:
+        """After a LOST step, once: what was learnt of the loss since ('; stderr: ...' of a
+        lost Ray actor, fetched from its node); '' where nothing more is learnt."""
+
     def close(self) -> None: ...
 
 
@@ -194,8 +198,10 @@ class Worker:
         failed (a crash or a hang), each in a step of its own, which names the impl it was."""
         try:
             answers = None if self.broken else self._step(("together", self.case, tuple(ready), r))
-        except WorkerFailed:
+        except WorkerFailed as exc:
             answers = None
+            if exc.status == LOST:  # the executor is gone: the next row says why, whole
+                self.broken = WorkerFailed(LOST, f"{exc.reason} (during timing round {r + 1})")
         for who in list(ready):
             if answers is None:
                 yield from self._alone(who, ready, slices, r)
@@ -266,6 +272,10 @@ class Worker:
             return False
         self.gpu = {k: entry.get(k) for k in GPU_WHERE}
         return True
+
+    def loss_detail(self) -> str:
+        """What the transport learns of a loss after saying it, once (Transport.loss_detail)."""
+        return self.transport.loss_detail()
 
     def close(self) -> None:
         self.transport.close()

@@ -82,4 +82,8 @@ class Writer:
     def __exit__(self, *exc) -> None:
         self.progress.close()
         for appender in (self._out, self._samples, self._kernels, self._anchor):
-            appender.close()
+            try:
+                appender.close()
+            except OSError:  # its unwritten tail (a full disk): the first error is the one
+                if self.error is None and exc[0] is None:
+                    raise

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.errors import UsageError
+from attnbench.errors import UsageError, one_line
 from attnbench.store.rundir import RunDir
 from attnbench.store.schema import (
     ANCHOR_COLUMNS,
@@ -21,6 +21,7 @@ from attnbench.store.schema import (
     LATER_KEYS,
     RETRIED,
     SAMPLE_COLUMNS,
+    STATUSES,
 )
 
 # the columns a results.csv must have to be one (load_run names those it lacks)
@@ -53,10 +54,13 @@ class CsvAppender:
             self._writer = csv.DictWriter(self._file, fieldnames=self.columns)
             if new:
                 self._writer.writeheader()
-        for row in rows:
-            self._writer.writerow({c: _fmt(row.get(c)) for c in self.columns})
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        try:
+            for row in rows:
+                self._writer.writerow({c: _fmt(row.get(c)) for c in self.columns})
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as exc:  # a full disk, say: the message names the file
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
 
     def close(self) -> None:
         if self._file is not None:
@@ -111,6 +115,41 @@ def done_keys(run_dir: Path, retry=()) -> dict[tuple[str, ...], str | None]:
         with open(path, newline="", encoding="utf-8") as f:
             _rewrite(path, columns, [r for r in csv.DictReader(f) if row_key(r) in keys])
     return keys
+
+
+def check_resumable(run_dir: Path) -> None:
+    """Before a --resume writes anything: results.csv is attnbench's (its key and status
+    columns, each whole row's status known; a torn last line is allowed, done_keys cuts it)
+    and env.json, if there, is JSON; else UsageError naming the file, nothing touched."""
+    run = RunDir(run_dir)
+    try:
+        text = run.results.read_text(encoding="utf-8")
+        lines = text.splitlines(keepends=True)
+        if lines and not lines[-1].endswith("\n"):
+            lines.pop()  # a torn last line
+        reader = csv.DictReader(lines)
+        missing = [c for c in REQUIRED if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ValueError(
+                f"its header lacks {len(missing)} of the key columns, {missing[0]!r} first"
+            )
+        for n, row in enumerate(reader, start=2):
+            if None in row or row["status"] not in STATUSES:
+                raise ValueError(f"line {n} is not a row of it")
+    except (UnicodeDecodeError, csv.Error, ValueError) as exc:
+        raise UsageError(
+            f"--resume: {run.results} is not attnbench results ({one_line(exc, 120)}); "
+            f"nothing was changed: restore the file or start a new --run-id"
+        ) from None
+    if run.env.is_file():
+        try:
+            json.loads(run.env.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise UsageError(
+                f"--resume: {run.env} is not valid JSON ({one_line(exc, 120)}); nothing was "
+                f"changed: restore it, or delete it (the report then lacks the environment), "
+                f"or start a new --run-id"
+            ) from None
 
 
 def _rewrite(path: Path, columns, rows: list[dict]) -> None:

@@ -16,6 +16,7 @@ from attnbench.errors import UsageError
 from attnbench.store.atomic import write_json_atomic
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+RUN_ID_MAX = 100  # characters: a folder's name has 255 at most, and compare's joins two
 
 
 class RunDir:
@@ -102,7 +103,16 @@ class RunDir:
         whose folder holds results, or a resume whose grid differs from the first run's."""
         if resume and not run_id:
             raise UsageError("--resume needs the --run-id of the run to continue")
+        if run_id == "":
+            raise UsageError(
+                "--run-id is empty; give a name, or leave out --run-id for a dated one"
+            )
         run_id = run_id or default_id
+        if len(run_id) > RUN_ID_MAX:
+            raise UsageError(
+                f"--run-id {run_id[:20]}...: {len(run_id)} characters, at most {RUN_ID_MAX} "
+                f"(it names the run's folder and its report's); give a shorter one"
+            )
         if not RUN_ID.match(run_id):
             raise UsageError(
                 f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-' only (no path "
