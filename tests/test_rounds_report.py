@@ -210,9 +210,9 @@ def test_recommendations_mark_a_tie(tmp_path):
     run = write_rounds_run(tmp_path, "m", rows, baseline="hf_sdpa", noise=0.05)
     rec = recommendations(read_results(run), Rounds.read(run)).iloc[0]
     assert rec["ties"] == rec["wins"] and rec["attn_implementation"] in ("eager", "sdpa")
-    from attnbench.report.sections import recommendations_section
+    from attnbench.report.picks import picks_table
 
-    text = "\n".join(recommendations_section(recommendations(read_results(run), Rounds.read(run))))
+    text = "\n".join(picks_table(recommendations(read_results(run), Rounds.read(run)), {}))
     assert "(tie)" in text
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 from attnbench.report import patterns, rules, verdicts
 from attnbench.report.header import busy_machine, device_name
 from attnbench.report.layout import run_colors
-from attnbench.report.recommend import recommendations
+from attnbench.report.recommend import TOLERANCE, recommendations
 from attnbench.report.rounds import Anchor, Rounds
 
 
@@ -46,6 +46,7 @@ class RunAnalysis:
     devices: tuple  # DeviceAnalysis per kind of device (one unless a Ray run mixed them)
     kernels: pd.DataFrame | None  # kernels.csv (--profile), or None
     anchor: Anchor | None = None  # the speed anchor (anchor.csv), or None
+    tolerance: float = TOLERANCE  # the most a pick may lose in a case of its workload
 
 
 def analyse_device(
@@ -102,6 +103,7 @@ def analyse(
     kernels: pd.DataFrame | None = None,
     rounds: Rounds | None = None,
     anchor: Anchor | None = None,
+    tolerance: float = TOLERANCE,
 ) -> RunAnalysis:
     """The whole run's rules. ``baseline``: the impl speedups are relative to (default:
     the one the run recorded); ``rounds`` and ``anchor``: the run's per-round times."""
@@ -126,10 +128,11 @@ def analyse(
         env=env,
         frame=df,
         baseline=baseline,
-        recommendations=recommendations(df, rounds),
+        recommendations=recommendations(df, rounds, tolerance),
         devices=devices,
         kernels=kernels,
         anchor=anchor,
+        tolerance=tolerance,
     )
 
 

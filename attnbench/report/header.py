@@ -39,7 +39,7 @@ def header_lines(run) -> list[str]:
         value = env.get(key)
         return MISSING if value in (None, "") else str(value)
 
-    lines = [f"# attnbench report: run `{run_id}`", ""]
+    lines = ["## Run", ""]
     if not env:
         lines += [
             "> **env.json is missing**: device, versions and command are unknown; "

@@ -11,7 +11,9 @@ from attnbench.report import checks, plots, sections
 from attnbench.report.analysis import DeviceAnalysis, RunAnalysis, analyse
 from attnbench.report.figures import FIGURES, RUN_FIGURES, one_n
 from attnbench.report.header import borrowed_lines, counts_line, header_lines
+from attnbench.report.opening import first_screen
 from attnbench.report.patterns import sections as pattern_sections
+from attnbench.report.recommend import TOLERANCE
 from attnbench.report.rounds import Anchor, Rounds
 from attnbench.store.atomic import atomic_dir
 from attnbench.store.results import load_run
@@ -21,10 +23,10 @@ from attnbench.store.rundir import RunDir
 def render(run: RunAnalysis, out_dir: Path, svg: bool = False) -> str:
     """Write the run's figures into out_dir and return the markdown text: every section and
     figure renders the run's analysis (analysis.py), computed once."""
-    lines = header_lines(run)
+    lines = first_screen(run)
+    lines += header_lines(run)
     lines += ["## Summary", "", counts_line(run), ""]
     lines += borrowed_lines(run)
-    lines += sections.recommendations_section(run.recommendations)
     if len(run.devices) == 1:
         lines += _device_part(run.devices[0], out_dir, svg, "##")
     else:
@@ -81,7 +83,13 @@ def _device_part(a: DeviceAnalysis, out_dir: Path, svg: bool, level: str) -> lis
     return lines
 
 
-def write_report(run_dir, reports_dir, baseline: str | None = None, svg: bool = False) -> Path:
+def write_report(
+    run_dir,
+    reports_dir,
+    baseline: str | None = None,
+    svg: bool = False,
+    tolerance: float = TOLERANCE,
+) -> Path:
     """Write <reports_dir>/<run-id>/report.md and its figures; return the report's path.
 
     Everything is written into a temporary folder beside the target and renamed into place,
@@ -99,6 +107,7 @@ def write_report(run_dir, reports_dir, baseline: str | None = None, svg: bool = 
             kernels,
             Rounds.read(run_dir),
             Anchor.read(run_dir),
+            tolerance,
         )
         text = render(analysed, tmp, svg)
         (tmp / RunDir.REPORT).write_text(text, encoding="utf-8")
