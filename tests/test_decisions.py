@@ -145,3 +145,14 @@ def test_staleness_names_the_commits_ahead_and_whether_measuring_code_changed(tm
     assert "2 commits later" in line and "changed since" in line
     assert "cannot tell" in staleness_line({"git_sha": "0" * 40}, tmp_path)
     assert "cannot tell" in staleness_line({"git_sha": sha}, tmp_path / "nowhere")
+
+
+def test_report_refuses_a_tolerance_below_one_in_one_line(tmp_path, capsys):
+    from attnbench.cli import _tolerance, main
+
+    reports = tmp_path / "reports"
+    argv = ["report", str(LLAMA_H100), "--tolerance", "0.9", "--reports-dir", str(reports)]
+    assert main(argv) == 2 and not reports.exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--tolerance: '0.9'" in err[0]
+    assert _tolerance("1.25") == 1.25
