@@ -13,7 +13,7 @@ from attnbench.report import verdicts
 from attnbench.report.compare import RULE_ANCHOR, RULE_OVERLAP, RULE_ROUNDS, compare_runs
 from attnbench.report.judge import NOISE_MIN_CASES
 from attnbench.report.recommend import recommendations
-from attnbench.report.rounds import Anchor, Rounds
+from attnbench.report.rounds import AnchorRounds, Rounds
 from attnbench.report.terminal import summary_table
 from attnbench.store.results import read_results
 
@@ -37,7 +37,7 @@ def compared(a, b):
         read_results(a),
         read_results(b),
         (Rounds.read(a), Rounds.read(b)),
-        (Anchor.read(a), Anchor.read(b)),
+        (AnchorRounds.read(a), AnchorRounds.read(b)),
     )
 
 

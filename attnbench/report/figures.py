@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import pandas as pd
 
-from attnbench.report import plots, rules
+from attnbench.report import derived, plots
 
 
 class Figure(NamedTuple):
@@ -95,7 +95,7 @@ def one_n(frame: pd.DataFrame) -> int | None:
     """The one N of a device's ok rows (None where they have two or more, or none): a figure
     against N would then be one column of points, whose markers hide the impls' colours; the
     tables hold those numbers."""
-    ns = rules.ok_rows(frame)["seq_n"].unique()
+    ns = derived.ok_rows(frame)["seq_n"].unique()
     return int(ns[0]) if len(ns) == 1 else None
 
 

@@ -14,7 +14,7 @@ from attnbench.report.header import borrowed_lines, counts_line, header_lines
 from attnbench.report.opening import first_screen
 from attnbench.report.patterns import sections as pattern_sections
 from attnbench.report.recommend import TOLERANCE
-from attnbench.report.rounds import Anchor, Rounds
+from attnbench.report.rounds import AnchorRounds, Rounds
 from attnbench.store.atomic import atomic_dir
 from attnbench.store.results import load_run
 from attnbench.store.rundir import RunDir
@@ -106,7 +106,7 @@ def write_report(
             baseline,
             kernels,
             Rounds.read(run_dir),
-            Anchor.read(run_dir),
+            AnchorRounds.read(run_dir),
             tolerance,
         )
         text = render(analysed, tmp, svg)

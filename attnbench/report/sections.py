@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from attnbench.report import rules
+from attnbench.report import derived
 from attnbench.report.header import borrowed_kernels, case_label
 from attnbench.report.markdown import MISSING, table
 
@@ -29,7 +29,7 @@ def winners_section(a) -> list[str]:
             else "whose p20–p80 range overlaps the winner's (this run has no rounds); "
         )
         + "marked: wins that are not ties but rest on contended rows, a paired interval "
-        f"wider than {rules.WIDE_INTERVAL:g}x (hi / lo) or noisy rows).",
+        f"wider than {derived.WIDE_INTERVAL:g}x (hi / lo) or noisy rows).",
         "",
     ]
     if winners.empty:
@@ -110,7 +110,7 @@ def speedup_section(a) -> list[str]:
         )
         + "Marked: cases that rest on contended rows, "
         + (
-            f"an interval wider than {rules.WIDE_INTERVAL:g}x (hi / lo)."
+            f"an interval wider than {derived.WIDE_INTERVAL:g}x (hi / lo)."
             if paired
             else "or noisy rows (p20–p80 spread: the measurement checks)."
         ),
@@ -160,7 +160,7 @@ def _ties(sp: pd.DataFrame) -> pd.Series:
 def _each(sp: pd.DataFrame) -> str:
     """One (impl, family)'s cases in order of N, each labelled by what varies among them."""
     sp = sp.sort_values("seq_n")
-    labels = rules.case_labels(sp)
+    labels = derived.case_labels(sp)
     return "; ".join(_speedup_text(r, labels[i]) for i, r in sp.iterrows())
 
 
@@ -180,16 +180,16 @@ AXIS = {"seq_q": "N", "seq_kv": "Skv"}  # how a fitted range names its length
 def _slope_text(r) -> str:
     if pd.isna(r["slope"]):
         return MISSING
-    bound = "≥" if rules.flag(r["overhead_limited"]) else ""
+    bound = derived.bound_mark(r)
     return (
-        f"{bound}{rules.slope_text(r['slope'])} ± {r['slope_se']:.2f} "
+        f"{bound}{derived.slope_text(r['slope'])} ± {r['slope_se']:.2f} "
         f"({r['n_points']} pts, {AXIS.get(r['axis'], 'N')} {r['seq_min']}–{r['seq_max']})"
     )
 
 
 def _notes(by: dict, first) -> str:
     notes = []
-    for m in rules.FIT_METRICS:
+    for m in derived.FIT_METRICS:
         if m not in by or pd.isna(by[m]["reason"]):
             continue
         # the overhead-limited caveat is the ≥ sign, explained above the table
@@ -227,7 +227,7 @@ def _unfitted_line(unfit: list) -> list[str]:
 
 
 def exponents_section(fits: pd.DataFrame) -> list[str]:
-    """Scaling exponents from rules.scaling_exponents with a ``series`` label column (a
+    """Scaling exponents from derived.scaling_exponents with a ``series`` label column (a
     DeviceAnalysis's fits); series without any fit collapse into one line."""
     lines = [
         "### Scaling exponents",
@@ -255,9 +255,9 @@ def exponents_section(fits: pd.DataFrame) -> list[str]:
             "",
         ]
     rows, unfit = [], []
-    groups = fits.groupby(list(rules.SERIES_KEY), dropna=False, sort=True)
+    groups = fits.groupby(list(derived.SERIES_KEY), dropna=False, sort=True)
     groups = sorted(
-        groups, key=lambda t: (t[1]["impl"].iloc[0], rules.mode_rank(t[1]["mode"].iloc[0]))
+        groups, key=lambda t: (t[1]["impl"].iloc[0], derived.mode_rank(t[1]["mode"].iloc[0]))
     )
     for _key, g in groups:
         if g["slope"].isna().all():
@@ -300,14 +300,18 @@ def score_memory_lines(a) -> list[str]:
     ·Skv elements of the case's dtype), in score matrices: a peak of several (scores and
     probabilities both kept, or float32 scores for half inputs) is said, not left to the
     reader to work out."""
-    ok = rules.ok_rows(a.frame).dropna(subset=["peak_mem_mib"])
+    ok = derived.ok_rows(a.frame).dropna(subset=["peak_mem_mib"])
     if ok.empty or (ok["level"] != "op").all():
         return []
-    ok = ok[ok["level"] == "op"]
-    top = ok.loc[ok.groupby(list(rules.SERIES_KEY), dropna=False)["seq_n"].idxmax()]
+    # a series whose queries grow with N: a decode series (N the cache, Sq fixed) holds an
+    # O(N) score row, and what else its peak holds (a GQA-expanded K/V copy) is not scores
+    ok = ok[(ok["level"] == "op") & (ok["seq_q"] == ok["seq_n"])]
+    if ok.empty:
+        return []
+    top = ok.loc[ok.groupby(list(derived.SERIES_KEY), dropna=False)["seq_n"].idxmax()]
     elements = top["batch"] * top["heads"] * top["seq_q"] * top["seq_kv"]
     ratio = top["peak_mem_mib"] * 2**20 / (elements * top["dtype"].map(DTYPE_BYTES).fillna(4))
-    top = top.assign(ratio=ratio, series=rules.series_labels(top))[ratio >= 1]
+    top = top.assign(ratio=ratio, series=derived.series_labels(top))[ratio >= 1]
     if top.empty:
         return []
     parts = [
@@ -329,7 +333,7 @@ def disagreement_section(a) -> list[str]:
     df, bad = a.frame, a.disagreements
     lines = ["### Numerical agreement", ""]
     if bad.empty:
-        n = len(rules.ok_rows(df))
+        n = len(derived.ok_rows(df))
         lines += [f"All {n} ok rows agree with the float64 reference within their bound.", ""]
         return lines + _precision_lines(df)
     bad = bad.assign(
@@ -371,7 +375,7 @@ def _precision_lines(df: pd.DataFrame) -> list[str]:
     agreement (a half-type accumulator can still pass the agreement bound)."""
     if "precision_low" not in df:  # runs made before the column existed
         return []
-    low = rules.ok_rows(df)
+    low = derived.ok_rows(df)
     low = low[low["precision_low"].eq(True).fillna(False).astype(bool)]
     if low.empty:
         return []

@@ -10,8 +10,7 @@ import math
 import pandas as pd
 
 from attnbench.report.contestants import contestants, kernel_of
-from attnbench.report.rounds import Rounds
-from attnbench.report.rules import (
+from attnbench.report.derived import (
     CASE_COLUMNS,
     agreeing,
     case_family,
@@ -21,6 +20,7 @@ from attnbench.report.rules import (
     noisy,
     ok_rows,
 )
+from attnbench.report.rounds import Rounds
 
 
 def speedups(
