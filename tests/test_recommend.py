@@ -130,6 +130,23 @@ def label_clashes(text: str) -> list[str]:
                 if col == "case" and (impl, r[col]) in seen:
                     clashes.append(f"{col}: {impl} {r[col]}")
                 seen.add((impl, r[col]))
+    return clashes + _list_clashes(text)
+
+
+def _list_clashes(text: str) -> list[str]:
+    """Case labels repeated within one impl's folded list of cases ('- **impl**, family:'
+    and its '  - label: value' lines)."""
+    clashes, seen, head = [], set(), ""
+    for line in text.splitlines():
+        if line.startswith("- **"):
+            head, seen = line, set()
+        elif line.startswith("  - ") and head:
+            label = re.sub(r":.*$", "", line[4:])
+            if label in seen:
+                clashes.append(f"{head} {label}")
+            seen.add(label)
+        else:
+            head = ""
     return clashes
 
 
@@ -143,6 +160,8 @@ def test_every_case_label_in_every_committed_report_is_unique_within_its_table(r
 def test_the_label_check_catches_a_table_whose_labels_hide_a_dimension():
     text = "| impl | each case |\n|---|---|\n| sdpa | 4096: 0.39x; 4096: 0.47x |\n"
     assert label_clashes(text) == ["each case: 4096: 0.39x; 4096: 0.47x"]
+    text = "- **sdpa**, decode:\n  - 4096: 0.39x\n  - 4096: 0.47x\n"
+    assert label_clashes(text) == ["- **sdpa**, decode: 4096"]
 
 
 def test_a_case_where_only_the_pick_ran_leaves_its_margin_to_the_others():

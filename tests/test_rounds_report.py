@@ -251,7 +251,7 @@ def test_the_report_shows_intervals_and_the_speed_over_time(tmp_path, monkeypatc
         "## Machine speed over the run" in md
         and (folder / "speed_over_time.png").stat().st_size > 10_000
     )
-    assert "Paired per round" in md and "each case (what varies: speedup [95% interval])" in md
+    assert "Paired per round" in md and "Each case (what varies: speedup [95% interval])" in md
     assert "whose time over the winner's, paired per round" in md
 
 

@@ -95,7 +95,8 @@ def header_lines(run) -> list[str]:
     other_ids = sorted(set(df["run_id"].dropna()) - {run_id}) if "run_id" in df else []
     if other_ids:
         rows.append(("note", f"results.csv also holds rows of run ids {', '.join(other_ids)}"))
-    lines.append(table(pd.DataFrame(rows, columns=["field", "value"]), {"field": "", "value": ""}))
+    fields = pd.DataFrame(rows, columns=["field", "value"])
+    lines.append(table(fields, {"field": "", "value": ""}, max_cell=None))  # the command whole
     if busy_machine(env):
         lines += [
             f"> **The machine was busy when the sweep started** (load {v('load_avg_1m')} "

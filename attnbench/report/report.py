@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.report import checks, plots, sections
+from attnbench.report import checks, sections
 from attnbench.report.analysis import DeviceAnalysis, RunAnalysis, analyse
+from attnbench.report.drawing import Job, draw_all
 from attnbench.report.figures import FIGURES, RUN_FIGURES, one_n
 from attnbench.report.header import borrowed_lines, counts_line, header_lines
+from attnbench.report.markdown import wrapped
 from attnbench.report.opening import first_screen
 from attnbench.report.patterns import sections as pattern_sections
 from attnbench.report.recommend import TOLERANCE
@@ -22,21 +24,25 @@ from attnbench.store.rundir import RunDir
 
 def render(run: RunAnalysis, out_dir: Path, svg: bool = False) -> str:
     """Write the run's figures into out_dir and return the markdown text: every section and
-    figure renders the run's analysis (analysis.py), computed once."""
+    figure renders the run's analysis (analysis.py), computed once. The figures are drawn
+    together at the end (drawing.draw_all), and the text names those that drew."""
+    jobs: list[Job] = []
     lines = first_screen(run)
     lines += header_lines(run)
     lines += ["## Summary", "", counts_line(run), ""]
     lines += borrowed_lines(run)
     if len(run.devices) == 1:
-        lines += _device_part(run.devices[0], out_dir, svg, "##")
+        lines += _device_part(run.devices[0], out_dir, svg, "##", jobs)
     else:
         lines += checks.across_devices_section(run)
         for part in run.devices:
             lines += [f"## Device: {part.name}", ""]
-            lines += _device_part(part, out_dir, svg, "###")
-    lines += _speed_part(run, out_dir, svg)
+            lines += _device_part(part, out_dir, svg, "###", jobs)
+    speed = [Job(fig, run, out_dir / fig.stem, svg, optional=True) for fig in RUN_FIGURES]
+    drawn = draw_all(jobs + speed)[len(jobs) :]
+    lines += _speed_part(speed, drawn)
     lines += _closing(run)
-    return "\n".join(lines).rstrip() + "\n"
+    return "\n".join(wrapped(lines)).rstrip() + "\n"
 
 
 def _closing(run: RunAnalysis) -> list[str]:
@@ -45,21 +51,22 @@ def _closing(run: RunAnalysis) -> list[str]:
     return lines + checks.failures_section(run)
 
 
-def _speed_part(run: RunAnalysis, out_dir: Path, svg: bool) -> list[str]:
-    """The machine's speed over the run (the run's figures: RUN_FIGURES), when it has one."""
+def _speed_part(jobs: list[Job], drawn: list[bool]) -> list[str]:
+    """The machine's speed over the run (the run's figures: RUN_FIGURES), where it drew."""
     lines = []
-    for fig in RUN_FIGURES:
-        drawn = fig.draw(run)
-        if drawn is None:
-            continue
-        plots.save_figure(drawn, out_dir / fig.stem, svg=svg, crop=fig.crop)
-        lines += [f"## {fig.heading}", "", fig.caption, "", f"![{fig.heading}]({fig.stem}.png)", ""]
+    for job, done in zip(jobs, drawn):
+        fig = job.figure
+        if done:
+            lines += [f"## {fig.heading}", "", fig.caption, ""]
+            lines += [f"![{fig.heading}]({fig.stem}.png)", ""]
     return lines
 
 
-def _device_part(a: DeviceAnalysis, out_dir: Path, svg: bool, level: str) -> list[str]:
+def _device_part(
+    a: DeviceAnalysis, out_dir: Path, svg: bool, level: str, jobs: list[Job]
+) -> list[str]:
     """Winners, speedups, scaling exponents, disagreements and figures of one device's rows
-    (figure files named <figure><suffix>.png)."""
+    (figure files named <figure><suffix>.png, appended to ``jobs`` to be drawn)."""
     lines = sections.winners_section(a)
     lines += sections.speedup_section(a)
     lines += sections.exponents_section(a.fits)
@@ -77,7 +84,7 @@ def _device_part(a: DeviceAnalysis, out_dir: Path, svg: bool, level: str) -> lis
         if fig.over_n and n is not None:
             continue
         stem = f"{fig.stem}{a.suffix}"
-        plots.save_figure(fig.draw(a), out_dir / stem, svg=svg, crop=fig.crop)
+        jobs.append(Job(fig, a, out_dir / stem, svg))
         lines += [f"{level}# {fig.heading}", "", fig.caption, "", f"![{fig.heading}]({stem}.png)"]
         lines += [""]
     return lines

@@ -8,7 +8,7 @@ import pandas as pd
 
 from attnbench.report import derived
 from attnbench.report.header import borrowed_kernels, case_label
-from attnbench.report.markdown import MISSING, table
+from attnbench.report.markdown import MISSING, folded, table
 
 
 def winners_section(a) -> list[str]:
@@ -129,7 +129,6 @@ def speedup_section(a) -> list[str]:
         int(cases[k]["caveat"].fillna("").astype(bool).sum())
         for k in zip(agg["impl"], agg["family"])
     ]
-    agg["each"] = [_each(cases[k]) for k in zip(agg["impl"], agg["family"])]
     order = {f: i for i, f in enumerate(a.families)}
     agg = agg.sort_values(
         ["impl", "family"], key=lambda c: c.map(order) if c.name == "family" else c
@@ -144,11 +143,21 @@ def speedup_section(a) -> list[str]:
         "max": "max",
         "ties": "ties",
         "marked": "marked",
-        "each": "each case (what varies: speedup [95% interval])",
     }
     if not paired:
-        del columns["ties"], columns["each"]
+        del columns["ties"]
     lines.append(table(agg, columns, formats={"median": x, "min": x, "max": x}))
+    if paired:
+        each = [(k, _each(cases[k])) for k in zip(agg["impl"], agg["family"])]
+        lines += folded("Each case (what varies: speedup [95% interval])", _each_lines(each))
+    return lines
+
+
+def _each_lines(each: list) -> list[str]:
+    """Per (impl, family), its cases one per line."""
+    lines = []
+    for (impl, family), texts in each:
+        lines += [f"- **{impl}**, {family}:", *(f"  - {t}" for t in texts)]
     return lines
 
 
@@ -157,11 +166,11 @@ def _ties(sp: pd.DataFrame) -> pd.Series:
     return (sp["speedup_lo"].le(1) & sp["speedup_hi"].ge(1)).fillna(False).astype(bool)
 
 
-def _each(sp: pd.DataFrame) -> str:
+def _each(sp: pd.DataFrame) -> list[str]:
     """One (impl, family)'s cases in order of N, each labelled by what varies among them."""
     sp = sp.sort_values("seq_n")
     labels = derived.case_labels(sp)
-    return "; ".join(_speedup_text(r, labels[i]) for i, r in sp.iterrows())
+    return [_speedup_text(r, labels[i]) for i, r in sp.iterrows()]
 
 
 def _speedup_text(r, label: str) -> str:
