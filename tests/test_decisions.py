@@ -26,7 +26,7 @@ def decode(batch, new_tokens, cache):
                 causal_align="bottom_right", model="llama3-8b", phase="decode")  # fmt: skip
 
 
-def failed_row(impl, case, reason):
+def error_row(impl, case, reason):
     return {**ok_row("r", impl, case, 1.0, 1.0), "status": "error", "reason": reason,
             "time_ms": None, "agrees": None}  # fmt: skip
 
@@ -55,7 +55,7 @@ def neighbour_rows():
     for skv in (4096, 32768, 131072):
         c = decode(32, 1, skv)
         if skv == 131072:
-            rows.append(failed_row("paged", c, "InductorError: inconsistent types int64 and int32"))
+            rows.append(error_row("paged", c, "InductorError: inconsistent types int64 and int32"))
             rows.append(ok_row("r", "dense", c, 1.0, 1.0))
         else:
             rows.append({**ok_row("r", "paged", c, 1.0, 1.0), "compile_ms": 1500.0})
@@ -156,3 +156,110 @@ def test_report_refuses_a_tolerance_below_one_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--tolerance: '0.9'" in err[0]
     assert _tolerance("1.25") == 1.25
+
+
+def frame(rows, tmp=None) -> pd.DataFrame:
+    """The rows as results.csv gives them back: every schema column, typed."""
+    import tempfile
+
+    from synth import write_run
+
+    from attnbench.store.results import read_results
+
+    with tempfile.TemporaryDirectory() as root:
+        return read_results(write_run(Path(root), "r", rows))
+
+
+def test_the_lowest_cpu_share_is_said_of_the_contended_rows():
+    from attnbench.report.analysis import analyse
+    from attnbench.report.checks import checks_section
+
+    case = Case(1, 4, 4, 256, 256, 64)
+    rows = [
+        {**ok_row("r", "a", case, 1.0, 1.0), "cpu_share": 0.32, "contended": False},
+        {**ok_row("r", "b", case, 1.0, 1.0), "cpu_share": 0.36, "contended": True},
+    ]
+    text = "\n".join(checks_section(analyse(frame(rows), {}, "r")))
+    assert "1 CPU row(s) were contended" in text and "lowest cpu_share 0.36" in text
+    assert "0.32" not in text
+
+
+def test_the_profiler_gap_is_time_over_profiler_minus_one():
+    from attnbench.report.analysis import analyse
+    from attnbench.report.checks import checks_section
+
+    case = Case(1, 4, 4, 256, 256, 64, device="cuda", dtype="bfloat16")
+    rows = [{**ok_row("r", "a", case, 1.79, 1.0), "profiler_ms": 1.0}]
+    text = "\n".join(checks_section(analyse(frame(rows), {}, "r")))
+    assert "(time / profiler - 1): 79.0%" in text
+
+
+def test_no_n_squared_buffer_is_claimed_for_a_decode_series():
+    from attnbench.report.analysis import analyse_device
+    from attnbench.report.sections import score_memory_lines
+
+    rows = []
+    for skv in (1024, 2048, 4096):  # a decode series: its peak is a K/V copy, not scores
+        rows.append(ok_row("r", "eager", decode(1, 1, skv), 1.0, 258 * skv / 2**20 * 128))
+    for n in (256, 512, 1024):  # a prefill series holding 3 score matrices
+        c = Case(1, 4, 4, n, n, 64)
+        rows.append(ok_row("r", "naive", c, 1.0, 3 * 4 * n * n * 4 / 2**20))
+    text = "\n".join(score_memory_lines(analyse_device(pd.DataFrame(rows))))
+    assert "naive" in text and "3.0x" in text
+    assert "eager" not in text
+
+
+def test_a_negative_or_noise_only_exponent_is_no_lower_bound():
+    from attnbench.report.derived import bound_mark
+
+    fit = {"overhead_limited": True, "slope": 1.6, "slope_se": 0.1}
+    assert bound_mark(fit) == "≥"
+    assert bound_mark({**fit, "slope": -0.37, "slope_se": 0.75}) == ""
+    assert bound_mark({**fit, "slope": 0.3, "slope_se": 0.2}) == ""  # within noise of 0
+    assert bound_mark({**fit, "overhead_limited": False}) == ""
+
+
+def test_the_agreement_bound_sits_at_the_cache_length_on_a_decode_panel():
+    from attnbench.report import plots
+    from attnbench.report.derived import with_series
+
+    rows = [
+        {**ok_row("r", "sdpa", decode(1, 1, skv), 1.0, 1.0), "err_bound": 1e-2}
+        for skv in (1024, 2048, 4096)
+    ]
+    fig = plots.plot_error_vs_seq(with_series(pd.DataFrame(rows)))
+    dashed = [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_linestyle() == "--"]
+    xs = {float(x) for ln in dashed for x in ln.get_xdata()}
+    plots.plt.close(fig)
+    assert xs == {1024.0, 2048.0, 4096.0}
+
+
+def test_speed_over_time_is_on_a_log_axis():
+    from attnbench.report import plots
+
+    series = pd.DataFrame(
+        {
+            "resource": ["compute"] * 3,
+            "t_s": [0.0, 1.0, 2.0],
+            "time_ms": [1.0, 0.01, 0.002],
+            "speed": [1.0, 100.0, 540.0],
+        }  # fmt: skip
+    )
+    fig = plots.plot_speed_over_time(series)
+    scale = fig.axes[0].get_yscale()
+    plots.plt.close(fig)
+    assert scale == "log"
+
+
+def test_hf_sdpa_records_the_sdpa_kernel_it_ran_and_is_one_contestant_with_sdpa(impls):
+    pytest.importorskip(
+        "transformers", reason="transformers is not installed (pip install '.[hf]')"
+    )
+    from attnbench.testing import run_rows
+
+    case = Case(1, 4, 2, 64, 64, 16, causal=True, causal_align="bottom_right")
+    rows = run_rows([impls["sdpa"], impls["hf_sdpa"]], case)
+    assert rows["hf_sdpa"]["status"] == "ok" and rows["hf_sdpa"]["backend"]
+    assert rows["hf_sdpa"]["backend"] == rows["sdpa"]["backend"]  # the same torch op
+    w = verdicts.fastest_agreeing(frame(list(rows.values()))).iloc[0]
+    assert {w["impl"], w["same_kernel"]} == {"sdpa", "hf_sdpa"}
