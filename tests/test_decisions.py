@@ -263,3 +263,36 @@ def test_hf_sdpa_records_the_sdpa_kernel_it_ran_and_is_one_contestant_with_sdpa(
     assert rows["hf_sdpa"]["backend"] == rows["sdpa"]["backend"]  # the same torch op
     w = verdicts.fastest_agreeing(frame(list(rows.values()))).iloc[0]
     assert {w["impl"], w["same_kernel"]} == {"sdpa", "hf_sdpa"}
+
+
+FIRST_SCREEN = 40  # lines: the decision fits on one screen
+RUNS = [  # the Llama H100 run in every suite, the others with -m slow (seconds each)
+    pytest.param(p, marks=() if p == LLAMA_H100 else pytest.mark.slow, id=p.name)
+    for p in sorted((ROOT / "results").glob("*"))
+    if (p / "results.csv").exists()
+]
+
+
+@pytest.fixture
+def text_only(monkeypatch):
+    """Reports without drawing (seconds per figure): the text is what these tests read."""
+    from attnbench.report import plots
+
+    for name in dir(plots):
+        if name.startswith("plot_"):
+            monkeypatch.setattr(plots, name, lambda *a, **k: None)
+    monkeypatch.setattr(plots, "save_figure", lambda fig, stem, **k: [])
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_every_committed_run_renders_its_decision_on_the_first_screen(run, tmp_path, text_only):
+    from attnbench.report.report import write_report
+
+    lines = write_report(run, tmp_path).read_text().splitlines()
+    head = "\n".join(lines[:FIRST_SCREEN])
+    assert "## Not covered" in head
+    if "## Recommendations" in "\n".join(lines):
+        assert "## Verdicts" in head and "## Recommendations" in head
+        assert head.index("## Not covered") > head.index("## Recommendations")
+    long = [line[:80] for line in lines if len(line) > 400]
+    assert long == []

@@ -109,7 +109,7 @@ def first_screen(run) -> list[str]:
         lines += ["## Verdicts", "", *verdict_lines(rec), ""]
         lines += ["## Recommendations", "", *picks_table(rec, env)]
         lines += [
-            f"Each pick is within its worst loss (and at most {run.tolerance:g}x, `--tolerance`) "
+            f"Each pick is within its worst loss (and at most {run.tolerance:.2f}x, `--tolerance`) "
             "of the fastest kernel agreeing with the float64 reference in every case of its "
             "workload; decode is split by new tokens always. How it is decided: "
             "docs/reports.md.",
