@@ -296,3 +296,44 @@ def test_every_committed_run_renders_its_decision_on_the_first_screen(run, tmp_p
         assert head.index("## Not covered") > head.index("## Recommendations")
     long = [line[:80] for line in lines if len(line) > 400]
     assert long == []
+
+
+def test_memory_panels_carry_o_n_and_o_n_squared_guides():
+    from attnbench.report import plots
+    from attnbench.report.derived import with_series
+
+    rows = [ok_row("r", "naive", Case(1, 4, 4, n, n, 64), 1.0, n * n / 1e4) for n in (256, 1024)]
+    fig = plots.plot_memory_vs_seq(with_series(frame(rows)))
+    guides = {ln.get_label(): ln for ax in fig.axes for ln in ax.get_lines()}
+    plots.plt.close(fig)
+    assert {"O(N) guide", "O(N²) guide"} <= set(guides)
+    n2 = guides["O(N²) guide"].get_ydata()
+    assert n2[-1] / n2[0] == pytest.approx(16.0)  # 4x the length: 16x the memory
+
+
+def test_decode_panels_show_bandwidth_against_the_hbm_peak():
+    from attnbench.report import plots
+    from attnbench.report.analysis import analyse_device
+    from attnbench.report.figures import FIGURES
+
+    rows = [
+        {**ok_row("r", "sdpa", decode(1, 1, s), 0.1, 1.0), "gbps": s / 50} for s in (4096, 8192)
+    ]
+    env = {"gpu_name": "NVIDIA H100 80GB HBM3", "ceilings": {"copy_gb_s": 3003.0}}
+    a = analyse_device(frame(rows), env)
+    figure = next(f for f in FIGURES if f.stem == "decode_bandwidth")
+    assert figure.applies(a)
+    fig = figure.draw(a)
+    ys = {float(ln.get_ydata()[0]) for ax in fig.axes for ln in ax.get_lines()}
+    plots.plt.close(fig)
+    assert {3350.0, 3003.0} <= ys
+    prefill = analyse_device(frame([ok_row("r", "sdpa", Case(1, 4, 4, 64, 64, 16), 1.0, 1.0)]))
+    assert not figure.applies(prefill)
+
+
+def test_who_wins_where_names_a_decode_familys_cache_lengths_as_skv():
+    rows = []
+    for skv in (1024, 2048, 4096):
+        rows += [ok_row("r", i, decode(1, 1, skv), t, 1.0) for i, t in (("a", 1.0), ("b", 2.0))]
+    wins = verdicts.wins_by_family(verdicts.fastest_agreeing(frame(rows)))
+    assert list(wins["axis"]) == ["Skv"] and list(wins["spans"]) == ["1024–4096"]

@@ -22,6 +22,11 @@ class Figure(NamedTuple):
     # cropped to its contents when saved (one more drawing: for one-panel figures whose labels
     # and legend may be wider than grid's slot)
     crop: bool = False
+    applies: Callable | None = None  # DeviceAnalysis -> bool; left out where False
+
+
+def _decode(a) -> pd.DataFrame:
+    return a.frame[a.frame["phase"].eq("decode").fillna(False).astype(bool)]
 
 
 FIGURES = (
@@ -61,6 +66,18 @@ FIGURES = (
         ),
         needs_baseline=True,
         over_n=True,
+    ),
+    Figure(
+        "decode_bandwidth",
+        "Decode bandwidth",
+        "Decode reads its KV cache once per step: GB/s (bytes the case must move / median time) "
+        "vs the cache length, against the device's HBM: the published peak where known "
+        "(dashed) and this run's measured copy speed (dotted).",
+        lambda a: plots.plot_bandwidth_vs_seq(
+            _decode(a), a.env, device_name=a.name, colors=a.colors
+        ),
+        over_n=True,
+        applies=lambda a: bool(_decode(a)["gbps"].notna().any()),
     ),
     Figure(
         "error_vs_seq",

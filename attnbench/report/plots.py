@@ -10,6 +10,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import FuncFormatter
 
+from attnbench.measure.published import published
 from attnbench.report import derived, layout, verdicts
 from attnbench.report.layout import impl_style, plt, run_colors, save_figure  # noqa: F401
 from attnbench.store.schema import STATUSES
@@ -92,6 +93,48 @@ def plot_memory_vs_seq(
         device_name=device_name,
         colors=colors,
         label_suffix=_slope_suffix(fits, "peak_mem_mib"),
+        draw_extra=_growth_guides,
+    )
+
+
+def _growth_guides(ax, g: pd.DataFrame) -> None:
+    """Grey guide lines growing like N and like N² from the panel's smallest N (through the
+    median peak there), so that a reader sees which impls hold an N² buffer."""
+    ok = derived.ok_rows(g).dropna(subset=["peak_mem_mib"])
+    ok = ok[ok["peak_mem_mib"] > 0]
+    if ok["seq_n"].nunique() < 2:
+        return
+    n0, n1 = float(ok["seq_n"].min()), float(ok["seq_n"].max())
+    y0 = float(ok.loc[ok["seq_n"] == ok["seq_n"].min(), "peak_mem_mib"].median())
+    n = np.geomspace(n0, n1, 16)
+    for power, style, label in ((1, ":", "O(N) guide"), (2, "-.", "O(N²) guide")):
+        ax.plot(n, y0 * (n / n0) ** power, color="grey", ls=style, lw=1.0, label=label)
+
+
+def plot_bandwidth_vs_seq(
+    df: pd.DataFrame, env: dict, *, device_name: str | None = None, colors: dict | None = None
+):
+    """Achieved GB/s of decode rows vs the cache length, under the device's HBM: its
+    published peak (measure/published.py) and the run's measured copy speed."""
+    peak = published(env.get("gpu_name"))
+    copy = (env.get("ceilings") or {}).get("copy_gb_s")
+
+    def roofs(ax, g):
+        if peak is not None:
+            ax.axhline(peak.memory_gb_s, color="black", ls="--", lw=1.0, label="HBM, published")
+        if copy:
+            ax.axhline(copy, color="grey", ls=":", lw=1.0, label="copy, measured")
+
+    return layout.line_figure(
+        df,
+        "gbps",
+        what="Decode bandwidth vs cache length (bytes moved / median time)",
+        ylabel="GB/s",
+        logy=False,
+        y_from_zero=True,
+        device_name=device_name,
+        colors=colors,
+        draw_extra=roofs,
     )
 
 

@@ -75,7 +75,11 @@ def _device_part(
     lines += sections.disagreement_section(a)
     lines += [f"{level} Plots", ""]
     n = one_n(a.frame)
-    figures = [f for f in FIGURES if a.baseline or not f.needs_baseline]
+    figures = [
+        f
+        for f in FIGURES
+        if (a.baseline or not f.needs_baseline) and (f.applies is None or f.applies(a))
+    ]
     if n is not None:
         against = ", ".join(f.heading.lower() for f in figures if f.over_n)
         why = "need two or more lengths; the tables above hold this run's numbers."

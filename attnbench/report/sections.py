@@ -9,6 +9,7 @@ import pandas as pd
 from attnbench.report import derived
 from attnbench.report.header import borrowed_kernels, case_label
 from attnbench.report.markdown import MISSING, folded, table
+from attnbench.report.verdicts import AXIS_NAME
 
 
 def winners_section(a) -> list[str]:
@@ -18,7 +19,8 @@ def winners_section(a) -> list[str]:
         "### Who wins where",
         "",
         "Fastest impl per case among the ok rows that agree with the reference, counted "
-        "per case family (N: the lengths it won, a–b where it won every length between; "
+        "per case family (N: the lengths it won, a–b where it won every length between; Skv: "
+        "the cache lengths, in a decode family; "
         "margin: median of runner-up time / winner time, the runner-up being the fastest "
         "*other kernel*: impls that ran the winner's kernel (the backend column: `sdpa` "
         "dispatching to cuDNN) are one contestant, named as the same kernel; ties: wins "
@@ -44,7 +46,7 @@ def winners_section(a) -> list[str]:
                 r.impl + (" (PyTorch's kernels)" if r.impl in borrowed else "")
             )
             + (f" (same kernel as {r.same_kernel})" if r.same_kernel else "")
-            + f" {r.wins}/{r.cases} (N {r.spans}"
+            + f" {r.wins}/{r.cases} ({r.axis} {r.spans}"
             + (f"; {r.ties} tie{'s' if r.ties > 1 else ''}" if r.ties else "")
             + (f"; {r.marked} marked: {r.marks}" if r.marked else "")
             + ")"
@@ -183,16 +185,13 @@ def _speedup_text(r, label: str) -> str:
     return text + (f" ({r['caveat']})" if not pd.isna(r["caveat"]) and r["caveat"] else "")
 
 
-AXIS = {"seq_q": "N", "seq_kv": "Skv"}  # how a fitted range names its length
-
-
 def _slope_text(r) -> str:
     if pd.isna(r["slope"]):
         return MISSING
     bound = derived.bound_mark(r)
     return (
         f"{bound}{derived.slope_text(r['slope'])} ± {r['slope_se']:.2f} "
-        f"({r['n_points']} pts, {AXIS.get(r['axis'], 'N')} {r['seq_min']}–{r['seq_max']})"
+        f"({r['n_points']} pts, {AXIS_NAME.get(r['axis'], 'N')} {r['seq_min']}–{r['seq_max']})"
     )
 
 
