@@ -337,3 +337,10 @@ def test_who_wins_where_names_a_decode_familys_cache_lengths_as_skv():
         rows += [ok_row("r", i, decode(1, 1, skv), t, 1.0) for i, t in (("a", 1.0), ("b", 2.0))]
     wins = verdicts.wins_by_family(verdicts.fastest_agreeing(frame(rows)))
     assert list(wins["axis"]) == ["Skv"] and list(wins["spans"]) == ["1024–4096"]
+
+
+def test_a_decode_pick_states_its_kv_cache_beside_its_peak_temporaries():
+    rec = recommendations(neighbour_rows())  # B=32 Hkv=8 D=128 bf16: 16 MiB per 1024 keys
+    paged = rec[rec["impl"] == "paged"].iloc[0]
+    assert (paged["kv_mib_min"], paged["kv_mib_max"]) == (512.0, 4096.0)
+    assert "(KV 512–4096)" in "\n".join(picks_table(rec, {}))

@@ -293,6 +293,15 @@ def fit_loglog(
     return out
 
 
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # an element's bytes, per dtype
+
+
+def kv_cache_mib(df: pd.DataFrame) -> pd.Series:
+    """Each row's K and V as the case holds them: B·Hkv·Skv·D elements each, in MiB."""
+    elements = df["batch"] * df["kv_heads"] * df["seq_kv"] * df["head_dim"] * 2
+    return elements * df["dtype"].map(DTYPE_BYTES).fillna(4) / 2**20
+
+
 def bound_mark(fit) -> str:
     """'≥' for an overhead-limited fit whose slope is positive past twice its standard error
     (a lower bound: a constant overhead flattens a positive slope); '' otherwise, since a

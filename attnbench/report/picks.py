@@ -86,9 +86,7 @@ def picks_table(rec: pd.DataFrame, env: dict) -> list[str]:
         lead=[lead_text(m, n) for m, n in zip(rec["margin"], rec["runner_up"])],
         ms=[_span(lo, hi, ".3g") for lo, hi in zip(rec["time_ms_min"], rec["time_ms_max"])],
         bandwidth=[_bandwidth(r, peak, copy) for _, r in rec.iterrows()],
-        mem=[
-            _span(lo, hi, ".4g") for lo, hi in zip(rec["peak_mem_mib_min"], rec["peak_mem_mib_max"])
-        ],
+        mem=[_memory(r) for _, r in rec.iterrows()],
         compile=[_compile(c) for c in rec["compile_ms"]],
         fails=[_fails(f) for f in rec["failures"]],
         attn=[
@@ -104,7 +102,7 @@ def picks_table(rec: pd.DataFrame, env: dict) -> list[str]:
         "lead": "vs next kernel",
         "ms": "ms per case",
         "bandwidth": "decode GB/s (% of HBM peak, of copy)",
-        "mem": "peak MiB",
+        "mem": "peak MiB (decode: KV cache MiB)",
         "compile": "compile",
         "fails": "fails in or next to it",
         "attn": "attn_implementation",
@@ -154,6 +152,14 @@ def _bandwidth(r, peak, copy) -> str:
     if copy:
         pct.append(f"{_span(100 * r['gbps_min'] / copy, 100 * r['gbps_max'] / copy, '.0f')}%")
     return said + (f" ({', '.join(pct)})" if pct else "")
+
+
+def _memory(r) -> str:
+    """The peak temporaries over the cases, and in decode the KV cache they sit beside."""
+    peak = _span(r["peak_mem_mib_min"], r["peak_mem_mib_max"], ".4g")
+    if r["phase"] != "decode" or pd.isna(r["kv_mib_min"]):
+        return peak
+    return f"{peak} (KV {_span(r['kv_mib_min'], r['kv_mib_max'], '.5g')})"
 
 
 def _compile(ms) -> str:

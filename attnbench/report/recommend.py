@@ -20,7 +20,7 @@ import pandas as pd
 from attnbench.dims import DIM
 from attnbench.models import ATTN_IMPLEMENTATIONS
 from attnbench.report.contestants import kernel_of
-from attnbench.report.derived import CASE_COLUMNS, agreeing
+from attnbench.report.derived import CASE_COLUMNS, agreeing, kv_cache_mib
 from attnbench.report.reasons import short_reason
 from attnbench.report.rounds import Rounds
 from attnbench.report.verdicts import fastest_agreeing, seq_spans
@@ -50,6 +50,8 @@ COLUMNS = [
     "gbps_max",
     "peak_mem_mib_min",
     "peak_mem_mib_max",
+    "kv_mib_min",
+    "kv_mib_max",
     "compile_ms",
     "failures",
     "attn_implementation",
@@ -266,6 +268,7 @@ def _about(pick: Pick, p: _Phase, idx: list, winners) -> dict:
         **_spread(ran, "time_ms"),
         **_spread(ran, "gbps"),
         **_spread(ran, "peak_mem_mib"),
+        **_spread(ran.assign(kv_mib=kv_cache_mib(ran)), "kv_mib"),
         "compile_ms": _median(ran, "compile_ms"),
         "failures": _failures_near(p, idx, pick.impl),
         "ties": int(ties.sum()),

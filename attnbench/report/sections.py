@@ -7,6 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from attnbench.report import derived
+from attnbench.report.derived import DTYPE_BYTES
 from attnbench.report.header import borrowed_kernels, case_label
 from attnbench.report.markdown import MISSING, folded, table
 from attnbench.report.verdicts import AXIS_NAME
@@ -298,9 +299,6 @@ def _exponents_table(rows: pd.DataFrame) -> str:
     if not rows["notes"].astype(bool).any():
         del columns["notes"]
     return table(rows, columns)
-
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def score_memory_lines(a) -> list[str]:
