@@ -344,3 +344,23 @@ def test_a_decode_pick_states_its_kv_cache_beside_its_peak_temporaries():
     paged = rec[rec["impl"] == "paged"].iloc[0]
     assert (paged["kv_mib_min"], paged["kv_mib_max"]) == (512.0, 4096.0)
     assert "(KV 512–4096)" in "\n".join(picks_table(rec, {}))
+
+
+def two_case_rows(times: dict) -> pd.DataFrame:
+    """Decode at B=1 Sq=1, cache 4096 and 32768: impl -> its two times."""
+    cases = [decode(1, 1, 4096), decode(1, 1, 32768)]
+    return pd.DataFrame(
+        [ok_row("r", i, c, t, 1.0) for i, ts in times.items() for c, t in zip(cases, ts)]
+    )
+
+
+def test_picks_equal_in_worst_loss_are_told_apart_by_their_median_loss_not_their_name():
+    # both lose 1.05x once; zeta is fastest in the other case, alpha loses there too
+    rec = recommendations(two_case_rows({"alpha": (1.05, 1.05), "zeta": (1.05, 1.0),
+                                         "best": (1.0, 9.0), "other": (9.0, 1.0)}))  # fmt: skip
+    assert list(rec["impl"]) == ["zeta"] and rec.loc[0, "worst_loss"] == pytest.approx(1.05)
+
+
+def test_a_loss_of_exactly_the_tolerance_keeps_one_pick():
+    rec = recommendations(two_case_rows({"a": (1.1, 1.0), "b": (1.0, 2.0)}))
+    assert list(rec["impl"]) == ["a"] and rec.loc[0, "worst_loss"] == 1.1
