@@ -124,6 +124,8 @@ def plot_bandwidth_vs_seq(
             ax.axhline(peak.memory_gb_s, color="black", ls="--", lw=1.0, label="HBM, published")
         if copy:
             ax.axhline(copy, color="grey", ls=":", lw=1.0, label="copy, measured")
+        roof = max([copy or 0.0, peak.memory_gb_s if peak is not None else 0.0])
+        ax.set_ylim(0, max(ax.get_ylim()[1], 1.05 * roof))  # the roofs in view on every panel
 
     return layout.line_figure(
         df,
