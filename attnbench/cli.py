@@ -266,11 +266,14 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
     if args.no_report:
         print(f"\nresults: {run.results}")
     else:
-        from attnbench.report.report import write_report  # matplotlib: only once there are rows
-
-        written = write_report(run.path, args.reports_dir, tolerance=args.tolerance)
-        print(f"\nresults: {run.results}\nreport:  {written}")
+        print(f"\nresults: {run.results}\nreport:  {_write_report(run.path, args)}")
     return _lost_rows(rows, plan, argv, run_id, bool(args.run_id))
+
+
+def _write_report(run_dir: Path, args: argparse.Namespace) -> Path:
+    from attnbench.report.report import write_report  # matplotlib: only once there are rows
+
+    return write_report(run_dir, args.reports_dir, tolerance=args.tolerance)
 
 
 def _lost_rows(rows, plan: Plan, argv: list[str], run_id: str, named: bool) -> int:
