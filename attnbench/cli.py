@@ -184,6 +184,7 @@ def build_parser(command: str = "sweep") -> argparse.ArgumentParser:
         action="store_true",
         help="write no report at the end (attnbench report RUN_DIR makes it later)",
     )
+    _tolerance_argument(p)
     p.add_argument(
         "--row-lines",
         action="store_true",
@@ -284,10 +285,14 @@ def _sweep(args, argv: list[str], plan: Plan, target: Target, run: RunDir, run_i
     if args.no_report:
         print(f"\nresults: {run.results}")
     else:
-        from attnbench.report.report import write_report  # matplotlib: only once there are rows
-
-        print(f"\nresults: {run.results}\nreport:  {write_report(run.path, args.reports_dir)}")
+        print(f"\nresults: {run.results}\nreport:  {_write_report(run.path, args)}")
     return _lost_rows(rows, plan, argv, run_id, bool(args.run_id))
+
+
+def _write_report(run_dir: Path, args: argparse.Namespace) -> Path:
+    from attnbench.report.report import write_report  # matplotlib: only once there are rows
+
+    return write_report(run_dir, args.reports_dir, tolerance=args.tolerance)
 
 
 def _lost_rows(rows, plan: Plan, argv: list[str], run_id: str, named: bool) -> int:
@@ -378,6 +383,7 @@ def report(argv: list[str]) -> int:
         "(default: the impl the run recorded as its baseline)",
     )
     p.add_argument("--svg", action="store_true", help="also write each figure as SVG")
+    _tolerance_argument(p)
     _plugin_argument(p)
     args = p.parse_args(argv)
     df, env = load_run(args.run_dir)
@@ -391,8 +397,36 @@ def report(argv: list[str]) -> int:
     _load_plugins(env, args.plugin)  # the rows' mask kinds and score modifiers may be theirs
     from attnbench.report.report import write_report  # matplotlib: only once input is valid
 
-    print(write_report(args.run_dir, args.reports_dir, baseline=args.baseline, svg=args.svg))
+    written = write_report(
+        args.run_dir, args.reports_dir, args.baseline, args.svg, tolerance=args.tolerance
+    )
+    print(written)
     return EXIT_OK
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value >= 1.0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the most a pick may lose is a ratio of 1 or more (e.g. 1.10)"
+        )
+    return value
+
+
+def _tolerance_argument(p: argparse.ArgumentParser) -> None:
+    from attnbench.report.recommend import TOLERANCE
+
+    p.add_argument(
+        "--tolerance",
+        type=_tolerance,
+        default=TOLERANCE,
+        help="the most a recommended impl may be slower than the fastest agreeing kernel in "
+        f"any case of its workload, as a ratio; a phase is split where one pick would lose "
+        f"more (default: {TOLERANCE:g})",
+    )
 
 
 def _plugin_argument(p: argparse.ArgumentParser) -> None:

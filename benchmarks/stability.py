@@ -33,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from attnbench.report import rules, verdicts  # noqa: E402
+from attnbench.report import derived, verdicts  # noqa: E402
 from attnbench.report.compare import cannot_judge, regressions, write_compare  # noqa: E402
 from attnbench.report.rounds import Rounds, anchor_path  # noqa: E402
 from attnbench.store.results import load_run  # noqa: E402
@@ -94,7 +94,7 @@ def stability(a: Path, b: Path, baseline: str) -> list[str]:
         df, env = load_run(run)
         sp = verdicts.speedups(df, baseline, Rounds.read(run), env.get("baseline") == baseline)
         sp = sp[(sp["impl"] != baseline) & sp["speedup"].notna()]
-        frames.append(sp.set_index(["impl", *rules.CASE_COLUMNS]))
+        frames.append(sp.set_index(["impl", *derived.CASE_COLUMNS]))
     later = frames[1][["speedup"]].rename(columns={"speedup": "speedup_b"})
     both = frames[0][["speedup", "paired"]].join(later, how="inner")
     if both.empty:

@@ -118,14 +118,14 @@ def test_every_dimension_has_a_variant_here():
 def test_a_dimension_held_fixed_or_varying_has_titles_labels_and_families(name):
     """Every figure title, panel, series label and family derives its text from dims.py: a
     new dimension cannot crash a report (a score modifier once did: KeyError)."""
-    from attnbench.report import layout, rules
+    from attnbench.report import derived, layout
 
     for df in (_rows([VARIANTS[name]]), _rows([{}, VARIANTS[name]])):  # fixed, varying
-        df = rules.with_series(df)
+        df = derived.with_series(df)
         title = layout.title("time", df, None)
         panels = layout.panels(df)
-        labels = rules.series_labels(df)
-        families = rules.case_family(df)
+        labels = derived.series_labels(df)
+        families = derived.case_family(df)
         assert title.startswith("time\n") and panels and labels.notna().all()
         assert families.notna().all()
     if name not in ("seq_q", "seq_kv"):  # the lengths are the axis, not a legend part

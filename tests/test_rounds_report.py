@@ -13,7 +13,7 @@ from attnbench.report import verdicts
 from attnbench.report.compare import RULE_ANCHOR, RULE_OVERLAP, RULE_ROUNDS, compare_runs
 from attnbench.report.judge import NOISE_MIN_CASES
 from attnbench.report.recommend import recommendations
-from attnbench.report.rounds import Anchor, Rounds
+from attnbench.report.rounds import AnchorRounds, Rounds
 from attnbench.report.terminal import summary_table
 from attnbench.store.results import read_results
 
@@ -37,7 +37,7 @@ def compared(a, b):
         read_results(a),
         read_results(b),
         (Rounds.read(a), Rounds.read(b)),
-        (Anchor.read(a), Anchor.read(b)),
+        (AnchorRounds.read(a), AnchorRounds.read(b)),
     )
 
 
@@ -210,9 +210,9 @@ def test_recommendations_mark_a_tie(tmp_path):
     run = write_rounds_run(tmp_path, "m", rows, baseline="hf_sdpa", noise=0.05)
     rec = recommendations(read_results(run), Rounds.read(run)).iloc[0]
     assert rec["ties"] == rec["wins"] and rec["attn_implementation"] in ("eager", "sdpa")
-    from attnbench.report.sections import recommendations_section
+    from attnbench.report.picks import picks_table
 
-    text = "\n".join(recommendations_section(recommendations(read_results(run), Rounds.read(run))))
+    text = "\n".join(picks_table(recommendations(read_results(run), Rounds.read(run)), {}))
     assert "(tie)" in text
 
 
@@ -251,7 +251,7 @@ def test_the_report_shows_intervals_and_the_speed_over_time(tmp_path, monkeypatc
         "## Machine speed over the run" in md
         and (folder / "speed_over_time.png").stat().st_size > 10_000
     )
-    assert "Paired per round" in md and "each case (what varies: speedup [95% interval])" in md
+    assert "Paired per round" in md and "Each case (what varies: speedup [95% interval])" in md
     assert "whose time over the winner's, paired per round" in md
 
 

@@ -37,6 +37,7 @@ import torch
 
 from attnbench.case import Case
 from attnbench.impls.flash_attn import FA2_INSTALL
+from attnbench.impls.sdpa import detect_backend
 from attnbench.models import ATTN_IMPLEMENTATIONS
 from attnbench.registry import register
 
@@ -225,6 +226,7 @@ def hf_eager(q, k, v, *, causal, scale, mask):
     "hf_sdpa",
     color="#5254a3",
     check=_hf_reasons,
+    backend=detect_backend,  # the SDPA kernel it ran: one contestant with sdpa's rows of it
     description="transformers' SDPA attention (attn_implementation='sdpa'), its mask or is_causal",
     **COMMON,
 )

@@ -143,7 +143,7 @@ def mismatch_note(time_ms: float, profiler_ms: float | None, timed_mhz: float | 
     if timed_mhz and profiler_mhz and abs(timed_mhz - profiler_mhz) > 0.01 * timed_mhz:
         timed, profiled = time_ms * timed_mhz, profiler_ms * profiler_mhz
         unit = f" in SM cycles (clocks {timed_mhz:.0f} vs {profiler_mhz:.0f} MHz)"
-    diff = (timed - profiled) / timed * 100
+    diff = (timed / profiled - 1) * 100  # how much longer the timer saw than the kernels
     if abs(diff) <= MISMATCH_PCT:
         return None
     why = "idle gaps between kernels (host overhead)" if diff > 0 else "kernels overlapping"

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from attnbench.report import patterns, rules, verdicts
-from attnbench.report.header import busy_machine, device_name
+from attnbench.report import derived, patterns, verdicts
+from attnbench.report.header import busy_machine, device_title
 from attnbench.report.layout import run_colors
-from attnbench.report.recommend import recommendations
-from attnbench.report.rounds import Anchor, Rounds
+from attnbench.report.recommend import TOLERANCE, recommendations
+from attnbench.report.rounds import AnchorRounds, Rounds
 
 
 @dataclass(frozen=True)
@@ -23,10 +23,10 @@ class DeviceAnalysis:
     suffix: str  # figure files are <stem><suffix>.png ("" for a run on one device)
     env: dict  # the run's env.json, with this device's ceilings
     baseline: str | None  # the impl speedups are relative to
-    frame: pd.DataFrame  # its rows, with seq_kv_rule, seq_n (rules.with_series), family
+    frame: pd.DataFrame  # its rows, with seq_kv_rule, seq_n (derived.with_series), family
     colors: dict  # impl -> colour, alike in every figure of the run
     families: list  # case families, fwd before bwd, then by name
-    fits: pd.DataFrame  # rules.scaling_exponents, with each series' label (``series``)
+    fits: pd.DataFrame  # derived.scaling_exponents, with each series' label (``series``)
     winners: pd.DataFrame  # verdicts.fastest_agreeing: one row per case
     wins: pd.DataFrame  # verdicts.wins_by_family
     speedups: pd.DataFrame | None  # verdicts.speedups; None without a baseline with ok rows
@@ -45,7 +45,8 @@ class RunAnalysis:
     recommendations: pd.DataFrame
     devices: tuple  # DeviceAnalysis per kind of device (one unless a Ray run mixed them)
     kernels: pd.DataFrame | None  # kernels.csv (--profile), or None
-    anchor: Anchor | None = None  # the speed anchor (anchor.csv), or None
+    anchor: AnchorRounds | None = None  # the speed anchor (anchor.csv), or None
+    tolerance: float = TOLERANCE  # the most a pick may lose in a case of its workload
 
 
 def analyse_device(
@@ -57,16 +58,16 @@ def analyse_device(
     rounds: Rounds | None = None,
 ) -> DeviceAnalysis:
     env = env or {}
-    name = name or device_name(env, df)
+    name = name or device_title(env, df)
     if busy_machine(env):
         name += f" · BUSY machine: load {env['load_avg_1m']} on {env['cpu_count']} cores"
-    frame = rules.with_series(df)
-    frame = frame.assign(family=rules.case_family(frame))
-    fits = rules.scaling_exponents(frame)
-    fits = fits.assign(series=rules.series_labels(fits))
-    has_base = baseline and rules.ok_rows(frame[frame["impl"] == baseline]).shape[0]
+    frame = derived.with_series(df)
+    frame = frame.assign(family=derived.case_family(frame))
+    fits = derived.scaling_exponents(frame)
+    fits = fits.assign(series=derived.series_labels(fits))
+    has_base = baseline and derived.ok_rows(frame[frame["impl"] == baseline]).shape[0]
     sparsity = patterns.sparsity_fits(frame)
-    sparsity = sparsity.assign(series=rules.series_labels(sparsity, always=("mask", "pattern")))
+    sparsity = sparsity.assign(series=derived.series_labels(sparsity, always=("mask", "pattern")))
     winners = verdicts.fastest_agreeing(frame, rounds)
     recorded = baseline == env.get("baseline")  # the rows' own speedups are against it
     return DeviceAnalysis(
@@ -76,13 +77,13 @@ def analyse_device(
         baseline=baseline,
         frame=frame,
         colors=run_colors(env, frame["impl"].dropna().unique()),
-        families=rules.family_order(frame),
+        families=derived.family_order(frame),
         fits=fits,
         winners=winners,
         wins=verdicts.wins_by_family(winners),
         speedups=verdicts.speedups(frame, baseline, rounds, recorded) if has_base else None,
         rounds=rounds,
-        disagreements=rules.disagreements(frame),
+        disagreements=derived.disagreements(frame),
         waste=patterns.wasted_work(frame),
         sparsity=sparsity,
     )
@@ -101,9 +102,10 @@ def analyse(
     baseline: str | None = None,
     kernels: pd.DataFrame | None = None,
     rounds: Rounds | None = None,
-    anchor: Anchor | None = None,
+    anchor: AnchorRounds | None = None,
+    tolerance: float = TOLERANCE,
 ) -> RunAnalysis:
-    """The whole run's rules. ``baseline``: the impl speedups are relative to (default:
+    """The whole run's derived. ``baseline``: the impl speedups are relative to (default:
     the one the run recorded); ``rounds`` and ``anchor``: the run's per-round times."""
     baseline = baseline or env.get("baseline")
     names = device_names(df)
@@ -126,10 +128,11 @@ def analyse(
         env=env,
         frame=df,
         baseline=baseline,
-        recommendations=recommendations(df, rounds),
+        recommendations=recommendations(df, rounds, tolerance),
         devices=devices,
         kernels=kernels,
         anchor=anchor,
+        tolerance=tolerance,
     )
 
 

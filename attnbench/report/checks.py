@@ -9,7 +9,7 @@ from attnbench.measure.profiling import CROSS_CHECK_EVERY, MISMATCH_PCT
 from attnbench.measure.published import published
 from attnbench.measure.roofline import over_ceiling_note
 from attnbench.measure.timing import NOISY_SPREAD, PAGE_FAULTS_FLAG
-from attnbench.report import rules
+from attnbench.report import derived
 from attnbench.report.header import case_label
 from attnbench.report.markdown import table
 from attnbench.report.reasons import short_reason
@@ -28,7 +28,7 @@ POWER_CAP = "sw_power_cap"
 def failures_section(run) -> list[str]:
     """Every non-ok row of a RunAnalysis, one line per impl and cause, and the impls the
     sweep left out (env.json's not_run)."""
-    bad, not_run = rules.failures(run.frame), run.env.get("not_run")
+    bad, not_run = derived.failures(run.frame), run.env.get("not_run")
     lines = ["## Non-ok rows", ""]
     if not_run:  # impls the sweep left out, and why (env.json not_run)
         lines += [
@@ -59,7 +59,7 @@ def _by_cause(bad: pd.DataFrame) -> str:
     """A table of one line per (impl, status, cause) with its row count and cases."""
     bad = bad.assign(
         cause=bad["reason"].map(short_reason),
-        case=rules.case_labels(bad),
+        case=derived.case_labels(bad),
         _o=bad["status"].map(lambda s: FAILURE_ORDER.get(s, -1)),
     )
     rows = []
@@ -80,14 +80,14 @@ def checks_section(run) -> list[str]:
     """Ok rows whose measurement is in doubt: a throttling GPU, a median that the profiler's
     kernel time does not explain, a noisy row, a pct_peak over the ceiling, CPU page faults
     inside the timing, or a CPU row whose threads waited for a CPU (contended)."""
-    ok, env = rules.ok_rows(run.frame), run.env
+    ok, env = derived.ok_rows(run.frame), run.env
     for name in ("cpu_share", "contended"):  # runs made before these columns existed
         if name not in ok:
             ok = ok.assign(**{name: pd.NA})
     lines = ["## Measurement checks", ""]
     throttled = _slowed_clocks(ok)
     mismatch = ok[ok["reason"].fillna("").str.contains("profiler kernel time")]
-    noisy = ok[rules.noisy(ok)]
+    noisy = ok[derived.noisy(ok)]
     over_peak = ok[ok["pct_peak"].gt(100).fillna(False).astype(bool)]
     faulting = ok[ok["page_faults"].ge(PAGE_FAULTS_FLAG).fillna(False).astype(bool)]
     contended = ok[ok["contended"].eq(True).fillna(False).astype(bool)]
@@ -114,11 +114,15 @@ def checks_section(run) -> list[str]:
             "",
         ]
     if ok["cpu_share"].notna().any():
+        lowest = (  # of the rows this line counts, not of a row the flag let pass
+            f"; their lowest cpu_share {contended['cpu_share'].min():.2f}"
+            if contended["cpu_share"].notna().any()
+            else ""
+        )
         lines += [
             f"{len(contended)} CPU row(s) were contended: their threads waited for a CPU "
             f"while being timed (another process was using it), so their times are inflated "
-            f"and may move between identical runs (docs/method.md, contention); lowest "
-            f"cpu_share {ok['cpu_share'].min():.2f}.",
+            f"and may move between identical runs (docs/method.md, contention){lowest}.",
             "",
         ]
     lines += _cross_check_lines(ok)
@@ -249,6 +253,7 @@ def _flagged_table(ok: pd.DataFrame, checks: dict[str, pd.DataFrame]) -> list[st
     flagged = flagged.assign(
         case=[case_label(r) for _, r in flagged.iterrows()],
         flagged=[", ".join(said[i]) for i in flagged.index],
+        gap_pct=(flagged["time_ms"] / flagged["profiler_ms"] - 1) * 100,
     )
     counts = ", ".join(f"{name} {len(rows)}" for name, rows in checks.items() if len(rows))
     return [
@@ -264,13 +269,14 @@ def _flagged_table(ok: pd.DataFrame, checks: dict[str, pd.DataFrame]) -> list[st
                 "throttle": "throttle",
                 "time_ms": "time_ms",
                 "profiler_ms": "profiler_ms",
+                "gap_pct": "time / profiler - 1",
                 "page_faults": "faults/call",
                 "cpu_share": "cpu_share",
-                "reason": "reason",
             },
             formats={
                 "time_ms": ".4g",
                 "profiler_ms": ".4g",
+                "gap_pct": lambda p: f"{p:+.0f}%",
                 "page_faults": ".0f",
                 "cpu_share": ".2f",
             },
@@ -288,12 +294,13 @@ def _cross_check_lines(ok: pd.DataFrame) -> list[str]:
             f"{CROSS_CHECK_EVERY}th row of each impl, every row with --profile).",
             "",
         ]
-    diff = ((checked["time_ms"] - checked["profiler_ms"]).abs() / checked["time_ms"]).max()
+    diff = (checked["time_ms"] / checked["profiler_ms"] - 1).abs().max()
     lines = [
         f"The profiler cross-checked {len(checked)} of {len(cuda)} ok CUDA rows (the first "
         f"and every {CROSS_CHECK_EVERY}th row of each impl; every row with --profile). "
-        f"Largest difference between the harness's median and the profiler's kernel time: "
-        f"{100 * float(diff):.1f}% (rows beyond {MISMATCH_PCT:g}% are listed below).",
+        f"Largest difference between the harness's median and the profiler's kernel time "
+        f"(time / profiler - 1): {100 * float(diff):.1f}% (rows beyond {MISMATCH_PCT:g}% are "
+        f"listed below).",
         "",
     ]
     if len(checked) < len(cuda):
@@ -318,7 +325,7 @@ def kernels_section(kernels: pd.DataFrame | None) -> list[str]:
         "`traces/` folder beside results.csv (open in chrome://tracing or Perfetto).",
         "",
     ]
-    top = rules.kernel_table(kernels)
+    top = derived.kernel_table(kernels)
     return lines + [
         table(
             top,
@@ -337,7 +344,7 @@ def kernels_section(kernels: pd.DataFrame | None) -> list[str]:
 def across_devices_section(run) -> list[str]:
     """Median time of each (case, impl) on each device of a RunAnalysis, side by side."""
     names = [a.name for a in run.devices]
-    ok = rules.ok_rows(run.frame).copy()
+    ok = derived.ok_rows(run.frame).copy()
     if ok.empty:
         return []
     ok["case"] = ok.apply(case_label, axis=1)

@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from attnbench.report import plots, rules
-from attnbench.report.header import busy_machine, case_label, device_name
+from attnbench.report import derived, plots
+from attnbench.report.header import busy_machine, case_label, device_title
 from attnbench.report.judge import (
     CONTENDED,
     MIN_EFFECT_PCT,
@@ -49,7 +49,7 @@ from attnbench.report.judge import (
     judge_rows,
 )
 from attnbench.report.markdown import MISSING, table
-from attnbench.report.rounds import RESOURCES, Anchor, Rounds
+from attnbench.report.rounds import RESOURCES, AnchorRounds, Rounds
 from attnbench.store.atomic import atomic_dir
 from attnbench.store.env import COMPARE_FIELDS, code_version
 from attnbench.store.schema import CASE_KEY
@@ -63,7 +63,7 @@ def compare_runs(
     a: pd.DataFrame,
     b: pd.DataFrame,
     rounds: tuple[Rounds | None, Rounds | None] = (None, None),
-    anchors: tuple[Anchor | None, Anchor | None] = (None, None),
+    anchors: tuple[AnchorRounds | None, AnchorRounds | None] = (None, None),
 ) -> pd.DataFrame:
     """One row per case in either run: CASE_KEY, <side column>_a/_b, outcome, ratio_raw,
     ratio with its interval (ratio_lo, ratio_hi), machine (the speed anchor's B/A time for
@@ -228,7 +228,7 @@ def _heading(cmp, names, envs, frames) -> list[str]:
     ]
     heads = pd.DataFrame(
         [
-            ("device", device_name(envs[0], frames[0]), device_name(envs[1], frames[1])),
+            ("device", device_title(envs[0], frames[0]), device_title(envs[1], frames[1])),
             ("date (UTC)", envs[0].get("time_utc"), envs[1].get("time_utc")),
             (
                 "git",
@@ -336,7 +336,7 @@ def caveats(cmp: pd.DataFrame, envs: tuple[dict, dict]) -> pd.Series:
         held = [side for side in "AB" if r[f"contended_{side.lower()}"] is True]
         if held:
             parts.append(f"contended in {' and '.join(held)}")
-        if rules.caveat(False, r["ratio_lo"], r["ratio_hi"]):
+        if derived.caveat(False, r["ratio_lo"], r["ratio_hi"]):
             parts.append("wide interval")
         if r["rule"] == RULE_OVERLAP:
             parts.append("no rounds: p20–p80 rule")
@@ -529,7 +529,7 @@ def write_compare(
         a_df,
         b_df,
         tuple(Rounds.read(d) if d else None for d in dirs),
-        tuple(Anchor.read(d) if d else None for d in dirs),
+        tuple(AnchorRounds.read(d) if d else None for d in dirs),
     )
     cmp["caveat"] = caveats(cmp, (a_env, b_env))
     out_dir = Path(out_dir)
@@ -538,7 +538,7 @@ def write_compare(
             cmp,
             fail_above_pct=fail_above_pct,
             title=f"{b_name} / {a_name} time ratio",
-            device_name=device_name(b_env, b_df),
+            device_name=device_title(b_env, b_df),
             colors=plots.run_colors(
                 {"impls": {**(a_env.get("impls") or {}), **(b_env.get("impls") or {})}},
                 cmp["impl"].dropna().unique(),

@@ -25,12 +25,12 @@ def kernel_of(df: pd.DataFrame) -> pd.Series:
 
 def contestants(cand: pd.DataFrame, kernels: pd.Series) -> tuple[pd.DataFrame, dict]:
     """One row per kernel of one case's agreeing rows (``cand``, sorted fastest first;
-    ``kernels``: kernel_of its rows), named by the first impl name of the kernel in sort
-    order (``sdpa`` before ``sdpa_cudnn``: the impl that needs no forcing), and per kept impl
-    the other impls that ran its kernel."""
+    ``kernels``: kernel_of its rows): the kernel's fastest row, so that a kernel competes
+    with the best time any impl got from it, and per kept impl the other impls that ran its
+    kernel."""
     names: dict[str, list] = {}
     for i, impl, kernel in zip(cand.index, cand["impl"].astype(str), kernels.loc[cand.index]):
         names.setdefault(kernel, []).append((impl, i))
-    kept = [min(pairs)[1] for pairs in names.values()]
-    aliases = {min(p)[0]: sorted(n for n, _ in p)[1:] for p in names.values()}
+    kept = [pairs[0][1] for pairs in names.values()]  # cand is fastest first
+    aliases = {p[0][0]: sorted(n for n, _ in p[1:]) for p in names.values()}
     return cand.loc[kept].sort_values(["time_ms", "impl"]), aliases

@@ -19,8 +19,8 @@ import pandas as pd
 
 from attnbench.errors import UsageError
 from attnbench.measure.backends import PYTORCH_PREFIX, backends_in
-from attnbench.report.header import device_name
-from attnbench.report.rules import CASE_COLUMNS, ok_rows
+from attnbench.report.derived import CASE_COLUMNS, ok_rows
+from attnbench.report.header import device_title
 from attnbench.store.atomic import atomic_dir
 from attnbench.store.rundir import RunDir
 from attnbench.store.schema import CASE_KEY, LATER_KEYS
@@ -211,7 +211,7 @@ def write_fidelity(run_a: Path, run_b: Path, out: Path) -> tuple[pd.DataFrame, l
     b, env_b = load_run(run_b)
     labels = backend_labels(_text(RunDir(run_a).results), _text(RunDir(run_a).kernels))
     checks = pd.concat([timer_vs_profiler(a), repeatability(a, b), labels], ignore_index=True)
-    where = device_name(env_a, a)
+    where = device_title(env_a, a)
     checks.insert(0, "device_name", where)
     lines = [_ran(Path(run_a).name, Path(run_b).name, where, env_a, env_b), *verdicts(checks)]
     with atomic_dir(out) as tmp:

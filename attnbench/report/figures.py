@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import pandas as pd
 
-from attnbench.report import plots, rules
+from attnbench.report import derived, plots
 
 
 class Figure(NamedTuple):
@@ -22,6 +22,11 @@ class Figure(NamedTuple):
     # cropped to its contents when saved (one more drawing: for one-panel figures whose labels
     # and legend may be wider than grid's slot)
     crop: bool = False
+    applies: Callable | None = None  # DeviceAnalysis -> bool; left out where False
+
+
+def _decode(a) -> pd.DataFrame:
+    return a.frame[a.frame["phase"].eq("decode").fillna(False).astype(bool)]
 
 
 FIGURES = (
@@ -63,6 +68,18 @@ FIGURES = (
         over_n=True,
     ),
     Figure(
+        "decode_bandwidth",
+        "Decode bandwidth",
+        "Decode reads its KV cache once per step: GB/s (bytes the case must move / median time) "
+        "vs the cache length, against the device's HBM: the published peak where known "
+        "(dashed) and this run's measured copy speed (dotted).",
+        lambda a: plots.plot_bandwidth_vs_seq(
+            _decode(a), a.env, device_name=a.name, colors=a.colors
+        ),
+        over_n=True,
+        applies=lambda a: bool(_decode(a)["gbps"].notna().any()),
+    ),
+    Figure(
         "error_vs_seq",
         "Numerical error",
         "Worst relative error against the float64 reference; "
@@ -95,7 +112,7 @@ def one_n(frame: pd.DataFrame) -> int | None:
     """The one N of a device's ok rows (None where they have two or more, or none): a figure
     against N would then be one column of points, whose markers hide the impls' colours; the
     tables hold those numbers."""
-    ns = rules.ok_rows(frame)["seq_n"].unique()
+    ns = derived.ok_rows(frame)["seq_n"].unique()
     return int(ns[0]) if len(ns) == 1 else None
 
 

@@ -7,14 +7,14 @@ import pandas as pd
 
 from attnbench.case import Case, CaseError
 from attnbench.measure.backends import PYTORCH_PREFIX
-from attnbench.report import rules
+from attnbench.report import derived
 from attnbench.report.markdown import MISSING, table
 from attnbench.spec import PRESETS
 from attnbench.store.env import code_version
 from attnbench.store.schema import STATUSES
 
 
-def device_name(env: dict, df: pd.DataFrame) -> str:
+def device_title(env: dict, df: pd.DataFrame) -> str:
     device = env.get("device") or ", ".join(sorted(map(str, df["device"].dropna().unique())))
     if env.get("gpu_name") and str(device).startswith("cuda"):
         return f"{env['gpu_name']} ({device})"
@@ -28,7 +28,7 @@ def case_label(row) -> str:
     try:
         return Case.from_row(row).label()
     except (CaseError, TypeError, ValueError, KeyError):
-        return " ".join(f"{k}={row[k]}" for k in rules.CASE_COLUMNS)
+        return " ".join(f"{k}={row[k]}" for k in derived.CASE_COLUMNS)
 
 
 def header_lines(run) -> list[str]:
@@ -39,7 +39,7 @@ def header_lines(run) -> list[str]:
         value = env.get(key)
         return MISSING if value in (None, "") else str(value)
 
-    lines = [f"# attnbench report: run `{run_id}`", ""]
+    lines = ["## Run", ""]
     if not env:
         lines += [
             "> **env.json is missing**: device, versions and command are unknown; "
@@ -51,7 +51,7 @@ def header_lines(run) -> list[str]:
         f"{k} {v(k)}" for k in ("python", "torch", "cuda", "cudnn", "triton", "xformers")
     )
     rows = [
-        ("device", device_name(env, df)),
+        ("device", device_title(env, df)),
         ("date (UTC)", v("time_utc")),
         ("command", f"`{v('command')}`"),
         ("git", git),
@@ -95,7 +95,8 @@ def header_lines(run) -> list[str]:
     other_ids = sorted(set(df["run_id"].dropna()) - {run_id}) if "run_id" in df else []
     if other_ids:
         rows.append(("note", f"results.csv also holds rows of run ids {', '.join(other_ids)}"))
-    lines.append(table(pd.DataFrame(rows, columns=["field", "value"]), {"field": "", "value": ""}))
+    fields = pd.DataFrame(rows, columns=["field", "value"])
+    lines.append(table(fields, {"field": "", "value": ""}, max_cell=None))  # the command whole
     if busy_machine(env):
         lines += [
             f"> **The machine was busy when the sweep started** (load {v('load_avg_1m')} "
@@ -133,7 +134,7 @@ def counts_line(run) -> str:
     counts = df["status"].fillna("missing").value_counts()
     order = {s: i for i, s in enumerate((*STATUSES, "missing"))}
     parts = [f"{counts[s]} {s}" for s in sorted(counts.index, key=lambda s: order.get(s, 99))]
-    ok = rules.ok_rows(df)
+    ok = derived.ok_rows(df)
     n_bad = int((~ok["agrees"].eq(True).fillna(False)).sum())
     verb = "does" if n_bad == 1 else "do"
     agree = (
@@ -148,7 +149,7 @@ def borrowed_lines(run) -> list[str]:
     """Impls whose ok rows ran PyTorch's own kernels (backend pytorch:*, e.g. xformers
     without its C++/CUDA extension): said once, up front, so that no table below reads as an
     independent comparison."""
-    ok = rules.ok_rows(run.frame)
+    ok = derived.ok_rows(run.frame)
     borrowed = ok[borrowed_kernels(ok)]
     if borrowed.empty:
         return []

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.measure import paired
-from attnbench.report import rules
+from attnbench.report import derived
 from attnbench.report.rounds import RESOURCES
 
 WITHIN_NOISE = "unchanged (within noise)"
@@ -56,7 +56,7 @@ def judge_rows(out: pd.DataFrame, usable: pd.Series, judged: dict) -> pd.DataFra
             verdict[i] = CONTENDED if held[idx] else verdict[i]
         else:  # no p20/p80 (an older CSV): no noise to judge by, the ratio alone decides
             value, lo, hi, machine, rule[i] = float(r["ratio_raw"]), None, None, [], RULE_OVERLAP
-            within = rules.flag(r["overlap"]) or value == 1
+            within = derived.flag(r["overlap"]) or value == 1
             verdict[i] = WITHIN_NOISE if within else ("slower" if value > 1 else "faster")
         for c, v in zip(cols, (value, lo, hi, *machine)):
             cols[c][i] = v

@@ -7,7 +7,7 @@ Conventions shared by every figure:
   * an impl has the same colour and marker in every figure (``impl_style``);
   * panels are facets of mode x causal and of whatever else varies besides the lengths;
     the suptitle names the device, the dtype and everything held fixed;
-  * the x axis is the length N the series varies (rules.with_series: seq_q, or the
+  * the x axis is the length N the series varies (derived.with_series: seq_q, or the
     cache length seq_kv in a decode series) on a log2 scale with the swept lengths as ticks.
 """
 
@@ -30,13 +30,13 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullForma
 
 from attnbench.dims import DIMS, SPEC_COLUMNS  # noqa: E402
 from attnbench.measure.timing import NOISY_SPREAD  # noqa: E402
-from attnbench.report import rules  # noqa: E402
+from attnbench.report import derived  # noqa: E402
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "*", "p")
 FACET_COLUMNS = ("mode", "causal")
 # every series key column besides the impl and the facets: its title prefix (dims.py)
 CONFIG_LABELS = {d.name: d.title_prefix for d in DIMS} | {"seq_kv_rule": "", "batch_rule": ""}
-CONFIG_COLUMNS = tuple(c for c in rules.SERIES_KEY if c not in ("impl", *FACET_COLUMNS))
+CONFIG_COLUMNS = tuple(c for c in derived.SERIES_KEY if c not in ("impl", *FACET_COLUMNS))
 PANEL_W_IN, PANEL_H_IN = 7.4, 3.9  # width includes the legend beside the axes
 # a panel's slot, in inches: the y axis' labels left of the axes, the legend right of them,
 # the panel's title above and the x axis' labels below; the figure's title over all panels.
@@ -135,10 +135,10 @@ def panels(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     out = []
     for key, g in df.groupby(keys, dropna=False, sort=True):
         row = dict(zip(keys, key))
-        title = f"{row['mode']} · {'causal' if rules.flag(row['causal']) else 'full'}"
+        title = f"{row['mode']} · {'causal' if derived.flag(row['causal']) else 'full'}"
         if varying:
             title += " · " + _fmt_config(row, varying)
-        out.append((rules.mode_rank(row["mode"]), len(out), title, g))
+        out.append((derived.mode_rank(row["mode"]), len(out), title, g))
     return [(title, g) for _, _, title, g in sorted(out, key=lambda t: t[:2])]
 
 
@@ -243,8 +243,8 @@ def line_figure(
     colors=None,
 ):
     """One panel per facet, one line per impl of ``y`` vs the series' length over ok rows."""
-    df = rules.with_series(df)
-    df = df.assign(_ok=rules.is_ok(df))  # once: panels and impls filter by it
+    df = derived.with_series(df)
+    df = df.assign(_ok=derived.is_ok(df))  # once: panels and impls filter by it
     fig_title = title(what, df, device_name)
     ok = df[df["_ok"] & df[y].notna()]
     if ok.empty:
@@ -258,7 +258,7 @@ def line_figure(
         for impl, gi in g.groupby("impl", sort=True):
             label = impl + (label_suffix(impl, gi) if label_suffix else "") + _fail_note(gi)
             _draw_impl(ax, gi, y, style[impl], label, drawn, band, marks)
-        seq_axis(ax, g["seq_n"], rules.length_axis(g["seq_kv_rule"].iloc[0]))
+        seq_axis(ax, g["seq_n"], derived.length_axis(g["seq_kv_rule"].iloc[0]))
         if logy:
             ax.set_yscale("log")
         elif y_from_zero:
@@ -307,7 +307,7 @@ def _draw_impl(ax, gi, y, style, label, drawn, band, marks: _Marks) -> None:
     drawn[str(gi["impl"].iloc[0])] = v
     dashed = dict(ls="--", mfc="none") if twin else dict(ls="-", mfc=colour)
     ax.plot(x, v, color=colour, marker=marker, ms=5, lw=1.6, label=label, **dashed)
-    noisy = rules.noisy(pts).to_numpy(dtype=bool) if y == "time_ms" else None
+    noisy = derived.noisy(pts).to_numpy(dtype=bool) if y == "time_ms" else None
     if noisy is not None and noisy.any():
         marks.noisy = True
         ax.scatter(x[noisy], v[noisy], s=60, color="0.6", zorder=4)

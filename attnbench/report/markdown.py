@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 import pandas as pd
 
 MISSING = "–"
+MAX_CELL = 160  # characters of one table cell; the rest is cut, so that no row runs on
+MAX_LINE = 400  # a report line's characters; a longer paragraph is broken between sentences
 
 
-def cell(value, fmt: str = ".3g") -> str:
-    """One cell: missing values become an en dash, never a number."""
+def cell(value, fmt: str = ".3g", max_chars: int | None = MAX_CELL) -> str:
+    """One cell: missing values become an en dash, never a number; text past ``max_chars``
+    is cut."""
     if value is None or value is pd.NA or value is pd.NaT:
         return MISSING
     if isinstance(value, float) and math.isnan(value):
@@ -20,8 +24,10 @@ def cell(value, fmt: str = ".3g") -> str:
         return "yes" if value else "no"
     if isinstance(value, float):
         return format(value, fmt)
-    text = str(value).replace("|", "\\|").replace("\n", " ").replace("\r", " ")
-    return text
+    text = str(value).replace("\n", " ").replace("\r", " ")
+    if max_chars and len(text) > max_chars:
+        text = text[: max_chars - 1].rstrip() + "…"
+    return text.replace("|", "\\|")
 
 
 def table(
@@ -29,9 +35,11 @@ def table(
     columns: dict[str, str] | None = None,
     formats: dict[str, str | Callable] | None = None,
     default_fmt: str = ".3g",
+    max_cell: int | None = MAX_CELL,
 ) -> str:
     """``df`` as a markdown table. ``columns`` maps column -> header (and picks/orders them);
-    ``formats`` maps column -> a format spec or a function of the value."""
+    ``formats`` maps column -> a format spec or a function of the value; ``max_cell``: the
+    characters a cell keeps (None: all, for a cell that must be whole, as a command)."""
     columns = columns or {c: c for c in df.columns}
     formats = formats or {}
     head = "| " + " | ".join(columns.values()) + " |"
@@ -43,9 +51,9 @@ def table(
             fmt = formats.get(c, default_fmt)
             value = row[c]
             if callable(fmt):
-                text = MISSING if _missing(value) else cell(fmt(value))
+                text = MISSING if _missing(value) else cell(fmt(value), max_chars=max_cell)
             else:
-                text = cell(_plain(value), fmt)
+                text = cell(_plain(value), fmt, max_cell)
             cells.append(text)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -65,3 +73,37 @@ def _plain(value):
     if hasattr(value, "item"):
         return value.item()
     return value
+
+
+def folded(summary: str, lines: list[str]) -> list[str]:
+    """``lines`` folded under ``summary`` (an HTML <details> block, closed by default): long
+    tables and per-case lists below the first screen, so that a reader opens what they need."""
+    if not lines:
+        return []
+    return ["<details>", f"<summary>{summary}</summary>", "", *lines, "", "</details>", ""]
+
+
+def wrapped(lines: list[str]) -> list[str]:
+    """The report's lines with every paragraph over MAX_LINE characters broken between its
+    sentences (or clauses) into lines of at most MAX_LINE where it can: markdown renders
+    them the same, and a reader of the text file meets no line of thousands of characters.
+    Tables, headings, HTML and images stay as they are."""
+    out = []
+    for line in lines:
+        if len(line) <= MAX_LINE or line.startswith(("|", "#", "<", "!")):
+            out.append(line)
+            continue
+        indent = "  " if line.startswith(("- ", "  ")) else ""
+        indent = "> " if line.startswith("> ") else indent
+        pieces = re.split(r"(?<=[.;:)]) (?=[A-Z(`*])", line)
+        if max(map(len, pieces)) > MAX_LINE:  # a long clause: break between its clauses
+            pieces = [p for piece in pieces for p in re.split(r"(?<=[;,]) ", piece)]
+        said = pieces[0]
+        for piece in pieces[1:]:
+            if len(said) + 1 + len(piece) > MAX_LINE:
+                out.append(said)
+                said = indent + piece
+            else:
+                said += " " + piece
+        out.append(said)
+    return out

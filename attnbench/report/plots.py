@@ -10,7 +10,8 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import FuncFormatter
 
-from attnbench.report import layout, rules, verdicts
+from attnbench.measure.published import published
+from attnbench.report import derived, layout, verdicts
 from attnbench.report.layout import impl_style, plt, run_colors, save_figure  # noqa: F401
 from attnbench.store.schema import STATUSES
 
@@ -21,7 +22,7 @@ def _slope_suffix(fits: pd.DataFrame | None, metric: str):
     if fits is None or fits.empty:
         return None
     f = fits[fits["metric"] == metric]
-    key = [c for c in rules.SERIES_KEY if c != "impl"]
+    key = [c for c in derived.SERIES_KEY if c != "impl"]
     by_series = {
         (impl, *map(_cell, rest)): m
         for (impl, *rest), m in zip(f[["impl", *key]].itertuples(index=False), f.to_dict("records"))
@@ -32,10 +33,10 @@ def _slope_suffix(fits: pd.DataFrame | None, metric: str):
         m = by_series.get((impl, *(_cell(first[c]) for c in key)))
         if m is None or pd.isna(m["slope"]):
             return "  (no fit)"
-        bound = "≥" if rules.flag(m["overhead_limited"]) else ""
+        bound = derived.bound_mark(m)
         n_busy = m.get("n_contended")
         busy = f", {n_busy} contended pts" if not pd.isna(n_busy) and n_busy else ""
-        return f"  slope {bound}{rules.slope_text(m['slope'])} ± {m['slope_se']:.2f}{busy}"
+        return f"  slope {bound}{derived.slope_text(m['slope'])} ± {m['slope_se']:.2f}{busy}"
 
     return suffix
 
@@ -61,7 +62,7 @@ def plot_time_vs_seq(
     colors: dict | None = None,
 ):
     """Median time per call vs N, log-log, p20–p80 band, fitted slope in the legend."""
-    fits = rules.scaling_exponents(df) if fits is None else fits
+    fits = derived.scaling_exponents(df) if fits is None else fits
     return layout.line_figure(
         df,
         "time_ms",
@@ -83,7 +84,7 @@ def plot_memory_vs_seq(
     colors: dict | None = None,
 ):
     """Peak memory above the inputs vs N, log-log, fitted slope in the legend."""
-    fits = rules.scaling_exponents(df) if fits is None else fits
+    fits = derived.scaling_exponents(df) if fits is None else fits
     return layout.line_figure(
         df,
         "peak_mem_mib",
@@ -92,6 +93,50 @@ def plot_memory_vs_seq(
         device_name=device_name,
         colors=colors,
         label_suffix=_slope_suffix(fits, "peak_mem_mib"),
+        draw_extra=_growth_guides,
+    )
+
+
+def _growth_guides(ax, g: pd.DataFrame) -> None:
+    """Grey guide lines growing like N and like N² from the panel's smallest N (through the
+    median peak there), so that a reader sees which impls hold an N² buffer."""
+    ok = derived.ok_rows(g).dropna(subset=["peak_mem_mib"])
+    ok = ok[ok["peak_mem_mib"] > 0]
+    if ok["seq_n"].nunique() < 2:
+        return
+    n0, n1 = float(ok["seq_n"].min()), float(ok["seq_n"].max())
+    y0 = float(ok.loc[ok["seq_n"] == ok["seq_n"].min(), "peak_mem_mib"].median())
+    n = np.geomspace(n0, n1, 16)
+    for power, style, label in ((1, ":", "O(N) guide"), (2, "-.", "O(N²) guide")):
+        ax.plot(n, y0 * (n / n0) ** power, color="grey", ls=style, lw=1.0, label=label)
+
+
+def plot_bandwidth_vs_seq(
+    df: pd.DataFrame, env: dict, *, device_name: str | None = None, colors: dict | None = None
+):
+    """Achieved GB/s of decode rows vs the cache length, under the device's HBM: its
+    published peak (measure/published.py) and the run's measured copy speed."""
+    peak = published(env.get("gpu_name"))
+    copy = (env.get("ceilings") or {}).get("copy_gb_s")
+
+    def roofs(ax, g):
+        if peak is not None:
+            ax.axhline(peak.memory_gb_s, color="black", ls="--", lw=1.0, label="HBM, published")
+        if copy:
+            ax.axhline(copy, color="grey", ls=":", lw=1.0, label="copy, measured")
+        roof = max([copy or 0.0, peak.memory_gb_s if peak is not None else 0.0])
+        ax.set_ylim(0, max(ax.get_ylim()[1], 1.05 * roof))  # the roofs in view on every panel
+
+    return layout.line_figure(
+        df,
+        "gbps",
+        what="Decode bandwidth vs cache length (bytes moved / median time)",
+        ylabel="GB/s",
+        logy=False,
+        y_from_zero=True,
+        device_name=device_name,
+        colors=colors,
+        draw_extra=roofs,
     )
 
 
@@ -127,7 +172,7 @@ def plot_speedup_vs_seq(
 
     def reference(ax, g):
         ax.axhline(1.0, color="black", lw=1.2, ls="--", label=f"{baseline} (baseline)")
-        marked = rules.ok_rows(g)
+        marked = derived.ok_rows(g)
         marked = marked[marked["caveat"].fillna("").astype(bool) & marked["speedup"].notna()]
         if len(marked):
             ax.scatter(
@@ -159,7 +204,7 @@ def plot_speedup_vs_seq(
 
 
 def _caveats(notes) -> set[str]:
-    """The distinct caveats in a column of rules.caveat texts."""
+    """The distinct caveats in a column of derived.caveat texts."""
     return {p for note in notes.dropna() for p in str(note).split(", ") if p}
 
 
@@ -170,11 +215,12 @@ def plot_error_vs_seq(
     style = impl_style(df["impl"].dropna().unique(), colors)
 
     def bounds(ax, g):
-        ok = rules.ok_rows(g).dropna(subset=["err_bound"])
+        # at the panel's x, the length its series varies (seq_n: the cache length in decode)
+        ok = derived.with_series(derived.ok_rows(g)).dropna(subset=["err_bound"])
         if ok.empty:
             _readable_log_y(ax)
             return
-        spread = ok.groupby("seq_q")["err_bound"].agg(["min", "max"])
+        spread = ok.groupby("seq_n")["err_bound"].agg(["min", "max"])
         if (spread["max"] <= spread["min"] * 1.01).all():  # one bound for every impl
             ax.plot(
                 spread.index.to_numpy(dtype=float),
@@ -186,9 +232,9 @@ def plot_error_vs_seq(
             )
         else:
             for impl, gi in ok.groupby("impl", sort=True):
-                gi = gi.sort_values("seq_q")
+                gi = gi.sort_values("seq_n")
                 ax.plot(
-                    gi["seq_q"].to_numpy(dtype=float),
+                    gi["seq_n"].to_numpy(dtype=float),
                     gi["err_bound"].to_numpy(dtype=float),
                     color=style[impl][0],
                     ls="--",
@@ -229,12 +275,12 @@ def plot_support_matrix(df: pd.DataFrame, *, device_name: str | None = None):
         f"Support matrix: rows per status\n{device} · colour: share ok among rows that "
         f"ran; grey: all unsupported"
     )
-    counts = rules.support_counts(df)
+    counts = derived.support_counts(df)
     if counts.empty:
         return layout.empty_figure(title, "no rows")
     order = {s: i for i, s in enumerate((*STATUSES, "missing"))}
     impls = sorted(counts["impl"].unique())
-    families = rules.family_order(df)
+    families = derived.family_order(df)
     share = pd.DataFrame(np.nan, index=impls, columns=families)
     text = pd.DataFrame("", index=impls, columns=families)
     for (impl, fam), g in counts.groupby(["impl", "family"]):
@@ -342,9 +388,11 @@ def plot_roofline(
 ):
     """Achieved TFLOP/s vs arithmetic intensity (FLOPs per byte of the least traffic), with
     the run's measured ceilings: the matmul rate of each dtype and the copy bandwidth."""
-    df = rules.with_series(df)
-    ok = rules.ok_rows(df)
-    ok = ok.assign(intensity=rules.arithmetic_intensity(ok)).dropna(subset=["intensity", "tflops"])
+    df = derived.with_series(df)
+    ok = derived.ok_rows(df)
+    ok = ok.assign(intensity=derived.arithmetic_intensity(ok)).dropna(
+        subset=["intensity", "tflops"]
+    )
     title = layout.title("Roofline: achieved TFLOP/s vs arithmetic intensity", df, device_name)
     if ok.empty or not ceilings:
         return layout.empty_figure(title, "no ok op-level rows or no measured ceilings")
@@ -397,7 +445,7 @@ SPEED_WINDOW = 9  # the running median of the speed-over-time figure, in anchor 
 
 
 def plot_speed_over_time(series: pd.DataFrame, *, device_name: str | None = None):
-    """The machine's speed over the run (rounds.Anchor.series): each anchor time as a speed
+    """The machine's speed over the run (rounds.AnchorRounds.series): each anchor time as a speed
     relative to the run's first case, compute (matmul) and memory (copy), against the
     seconds since the run's start, with a running median."""
     title = "Machine speed over the run (speed anchor, relative to the first case)"
@@ -419,7 +467,11 @@ def plot_speed_over_time(series: pd.DataFrame, *, device_name: str | None = None
         ax.plot(t, running.to_numpy(), color=colour, lw=1.8, label=label)
     ax.axhline(1.0, color="black", lw=1.0, ls="--", label="speed at the first case")
     ax.set_xlabel("time since the run started (s)")
-    ax.set_ylabel("speed (first case = 1)")
+    # log: speeds span 0.5x to hundreds of x when the first case ran on a cold machine, and a
+    # linear axis flattens every dip below the largest value into one line
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+    ax.set_ylabel("speed (first case = 1, log)")
     ax.grid(True, alpha=0.4)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return fig

@@ -15,11 +15,12 @@ ELLIPSIS = "…"
 CUTS = (
     (r"\s*\(cut short: the full error is in errors\.log in the run folder\)", ""),
     (r"\s*Set TORCHDYNAMO_VERBOSE=1.*$", ""),  # torch.compile's advice, to the end
-    (r"Traceback \(most recent call last\):.*?\[\.\.\.\]\s*", "… "),  # a cut-short traceback
+    (r"Traceback \(most recent call last\):.*?\[\.\.\.\]\s*[a-z]*\s*", "… "),  # a cut traceback
     (r"Traceback \(most recent call last\):.*$", ""),
     (r'File "[^"]*"(, line \d+)?(, in \S+)?', ""),
     (r"(?<![\w.])/[\w.\-/]+", "<path>"),  # absolute paths (a host's, a temp file's)
-    (r"\s*\[\.\.\.\]\s*", " … "),  # the row's own cut (run/failed.py)
+    (r"\s*\[\.\.\.\]\s*[a-z]*", " … "),  # the row's own cut (run/failed.py), a cut word
+    (r"SubprocException: An exception occurred in a subprocess:\s*", ""),
     (r"(?:[A-Z]\w*\.?\s?sizes\(\): \[[\d, ]*\],?\s*)+(?:instead\.?)?", ""),  # SDPA's sizes
     (r"\s*Command: .*$", ""),  # a compiler's command line, to the end
     (r"\s*Name=\S+", ""),

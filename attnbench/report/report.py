@@ -7,12 +7,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.report import checks, plots, sections
+from attnbench.report import checks, sections
 from attnbench.report.analysis import DeviceAnalysis, RunAnalysis, analyse
+from attnbench.report.drawing import Job, draw_all
 from attnbench.report.figures import FIGURES, RUN_FIGURES, one_n
 from attnbench.report.header import borrowed_lines, counts_line, header_lines
+from attnbench.report.markdown import wrapped
+from attnbench.report.opening import first_screen
 from attnbench.report.patterns import sections as pattern_sections
-from attnbench.report.rounds import Anchor, Rounds
+from attnbench.report.recommend import TOLERANCE
+from attnbench.report.rounds import AnchorRounds, Rounds
 from attnbench.store.atomic import atomic_dir
 from attnbench.store.results import load_run
 from attnbench.store.rundir import RunDir
@@ -20,21 +24,25 @@ from attnbench.store.rundir import RunDir
 
 def render(run: RunAnalysis, out_dir: Path, svg: bool = False) -> str:
     """Write the run's figures into out_dir and return the markdown text: every section and
-    figure renders the run's analysis (analysis.py), computed once."""
-    lines = header_lines(run)
+    figure renders the run's analysis (analysis.py), computed once. The figures are drawn
+    together at the end (drawing.draw_all), and the text names those that drew."""
+    jobs: list[Job] = []
+    lines = first_screen(run)
+    lines += header_lines(run)
     lines += ["## Summary", "", counts_line(run), ""]
     lines += borrowed_lines(run)
-    lines += sections.recommendations_section(run.recommendations)
     if len(run.devices) == 1:
-        lines += _device_part(run.devices[0], out_dir, svg, "##")
+        lines += _device_part(run.devices[0], out_dir, svg, "##", jobs)
     else:
         lines += checks.across_devices_section(run)
         for part in run.devices:
             lines += [f"## Device: {part.name}", ""]
-            lines += _device_part(part, out_dir, svg, "###")
-    lines += _speed_part(run, out_dir, svg)
+            lines += _device_part(part, out_dir, svg, "###", jobs)
+    speed = [Job(fig, run, out_dir / fig.stem, svg, optional=True) for fig in RUN_FIGURES]
+    drawn = draw_all(jobs + speed)[len(jobs) :]
+    lines += _speed_part(speed, drawn)
     lines += _closing(run)
-    return "\n".join(lines).rstrip() + "\n"
+    return "\n".join(wrapped(lines)).rstrip() + "\n"
 
 
 def _closing(run: RunAnalysis) -> list[str]:
@@ -43,21 +51,22 @@ def _closing(run: RunAnalysis) -> list[str]:
     return lines + checks.failures_section(run)
 
 
-def _speed_part(run: RunAnalysis, out_dir: Path, svg: bool) -> list[str]:
-    """The machine's speed over the run (the run's figures: RUN_FIGURES), when it has one."""
+def _speed_part(jobs: list[Job], drawn: list[bool]) -> list[str]:
+    """The machine's speed over the run (the run's figures: RUN_FIGURES), where it drew."""
     lines = []
-    for fig in RUN_FIGURES:
-        drawn = fig.draw(run)
-        if drawn is None:
-            continue
-        plots.save_figure(drawn, out_dir / fig.stem, svg=svg, crop=fig.crop)
-        lines += [f"## {fig.heading}", "", fig.caption, "", f"![{fig.heading}]({fig.stem}.png)", ""]
+    for job, done in zip(jobs, drawn):
+        fig = job.figure
+        if done:
+            lines += [f"## {fig.heading}", "", fig.caption, ""]
+            lines += [f"![{fig.heading}]({fig.stem}.png)", ""]
     return lines
 
 
-def _device_part(a: DeviceAnalysis, out_dir: Path, svg: bool, level: str) -> list[str]:
+def _device_part(
+    a: DeviceAnalysis, out_dir: Path, svg: bool, level: str, jobs: list[Job]
+) -> list[str]:
     """Winners, speedups, scaling exponents, disagreements and figures of one device's rows
-    (figure files named <figure><suffix>.png)."""
+    (figure files named <figure><suffix>.png, appended to ``jobs`` to be drawn)."""
     lines = sections.winners_section(a)
     lines += sections.speedup_section(a)
     lines += sections.exponents_section(a.fits)
@@ -66,7 +75,11 @@ def _device_part(a: DeviceAnalysis, out_dir: Path, svg: bool, level: str) -> lis
     lines += sections.disagreement_section(a)
     lines += [f"{level} Plots", ""]
     n = one_n(a.frame)
-    figures = [f for f in FIGURES if a.baseline or not f.needs_baseline]
+    figures = [
+        f
+        for f in FIGURES
+        if (a.baseline or not f.needs_baseline) and (f.applies is None or f.applies(a))
+    ]
     if n is not None:
         against = ", ".join(f.heading.lower() for f in figures if f.over_n)
         why = "need two or more lengths; the tables above hold this run's numbers."
@@ -75,13 +88,19 @@ def _device_part(a: DeviceAnalysis, out_dir: Path, svg: bool, level: str) -> lis
         if fig.over_n and n is not None:
             continue
         stem = f"{fig.stem}{a.suffix}"
-        plots.save_figure(fig.draw(a), out_dir / stem, svg=svg, crop=fig.crop)
+        jobs.append(Job(fig, a, out_dir / stem, svg))
         lines += [f"{level}# {fig.heading}", "", fig.caption, "", f"![{fig.heading}]({stem}.png)"]
         lines += [""]
     return lines
 
 
-def write_report(run_dir, reports_dir, baseline: str | None = None, svg: bool = False) -> Path:
+def write_report(
+    run_dir,
+    reports_dir,
+    baseline: str | None = None,
+    svg: bool = False,
+    tolerance: float = TOLERANCE,
+) -> Path:
     """Write <reports_dir>/<run-id>/report.md and its figures; return the report's path.
 
     Everything is written into a temporary folder beside the target and renamed into place,
@@ -98,7 +117,8 @@ def write_report(run_dir, reports_dir, baseline: str | None = None, svg: bool = 
             baseline,
             kernels,
             Rounds.read(run_dir),
-            Anchor.read(run_dir),
+            AnchorRounds.read(run_dir),
+            tolerance,
         )
         text = render(analysed, tmp, svg)
         (tmp / RunDir.REPORT).write_text(text, encoding="utf-8")

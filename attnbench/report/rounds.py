@@ -12,11 +12,10 @@ import numpy as np
 import pandas as pd
 
 from attnbench.measure import paired
+from attnbench.measure.anchor import RESOURCES  # the anchor's workloads: a matmul and a copy
+from attnbench.report.derived import CASE_COLUMNS
 from attnbench.store.rundir import RunDir
 from attnbench.store.schema import CASE_KEY, LATER_KEYS
-
-CASE_COLUMNS = tuple(c for c in CASE_KEY if c != "impl")
-RESOURCES = ("compute", "memory")  # the anchor's workloads: a matmul and a copy
 
 RowKey = tuple  # a row's CASE_KEY values as text (``key``); a case's: CASE_COLUMNS
 PerRound = dict  # round -> median time of that round, ms
@@ -90,7 +89,7 @@ class Rounds:
         return paired.ratio(theirs, mine) if mine and theirs else None
 
 
-class Anchor(NamedTuple):
+class AnchorRounds(NamedTuple):
     """The speed anchor of a run: per case and resource, its round medians, and every
     round's time with the seconds since the run's start (for the speed-over-time figure)."""
 
@@ -98,7 +97,7 @@ class Anchor(NamedTuple):
     series: pd.DataFrame  # resource, t_s, time_ms, speed (relative to the run's first case)
 
     @classmethod
-    def read(cls, run_dir) -> Anchor | None:
+    def read(cls, run_dir) -> AnchorRounds | None:
         df = _read_text(anchor_path(run_dir))
         if df is None or df.empty or not {"resource", "round", "time_ms"} <= set(df):
             return None

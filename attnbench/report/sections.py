@@ -7,100 +7,11 @@ from __future__ import annotations
 import pandas as pd
 
 from attnbench.measure import precision
-from attnbench.report import rules
+from attnbench.report import derived
+from attnbench.report.derived import DTYPE_BYTES
 from attnbench.report.header import borrowed_kernels, case_label
-from attnbench.report.markdown import MISSING, table
-from attnbench.report.recommend import TOLERANCE
-
-
-def recommendations_section(rec: pd.DataFrame) -> list[str]:
-    """Which impl for which model, phase and workload (recommend.recommendations)."""
-    if rec.empty:
-        return []
-    lines = [
-        "## Recommendations",
-        "",
-        "Per model preset, phase and workload: the impl to use, among those agreeing with the "
-        "float64 reference. A phase is split into workloads (new tokens, batch, cache "
-        f"length, ...) where one pick would lose more than {TOLERANCE:g}x somewhere: every "
-        "pick below is within its *worst loss* (its time / the fastest agreeing impl's, ratio "
-        "of medians) in every case of its workload, and says where that worst case is. "
-        "Fastest in: the cases it (or an impl that ran the same kernel) wins. Margin: median "
-        "of the fastest *other kernel*'s time / its time (below 1: another kernel is faster "
-        "there, by less than the worst loss). Measured on this run's device only. A pick is "
-        "marked where its wins are ties (within the noise) or rest on contended rows or wide "
-        "intervals.",
-        "",
-    ]
-    labels = {
-        "model": "model",
-        "phase": "phase",
-        "workload": "workload",
-        "impl": "use",
-        "loss": "worst loss (where)",
-        "wins": "fastest in",
-        "margin": "margin",
-        "runner_up": "next kernel",
-        "time_ms": "median ms",
-        "peak_mem_mib": "peak MiB",
-        "attn_implementation": "attn_implementation",
-    }
-    if rec["attn_implementation"].notna().any():
-        lines += [
-            "attn_implementation: for transformers users, the `attn_implementation` to set "
-            "for that workload on this machine: the one whose attention function (the hf_* "
-            "rows, called as a model calls it) has the smallest worst loss among them.",
-            "",
-        ]
-    else:
-        del labels["attn_implementation"]
-    rec = rec.assign(
-        wins=["" if pd.isna(w) else f"{int(w)}/{c}" for w, c in zip(rec["wins"], rec["cases"])],
-        impl=[
-            "no impl agrees everywhere"
-            if pd.isna(i)
-            else f"**{i}**" + _doubt(t, w, m, f"same kernel as {k}" if k else "")
-            for i, k, t, w, m in zip(
-                rec["impl"], rec["same_kernel"], rec["ties"], rec["wins"], rec["marks"]
-            )
-        ],
-        loss=[_loss(w, at) for w, at in zip(rec["worst_loss"], rec["worst_at"])],
-        attn_implementation=[
-            "" if pd.isna(a) else f"`{a}` ({_loss(w, None)})"
-            for a, w in zip(rec["attn_implementation"], rec["attn_worst_loss"])
-        ],
-    )
-    lines += [
-        table(
-            rec,
-            labels,
-            formats={"margin": lambda m: f"{m:.2f}x", "time_ms": ".3g", "peak_mem_mib": ".4g"},
-        ),
-        "",
-    ]
-    for r in rec[rec["not_run"].fillna("").astype(bool)].itertuples():
-        lines += [f"Could not run or disagreed, {r.model} {r.phase}: {r.not_run}.", ""]
-    return lines
-
-
-def _loss(worst, where) -> str:
-    """A pick's worst loss: 'fastest everywhere', or '1.08x (B=32 Sq=4 Skv=4096)'."""
-    if pd.isna(worst):
-        return ""
-    if worst <= 1.0 + 1e-9:
-        return "none: fastest everywhere"
-    return f"{worst:.2f}x" + (f" ({where})" if isinstance(where, str) and where else "")
-
-
-def _doubt(ties, wins, marks, first: str = "") -> str:
-    """What a recommendation's wins rest on: ' (tie)', ' (2 of 3 wins ties)', its caveats
-    (after ``first``, e.g. the impls that ran the same kernel)."""
-    notes = [first] if first else []
-    if not pd.isna(ties) and ties:
-        notes.append("tie" if ties == wins else f"{int(ties)} of {int(wins)} wins ties")
-    if isinstance(marks, str) and marks:
-        notes.append(marks)
-    return f" ({'; '.join(notes)})" if notes else ""
+from attnbench.report.markdown import MISSING, folded, table
+from attnbench.report.verdicts import AXIS_NAME
 
 
 def winners_section(a) -> list[str]:
@@ -110,7 +21,8 @@ def winners_section(a) -> list[str]:
         "### Who wins where",
         "",
         "Fastest impl per case among the ok rows that agree with the reference, counted "
-        "per case family (N: the lengths it won, a–b where it won every length between; "
+        "per case family (N: the lengths it won, a–b where it won every length between; Skv: "
+        "the cache lengths, in a decode family; "
         "margin: median of runner-up time / winner time, the runner-up being the fastest "
         "*other kernel*: impls that ran the winner's kernel (the backend column: `sdpa` "
         "dispatching to cuDNN) are one contestant, named as the same kernel; ties: wins "
@@ -121,7 +33,7 @@ def winners_section(a) -> list[str]:
             else "whose p20–p80 range overlaps the winner's (this run has no rounds); "
         )
         + "marked: wins that are not ties but rest on contended rows, a paired interval "
-        f"wider than {rules.WIDE_INTERVAL:g}x (hi / lo) or noisy rows).",
+        f"wider than {derived.WIDE_INTERVAL:g}x (hi / lo) or noisy rows).",
         "",
     ]
     if winners.empty:
@@ -136,7 +48,7 @@ def winners_section(a) -> list[str]:
                 r.impl + (" (PyTorch's kernels)" if r.impl in borrowed else "")
             )
             + (f" (same kernel as {r.same_kernel})" if r.same_kernel else "")
-            + f" {r.wins}/{r.cases} (N {r.spans}"
+            + f" {r.wins}/{r.cases} ({r.axis} {r.spans}"
             + (f"; {r.ties} tie{'s' if r.ties > 1 else ''}" if r.ties else "")
             + (f"; {r.marked} marked: {r.marks}" if r.marked else "")
             + ")"
@@ -202,7 +114,7 @@ def speedup_section(a) -> list[str]:
         )
         + "Marked: cases that rest on contended rows, "
         + (
-            f"an interval wider than {rules.WIDE_INTERVAL:g}x (hi / lo)."
+            f"an interval wider than {derived.WIDE_INTERVAL:g}x (hi / lo)."
             if paired
             else "or noisy rows (p20–p80 spread: the measurement checks)."
         ),
@@ -221,7 +133,6 @@ def speedup_section(a) -> list[str]:
         int(cases[k]["caveat"].fillna("").astype(bool).sum())
         for k in zip(agg["impl"], agg["family"])
     ]
-    agg["each"] = [_each(cases[k]) for k in zip(agg["impl"], agg["family"])]
     order = {f: i for i, f in enumerate(a.families)}
     agg = agg.sort_values(
         ["impl", "family"], key=lambda c: c.map(order) if c.name == "family" else c
@@ -236,11 +147,21 @@ def speedup_section(a) -> list[str]:
         "max": "max",
         "ties": "ties",
         "marked": "marked",
-        "each": "each case (what varies: speedup [95% interval])",
     }
     if not paired:
-        del columns["ties"], columns["each"]
+        del columns["ties"]
     lines.append(table(agg, columns, formats={"median": x, "min": x, "max": x}))
+    if paired:
+        each = [(k, _each(cases[k])) for k in zip(agg["impl"], agg["family"])]
+        lines += folded("Each case (what varies: speedup [95% interval])", _each_lines(each))
+    return lines
+
+
+def _each_lines(each: list) -> list[str]:
+    """Per (impl, family), its cases one per line."""
+    lines = []
+    for (impl, family), texts in each:
+        lines += [f"- **{impl}**, {family}:", *(f"  - {t}" for t in texts)]
     return lines
 
 
@@ -249,11 +170,11 @@ def _ties(sp: pd.DataFrame) -> pd.Series:
     return (sp["speedup_lo"].le(1) & sp["speedup_hi"].ge(1)).fillna(False).astype(bool)
 
 
-def _each(sp: pd.DataFrame) -> str:
+def _each(sp: pd.DataFrame) -> list[str]:
     """One (impl, family)'s cases in order of N, each labelled by what varies among them."""
     sp = sp.sort_values("seq_n")
-    labels = rules.case_labels(sp)
-    return "; ".join(_speedup_text(r, labels[i]) for i, r in sp.iterrows())
+    labels = derived.case_labels(sp)
+    return [_speedup_text(r, labels[i]) for i, r in sp.iterrows()]
 
 
 def _speedup_text(r, label: str) -> str:
@@ -266,22 +187,19 @@ def _speedup_text(r, label: str) -> str:
     return text + (f" ({r['caveat']})" if not pd.isna(r["caveat"]) and r["caveat"] else "")
 
 
-AXIS = {"seq_q": "N", "seq_kv": "Skv"}  # how a fitted range names its length
-
-
 def _slope_text(r) -> str:
     if pd.isna(r["slope"]):
         return MISSING
-    bound = "≥" if rules.flag(r["overhead_limited"]) else ""
+    bound = derived.bound_mark(r)
     return (
-        f"{bound}{rules.slope_text(r['slope'])} ± {r['slope_se']:.2f} "
-        f"({r['n_points']} pts, {AXIS.get(r['axis'], 'N')} {r['seq_min']}–{r['seq_max']})"
+        f"{bound}{derived.slope_text(r['slope'])} ± {r['slope_se']:.2f} "
+        f"({r['n_points']} pts, {AXIS_NAME.get(r['axis'], 'N')} {r['seq_min']}–{r['seq_max']})"
     )
 
 
 def _notes(by: dict, first) -> str:
     notes = []
-    for m in rules.FIT_METRICS:
+    for m in derived.FIT_METRICS:
         if m not in by or pd.isna(by[m]["reason"]):
             continue
         # the overhead-limited caveat is the ≥ sign, explained above the table
@@ -319,7 +237,7 @@ def _unfitted_line(unfit: list) -> list[str]:
 
 
 def exponents_section(fits: pd.DataFrame) -> list[str]:
-    """Scaling exponents from rules.scaling_exponents with a ``series`` label column (a
+    """Scaling exponents from derived.scaling_exponents with a ``series`` label column (a
     DeviceAnalysis's fits); series without any fit collapse into one line."""
     lines = [
         "### Scaling exponents",
@@ -347,9 +265,9 @@ def exponents_section(fits: pd.DataFrame) -> list[str]:
             "",
         ]
     rows, unfit = [], []
-    groups = fits.groupby(list(rules.SERIES_KEY), dropna=False, sort=True)
+    groups = fits.groupby(list(derived.SERIES_KEY), dropna=False, sort=True)
     groups = sorted(
-        groups, key=lambda t: (t[1]["impl"].iloc[0], rules.mode_rank(t[1]["mode"].iloc[0]))
+        groups, key=lambda t: (t[1]["impl"].iloc[0], derived.mode_rank(t[1]["mode"].iloc[0]))
     )
     for _key, g in groups:
         if g["slope"].isna().all():
@@ -384,22 +302,23 @@ def _exponents_table(rows: pd.DataFrame) -> str:
     return table(rows, columns)
 
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
 def score_memory_lines(a) -> list[str]:
     """The series whose peak memory at their largest N holds a score matrix or more (B·Hq·Sq
     ·Skv elements of the case's dtype), in score matrices: a peak of several (scores and
     probabilities both kept, or float32 scores for half inputs) is said, not left to the
     reader to work out."""
-    ok = rules.ok_rows(a.frame).dropna(subset=["peak_mem_mib"])
+    ok = derived.ok_rows(a.frame).dropna(subset=["peak_mem_mib"])
     if ok.empty or (ok["level"] != "op").all():
         return []
-    ok = ok[ok["level"] == "op"]
-    top = ok.loc[ok.groupby(list(rules.SERIES_KEY), dropna=False)["seq_n"].idxmax()]
+    # a series whose queries grow with N: a decode series (N the cache, Sq fixed) holds an
+    # O(N) score row, and what else its peak holds (a GQA-expanded K/V copy) is not scores
+    ok = ok[(ok["level"] == "op") & (ok["seq_q"] == ok["seq_n"])]
+    if ok.empty:
+        return []
+    top = ok.loc[ok.groupby(list(derived.SERIES_KEY), dropna=False)["seq_n"].idxmax()]
     elements = top["batch"] * top["heads"] * top["seq_q"] * top["seq_kv"]
     ratio = top["peak_mem_mib"] * 2**20 / (elements * top["dtype"].map(DTYPE_BYTES).fillna(4))
-    top = top.assign(ratio=ratio, series=rules.series_labels(top))[ratio >= 1]
+    top = top.assign(ratio=ratio, series=derived.series_labels(top))[ratio >= 1]
     if top.empty:
         return []
     parts = [
@@ -421,7 +340,7 @@ def disagreement_section(a) -> list[str]:
     df, bad = a.frame, a.disagreements
     lines = ["### Numerical agreement", ""]
     if bad.empty:
-        n = len(rules.ok_rows(df))
+        n = len(derived.ok_rows(df))
         lines += [f"All {n} ok rows agree with the float64 reference within their bound.", ""]
         return lines + _precision_lines(df)
     bad = bad.assign(
@@ -463,7 +382,7 @@ def _precision_lines(df: pd.DataFrame) -> list[str]:
     agreement, in measure/precision.py's words."""
     if "precision_low" not in df:  # runs made before the column existed
         return []
-    low = rules.ok_rows(df)
+    low = derived.ok_rows(df)
     low = low[low["precision_low"].eq(True).fillna(False).astype(bool)]
     if low.empty:
         return []

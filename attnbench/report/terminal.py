@@ -13,7 +13,7 @@ from attnbench.case import DEVICES, DTYPES, Case
 from attnbench.masks import ANY, KINDS, MASKS, MODS
 from attnbench.masks.contract import origin
 from attnbench.models import models_table
-from attnbench.report import rules
+from attnbench.report import derived
 from attnbench.store.schema import CASE_KEY
 
 __all__ = ["list_impls", "models_table", "summary_table"]
@@ -193,18 +193,18 @@ def summary_table(df: pd.DataFrame, impls: list[str] | None = None) -> str:
     """Median ms per case (rows) and impl (columns) over the whole run (a resumed run too);
     a status word where there is no time, '!' after a time whose output disagrees with the
     reference, 'c' after one timed while contended, '~' after a noisy one or one whose
-    paired speedup has a wide interval (rules.caveat). Impls that are unsupported in
+    paired speedup has a wide interval (derived.caveat). Impls that are unsupported in
     every case are named below, not tabulated."""
     if df.empty:
         return "no rows were run"
     rows = df.drop_duplicates([c for c in CASE_KEY if c in df], keep="last")
-    busy, shaky = rules.contended(rows), rules.noisy(rows)
+    busy, shaky = derived.contended(rows), derived.noisy(rows)
 
     def cell(r):
         if r["status"] != "ok":
             return r["status"]
         lo, hi = r.get("speedup_lo"), r.get("speedup_hi")
-        note = rules.caveat(False, lo, hi, bool(shaky[r.name]))
+        note = derived.caveat(False, lo, hi, bool(shaky[r.name]))
         return (
             f"{r['time_ms']:.3g}"
             + ("" if r["agrees"] is not False else " !")

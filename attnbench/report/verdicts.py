@@ -10,8 +10,7 @@ import math
 import pandas as pd
 
 from attnbench.report.contestants import contestants, kernel_of
-from attnbench.report.rounds import Rounds
-from attnbench.report.rules import (
+from attnbench.report.derived import (
     CASE_COLUMNS,
     agreeing,
     case_family,
@@ -21,6 +20,7 @@ from attnbench.report.rules import (
     noisy,
     ok_rows,
 )
+from attnbench.report.rounds import Rounds
 
 
 def speedups(
@@ -201,13 +201,16 @@ def seq_spans(won, lengths) -> str:
     return ", ".join(spans)
 
 
+AXIS_NAME = {"seq_q": "N", "seq_kv": "Skv"}  # a length as the report's tables name it
+
+
 def wins_by_family(winners: pd.DataFrame) -> pd.DataFrame:
     """From fastest_agreeing: per family and winning impl, the cases won, the family's case
     count, the seq_q range of the wins, the lengths won as spans of the family's lengths
     (``spans``), how many of the wins are ties (within the noise of the runner-up), and how
     many that are not rest on doubtful evidence (``marked``, and their caveats, ``marks``)."""
     columns = ["family", "impl", "wins", "cases", "seq_min", "seq_max", "spans", "ties"]
-    columns += ["marked", "marks", "same_kernel"]
+    columns += ["marked", "marks", "same_kernel", "axis"]
     if winners.empty:
         return pd.DataFrame(columns=columns)
     cases = winners.groupby("family").size().rename("cases")
@@ -251,9 +254,17 @@ def wins_by_family(winners: pd.DataFrame) -> pd.DataFrame:
         )
         for f, i in zip(agg["family"], agg["impl"])
     ]
-    lengths = winners.groupby("family")["seq_q"].agg(list)
+    # the length a family varies: the cache (Skv) where its queries are fixed (decode), as
+    # the scaling exponents and the figures name it, else N (seq_q)
+    fixed_q = winners.groupby("family")["seq_q"].nunique() == 1
+    many_kv = winners.groupby("family")["seq_kv"].nunique() > 1
+    axis = {f: "seq_kv" if fixed_q[f] and many_kv[f] else "seq_q" for f in fixed_q.index}
+    agg["axis"] = [AXIS_NAME[axis[f]] for f in agg["family"]]
     agg["spans"] = [
-        seq_spans(won.loc[(won["family"] == f) & (won["impl"] == i), "seq_q"], lengths[f])
+        seq_spans(
+            won.loc[(won["family"] == f) & (won["impl"] == i), axis[f]],
+            winners.loc[winners["family"] == f, axis[f]],
+        )
         for f, i in zip(agg["family"], agg["impl"])
     ]
     agg = agg.merge(cases.reset_index(), on="family")

@@ -293,6 +293,25 @@ def fit_loglog(
     return out
 
 
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # an element's bytes, per dtype
+
+
+def kv_cache_mib(df: pd.DataFrame) -> pd.Series:
+    """Each row's K and V as the case holds them: B·Hkv·Skv·D elements each, in MiB."""
+    elements = df["batch"] * df["kv_heads"] * df["seq_kv"] * df["head_dim"] * 2
+    return elements * df["dtype"].map(DTYPE_BYTES).fillna(4) / 2**20
+
+
+def bound_mark(fit) -> str:
+    """'≥' for an overhead-limited fit whose slope is positive past twice its standard error
+    (a lower bound: a constant overhead flattens a positive slope); '' otherwise, since a
+    negative or noise-only slope bounds nothing."""
+    if not flag(fit["overhead_limited"]) or pd.isna(fit["slope"]):
+        return ""
+    se = 0.0 if pd.isna(fit["slope_se"]) else float(fit["slope_se"])
+    return "≥" if float(fit["slope"]) - 2 * se > 0 else ""
+
+
 def slope_text(slope: float) -> str:
     """A fitted slope to two decimals; a flat one reads 0.00 whichever side of 0 it fell."""
     return f"{slope:.2f}".replace("-0.00", "0.00")

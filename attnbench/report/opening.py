@@ -1,0 +1,119 @@
+"""The report's first screen: what code measured the rows and how far the rendering code has
+moved since (staleness, from git where there is a checkout), the verdicts, the picks, and
+what the run did not cover (impls left out or not installed, phases, precision, rounds)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+
+from attnbench.report.header import preset_left_out
+from attnbench.report.picks import picks_table, verdict_lines
+from attnbench.store.env import code_version
+
+# the code that decides a row's numbers: a change here since a run means its rows may differ
+MEASURING = ("attnbench/run", "attnbench/measure", "attnbench/impls")
+GIT_TIMEOUT_S = 10
+CHECKOUT = Path(__file__).resolve().parents[2]  # the checkout this attnbench runs from
+
+
+def _git(repo: Path, *args: str) -> str | None:
+    """git's output in ``repo``, or None when git cannot answer (no checkout, unknown commit)."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(repo), *args],
+            capture_output=True,
+            text=True,
+            timeout=GIT_TIMEOUT_S,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip()
+
+
+def staleness_line(env: dict, repo: Path | None = None) -> str:
+    """'Measured at bf071c8; this report's code is 124 commits ahead, and the measuring code
+    (attnbench/run, measure, impls) changed since: re-measure before trusting the rows'
+    details' (or that it did not change, or that git cannot tell)."""
+    sha = env.get("git_sha")
+    if not sha:
+        return f"Measured by {code_version(env) or 'unknown code (env.json says nothing)'}."
+    said = f"Measured at {sha[:7]}" + (" with uncommitted changes" if env.get("git_dirty") else "")
+    repo = repo or CHECKOUT
+    head = _git(repo, "rev-parse", "--short", "HEAD") if (repo / ".git").exists() else None
+    ahead = _git(repo, "rev-list", "--count", f"{sha}..HEAD") if head else None
+    if ahead is None:
+        return f"{said}; this code's checkout cannot tell how far it has moved since."
+    if ahead == "0":
+        return f"{said}, the commit this report was rendered at."
+    changed = _git(repo, "diff", "--name-only", sha, "HEAD", "--", *MEASURING)
+    moved = f"{said}; rendered at {head}, {ahead} commits later"
+    if changed:
+        n = len(changed.splitlines())
+        return (
+            f"{moved}, and the measuring code (attnbench/run, measure, impls: {n} files) "
+            f"changed since: these rows may differ from what this code measures."
+        )
+    return f"{moved}; the measuring code (attnbench/run, measure, impls) is unchanged."
+
+
+def not_covered(df: pd.DataFrame, env: dict) -> list[str]:
+    """What the run leaves out, one item each: impls not run and why, phases with no rows,
+    missing precision columns, and the rounds each interval rests on."""
+    items = []
+    not_run = env.get("not_run") or {}
+    if isinstance(not_run, dict) and not_run:
+        missing = sorted(i for i, why in not_run.items() if "not installed" in str(why))
+        other = sorted(i for i in not_run if i not in missing)
+        if missing:
+            items.append(f"not installed: {', '.join(missing)}")
+        if other:
+            items.append(f"left out for this device or grid: {', '.join(other)} (env.json not_run)")
+    left = preset_left_out(env)
+    if left:
+        items.append(left)
+    models = df["model"].fillna("").astype(str) != "" if "model" in df else None
+    if models is not None and models.any():
+        phases = set(df.loc[models, "phase"].dropna())
+        lacking = [p for p in ("prefill", "decode", "train") if p not in phases]
+        if lacking:
+            items.append(f"no {', '.join(lacking)} rows (--phase)")
+    if "precision_low" not in df:
+        items.append("no precision columns (rows measured before they were recorded)")
+    rounds = df["rounds"].dropna() if "rounds" in df else pd.Series(dtype=float)
+    if rounds.empty:
+        items.append("no rounds: intervals are p20–p80 ranges, not paired per round")
+    else:
+        items.append(f"{_span(rounds)} rounds per paired interval")
+    statuses = df["status"].value_counts()
+    failed = {s: int(n) for s, n in statuses.items() if s != "ok"}
+    if failed:
+        said = ", ".join(f"{n} {s}" for s, n in failed.items())
+        items.append(f"rows without a number: {said} (Failures, below)")
+    return [f"- {i}" for i in items]
+
+
+def _span(values: pd.Series) -> str:
+    lo, hi = int(values.min()), int(values.max())
+    return str(lo) if lo == hi else f"{lo}–{hi}"
+
+
+def first_screen(run) -> list[str]:
+    """Title, staleness, verdicts, picks and what the run did not cover (a RunAnalysis)."""
+    rec, env = run.recommendations, run.env
+    lines = [f"# attnbench report: run `{run.run_id}`", "", staleness_line(env), ""]
+    if not rec.empty:
+        lines += ["## Verdicts", "", *verdict_lines(rec), ""]
+        lines += ["## Recommendations", "", *picks_table(rec, env)]
+        lines += [
+            f"Each pick is within its worst loss (and at most {run.tolerance:.2f}x, `--tolerance`) "
+            "of the fastest kernel agreeing with the float64 reference in every case of its "
+            "workload; decode is split by new tokens always. How it is decided: "
+            "docs/reports.md.",
+            "",
+        ]
+    lines += ["## Not covered", "", *not_covered(run.frame, env), ""]
+    return lines
