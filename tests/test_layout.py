@@ -115,7 +115,8 @@ def test_no_arrow_goes_up_or_sideways():
 def test_store_only_stores():
     """store/ holds files and formats: it imports the rooms below it and itself, nothing that
     measures, probes the machine, loads code or builds a command line."""
-    below = {r for floor in FLOORS[: next(n for n, f in enumerate(FLOORS) if "store" in f)] for r in floor}
+    store = next(n for n, floor in enumerate(FLOORS) if "store" in floor)
+    below = {r for floor in FLOORS[:store] for r in floor}
     for module, deps in imports().items():
         if room(module) == "store":
             out = [d for d in deps if room(d) not in below | {"store"}]
