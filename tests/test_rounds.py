@@ -276,6 +276,21 @@ def test_the_test_api_measures_through_the_sweeps_worker(impls, monkeypatch):
     assert rows["naive"]["speedup"] > 0 and rows["sdpa"]["speedup"] is None
 
 
+def test_the_test_api_gives_complete_rows_as_results_csv_has_them(impls):
+    """testing.run_row completes its row as a sweep does: every column of results.csv, what
+    ran it, the run, the seed and the machine's speed (its own case is the reference)."""
+    import socket
+
+    from attnbench.store.schema import COLUMNS
+    from attnbench.testing import RUN_ID
+
+    row = run_row(impls["naive"], CASE, seed=7)
+    assert list(row) == list(COLUMNS)
+    assert row["status"] == "ok" and row["host"] == socket.gethostname()
+    assert row["device_name"] and row["run_id"] == RUN_ID and row["seed"] == 7
+    assert row["speed_compute"] == pytest.approx(1.0, rel=0.5) and row["speed_memory"] > 0
+
+
 def test_the_anchor_speeds_are_a_function_of_the_reference_and_the_rounds():
     """measure/anchor.py: the first case of a dtype sets the reference; a case twice as slow
     has speed 0.5; nothing is read or written."""

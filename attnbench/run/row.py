@@ -19,6 +19,7 @@ from attnbench.measure.agreement import Truth
 from attnbench.measure.backends import borrowed_note
 from attnbench.measure.clocks import ClockSampler, summarize
 from attnbench.measure.compiling import RECOMPILED_NOTE, Watch, compile_ms, eagerly, isolate
+from attnbench.measure.paired import ratio, round_medians
 from attnbench.measure.precision import emulated
 from attnbench.measure.reference import magnitude, reference
 from attnbench.measure.roofline import rates, roofline
@@ -195,10 +196,13 @@ def time_together(group: list[Checked], index: int) -> dict[str, Slice | Measure
     return answers
 
 
-def finish(checked: Checked, slices: list[Slice], settings: Settings) -> Measured:
+def finish(
+    checked: Checked, slices: list[Slice], settings: Settings, base: dict | None = None
+) -> Measured:
     """The row from its timing rounds (time, clock, rate and recompiled columns and their
     notes: measure/timing.py), then a memory pass, and on CUDA (or with --profile) a profiled
-    pass. A failure at any step leaves every metric blank."""
+    pass; with the baseline's median per round (``base``), its speedup over the baseline,
+    paired by round (measure/paired.py). A failure at any step leaves every metric blank."""
     impl, case, inputs, call = checked.impl, checked.case, checked.inputs, checked.call
     row, notes = checked.row, checked.notes
     try:
@@ -210,15 +214,25 @@ def finish(checked: Checked, slices: list[Slice], settings: Settings) -> Measure
         notes.extend(timing.notes())
         flops = case.flops(inputs.mask.layout)
         row.update(timing.columns(), cuda_graph=settings.timer.cuda_graph)
+        row.update(_speedup(base, timing))
         row.update(rates(flops, case.bytes_moved(), timing.median_ms))
         row["work_flops"] = work_flops(impl, case, call)
         row.update(roofline(row, case, settings, notes))
         row["peak_mem_mib"] = memory(impl, case, call, notes)
-        kernels = profile(impl, case, settings, row, notes, checked.in_round)
+        profiled, kernels = profile(impl, case, settings, row, notes, checked.in_round)
+        row.update(profiled)
         row.update(status="ok", reason="; ".join(notes) or None)
         return Measured(row, list(timing.samples_ms), kernels, rounds=timing.rounds)
     except Exception as exc:  # noqa: BLE001 - an impl's failure is a row, never a crash
         return caught(impl, case, exc)
+
+
+def _speedup(base: dict | None, timing: Timing) -> dict:
+    """The speedup columns over the baseline's medians per round, where both have rounds."""
+    speedup = None if base is None else ratio(base, round_medians(timing.samples_ms, timing.rounds))
+    if speedup is None:
+        return {}
+    return dict(speedup=speedup.value, speedup_lo=speedup.lo, speedup_hi=speedup.hi)
 
 
 def support_reasons(impl: Impl, case: Case, settings: Settings) -> list[str]:

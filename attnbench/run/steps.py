@@ -8,7 +8,8 @@ process, a Ray actor's worker process), the steps it answers, one message each:
     ("together", case, impls, round) CPU: their parts of a round taken in turns, sample by
                                      sample: impl name -> its Slice, or its row
     ("anchor", case, round)          the speed anchor's part of a round (measure/anchor.py)
-    ("finish", case, impl, slices)   its row (``row.Measured``) from its slices
+    ("finish", case, impl, slices, base)  its row (``row.Measured``) from its slices; ``base``:
+                                     the baseline's median per round (its speedup), or None
     ("device", packages)             the device's env.json entry (run/environment.device_env)
     ("ceilings", dtypes, quick)      the device's measured ceilings (measure/ceilings.py)
 
@@ -89,13 +90,13 @@ class Steps:
                 group.append(checked)
         return {**answers, **row.time_together(group, index)}
 
-    def _finish(self, case: Case, impl: Impl | str, slices: list) -> Measured:
+    def _finish(self, case: Case, impl: Impl | str, slices: list, base: dict | None) -> Measured:
         checked = self._checked(case, impl)
         if isinstance(checked, Measured):
             return checked
         del self.checked[checked.impl.name]
         try:
-            return row.finish(checked, slices, self.prepared.settings)
+            return row.finish(checked, slices, self.prepared.settings, base)
         finally:
             checked = None
             row.release(case)

@@ -69,7 +69,7 @@ def run_sweep(
     baseline = next((i for i in impls if i.name == baseline), None)
     shown = Progress(total, progress, row_lines, len(executors))
     completer = Completer(run_dir, run_id, seed)
-    with heap.frozen(), Writer(run_dir, seed, shown) as writer:
+    with heap.frozen(), Writer(run_dir, shown) as writer:
         stop = threading.Event()
         lanes = [
             threading.Thread(
@@ -144,7 +144,7 @@ def _run_family(
     for n, (case, case_impls) in enumerate(family):
         if stop.is_set():
             return None
-        writer.draws(case, case_impls)
+        writer.draws(completer.draws(case, case_impls))
         skipped = [m for i in case_impls if (m := ooms.skip(i, case))]
         names = {m.row["impl"] for m in skipped}
         todo = [i for i in case_impls if i.name not in names]
