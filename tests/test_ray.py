@@ -20,7 +20,7 @@ import pytest
 
 from attnbench.cli import main
 from attnbench.errors import UsageError
-from attnbench.run.row import failed
+from attnbench.run.row import failed_row
 from attnbench.run.sweep import run_sweep
 from attnbench.run.worker import WorkerSpec
 from attnbench.spec import Spec
@@ -225,7 +225,7 @@ class _Fake:
 
     def run_case(self, case, impls, baseline=None):
         self.ran.append(case)
-        return [failed(impl, case, "error", "fake") for impl in impls]
+        return [failed_row(impl, case, "error", "fake") for impl in impls]
 
     def replace(self):
         return False
@@ -238,7 +238,7 @@ def test_a_family_started_on_one_device_kind_stays_there(impls, tmp_path):
     cases = Spec.from_preset("smoke", "cpu", seq_len=[32, 64]).cases()
     naive = [impls["naive"]]
     first = next(c for c in cases if c.seq_q == 32)  # its family was started on "B"
-    done = {row_key(failed(naive[0], first, "error", "x").row): "B"}
+    done = {row_key(failed_row(naive[0], first, "error", "x").row): "B"}
     a, b = _Fake("A"), _Fake("B")
     run_sweep(cases, naive, tmp_path, [a, b], run_id="r", seed=0, progress=False, done=done)
     family = [c for c in cases if c.mode == first.mode and c.causal == first.causal]
@@ -348,9 +348,9 @@ class _Losing(_Fake):
     def run_case(self, case, impls, baseline=None):
         self.ran.append(case)
         if len(self.ran) == self.lose_at:
-            yield failed(impls[0], case, LOST, "actor lost (its node died)")
+            yield failed_row(impls[0], case, LOST, "actor lost (its node died)")
             return
-        yield from (failed(impl, case, "error", "fake") for impl in impls)
+        yield from (failed_row(impl, case, "error", "fake") for impl in impls)
 
     def replace(self, say):
         self.replaced += 1

@@ -16,7 +16,7 @@ from attnbench.case import Case
 from attnbench.measure.paired import ratio, round_medians
 from attnbench.measure.timing import ROUNDS, Slice, TimerConfig
 from attnbench.registry import Impl
-from attnbench.run.failed import Measured, base_row, failed
+from attnbench.run.failed import Measured, base_row, failed_row
 from attnbench.run.local import InProcess, Subprocess
 from attnbench.run.row import Settings
 from attnbench.run.sweep import run_sweep
@@ -388,13 +388,13 @@ class _Recorder:
 
     def run_case(self, case, impls, baseline=None):
         self.asked += [(i.name, case.seq_q) for i in impls]
-        return [failed(i, case, "error", "fake") for i in impls]
+        return [failed_row(i, case, "error", "fake") for i in impls]
 
 
 def test_resume_keeps_the_out_of_memory_pruning(impls, tmp_path):
     cases = [CASE, Case(batch=1, heads=1, kv_heads=1, seq_q=48, seq_kv=48, head_dim=16)]
     with row_writer(tmp_path) as out:  # naive ran out of memory at 32 before the stop
-        out.write(failed(impls["naive"], CASE, "oom", "out of memory").row | {"run_id": "r"})
+        out.write(failed_row(impls["naive"], CASE, "oom", "out of memory").row | {"run_id": "r"})
     two, executor = [impls["sdpa"], impls["naive"]], _Recorder()
     run_sweep(
         cases,

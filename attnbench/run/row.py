@@ -27,7 +27,7 @@ from attnbench.measure.timing import RoundTimer, Slice, TimerConfig, Timing, int
 from attnbench.registry import Impl
 from attnbench.run import heap
 from attnbench.run.call import Call
-from attnbench.run.failed import Measured, base_row, caught, failed, one_line
+from attnbench.run.failed import Measured, base_row, caught, failed_row, one_line
 from attnbench.run.inputs import Inputs, make_inputs
 from attnbench.run.layer import Parts, layer_truth
 from attnbench.run.passes import InRound, memory, nvtx, profile, profile_due, profile_in_round
@@ -119,7 +119,7 @@ def check(
     failed, else what its timing rounds need."""
     reasons = support_reasons(impl, case, settings)
     if reasons:
-        return failed(impl, case, "unsupported", "; ".join(reasons))
+        return failed_row(impl, case, "unsupported", "; ".join(reasons))
     row, notes = base_row(impl, case), []
     try:
         if impl.compiled:

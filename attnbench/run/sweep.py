@@ -21,7 +21,7 @@ from attnbench.case import Case
 from attnbench.registry import Impl
 from attnbench.run import heap
 from attnbench.run.complete import Completer
-from attnbench.run.failed import base_row, failed
+from attnbench.run.failed import base_row, failed_row
 from attnbench.run.oom import Ooms
 from attnbench.run.progress import Progress
 from attnbench.run.queue import Family, Work
@@ -190,7 +190,7 @@ def _write_left(families: list[Family], writer: Writer, completer: Completer) ->
     for family in families:
         for case, case_impls in family:
             for impl in case_impls:
-                measured = failed(
+                measured = failed_row(
                     impl, case, LOST, "not run: every executor that could run it was lost"
                 )
                 writer.write(measured, f"{impl.name}: {case.label()}", completer.complete(measured))

@@ -27,7 +27,7 @@ from attnbench.case import Case
 from attnbench.errors import AttnbenchError
 from attnbench.measure.paired import round_medians
 from attnbench.registry import Impl
-from attnbench.run.failed import Measured, failed
+from attnbench.run.failed import Measured, failed_row
 from attnbench.run.row import Settings, support_reasons
 from attnbench.store.env import GPU_WHERE
 from attnbench.store.schema import LOST
@@ -130,7 +130,7 @@ class Worker:
         for impl in impls:
             reasons = support_reasons(impl, case, settings)
             if reasons:
-                yield failed(impl, case, "unsupported", "; ".join(reasons))
+                yield failed_row(impl, case, "unsupported", "; ".join(reasons))
             else:
                 runnable.append(impl)
         if not runnable:
@@ -223,12 +223,12 @@ class Worker:
     def _answer(self, impl: Impl, msg: tuple, during: str | None = None):
         """The server's answer to ``impl``'s step, or the impl's failed row."""
         if self.broken:
-            return failed(impl, self.case, self.broken.status, self.broken.reason)
+            return failed_row(impl, self.case, self.broken.status, self.broken.reason)
         try:
             return self._step(msg)
         except WorkerFailed as exc:
             where = f" (during {during})" if during and exc is not self.broken else ""
-            return failed(impl, self.case, exc.status, exc.reason + where)
+            return failed_row(impl, self.case, exc.status, exc.reason + where)
 
     def _step(self, msg: tuple):
         """One step under the timeout; a fresh server gets the case again first."""
