@@ -41,7 +41,7 @@ from attnbench.run.row import Settings
 from attnbench.run.worker import Worker, WorkerSpec
 
 FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
-RUN_ID = "testing"  # the run_id of the rows measured here
+TEST_RUN_ID = "testing"  # the run_id of the rows measured here
 
 
 def run_row(impl: registry.Impl, case: Case, seed: int = 0, settings: Settings = FAST) -> dict:
@@ -63,7 +63,7 @@ def run_rows(
     left as it is)."""
     settings = replace(settings, malloc_tunables=False)
     spec = WorkerSpec(seed=seed, settings=settings, device=case.device)
-    worker, completer = Worker(spec, InProcess(spec)), Completer(None, RUN_ID, seed)
+    worker, completer = Worker(spec, InProcess(spec)), Completer(None, TEST_RUN_ID, seed)
     rows = {}
     try:
         for measured in worker.run_case(case, impls, baseline):

@@ -282,12 +282,12 @@ def test_the_test_api_gives_complete_rows_as_results_csv_has_them(impls):
     import socket
 
     from attnbench.store.schema import COLUMNS
-    from attnbench.testing import RUN_ID
+    from attnbench.testing import TEST_RUN_ID
 
     row = run_row(impls["naive"], CASE, seed=7)
     assert list(row) == list(COLUMNS)
     assert row["status"] == "ok" and row["host"] == socket.gethostname()
-    assert row["device_name"] and row["run_id"] == RUN_ID and row["seed"] == 7
+    assert row["device_name"] and row["run_id"] == TEST_RUN_ID and row["seed"] == 7
     assert row["speed_compute"] == pytest.approx(1.0, rel=0.5) and row["speed_memory"] > 0
 
 
