@@ -36,9 +36,9 @@ from attnbench.case import Case
 from attnbench.masks import KINDS, MODS
 from attnbench.measure.timing import TimerConfig
 from attnbench.run.complete import Completer
-from attnbench.run.local import InProcess
-from attnbench.run.row import Settings
-from attnbench.run.worker import Worker, WorkerSpec
+from attnbench.run.executing.local import InProcess
+from attnbench.run.executing.worker import Worker, WorkerSpec
+from attnbench.run.measuring.row import Settings
 
 FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
 TEST_RUN_ID = "testing"  # the run_id of the rows measured here

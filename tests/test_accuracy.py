@@ -22,9 +22,9 @@ from attnbench.measure.agreement import (
     legacy_bound,
 )
 from attnbench.measure.reference import Magnitude, coarser_grid, grid, magnitude, reference
-from attnbench.run.call import Call
-from attnbench.run.inputs import make_inputs
-from attnbench.run.row import ground_truth
+from attnbench.run.measuring.call import Call
+from attnbench.run.measuring.inputs import make_inputs
+from attnbench.run.measuring.row import ground_truth
 
 
 def dense(q, k, v, causal, scale):

@@ -5,7 +5,7 @@ import gc
 import sys
 import types
 
-from attnbench.run import heap
+from attnbench.run.measuring import heap
 
 
 def test_a_rows_collection_freezes_a_newly_imported_librarys_objects(monkeypatch):

@@ -37,7 +37,7 @@ def imports(code: Code | None = None) -> dict[str, set[str]]:
 
 
 def path_of(module: str) -> str:
-    """attnbench.run.worker -> run/worker.py (a package: its __init__.py)."""
+    """attnbench.run.executing.worker -> run/worker.py (a package: its __init__.py)."""
     rel = module.removeprefix("attnbench").lstrip(".").replace(".", "/")
     return f"{rel}/__init__.py" if (PACKAGE / rel / "__init__.py").is_file() else f"{rel}.py"
 
@@ -87,7 +87,7 @@ FLOORS = (
 
 
 def room(module: str) -> str:
-    """attnbench.run.worker -> run; attnbench.cli -> cli; attnbench (the package) -> __init__."""
+    """attnbench.run.sweep -> run; attnbench.cli -> cli; attnbench (the package) -> __init__."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
@@ -245,7 +245,7 @@ def _mentions(hint, cls) -> bool:
 def step_functions() -> list:
     """What the one driver drives: the functions that take or give a checked impl (the state
     of one impl between its steps: run/row.py's ``Checked``), found from their signatures."""
-    from attnbench.run import row
+    from attnbench.run.measuring import row
 
     module = inspect.getmodule(row.Checked)
     return [
@@ -261,7 +261,7 @@ def second_drivers(code: Code | None = None) -> list[str]:
     """A row's steps are driven by the worker alone, through the server: the step functions
     are called only in the server's module (steps.Steps), one step per handler; anything
     else that calls one, or a handler that calls two, is a second driver."""
-    from attnbench.run.steps import Steps
+    from attnbench.run.executing.steps import Steps
 
     steps, server = step_functions(), path_of(Steps.__module__)
     assert len(steps) >= 3, f"the step functions are gone: {steps}"
@@ -285,7 +285,7 @@ def second_drivers(code: Code | None = None) -> list[str]:
 def test_one_driver_runs_the_steps():
     """No second loop over the steps of one impl, and the test API measures through the
     worker."""
-    from attnbench.run.worker import Worker
+    from attnbench.run.executing.worker import Worker
 
     assert not second_drivers()
     assert Worker.__module__ in imports()["attnbench.testing"]
@@ -303,7 +303,7 @@ def worker_written_twice(code: Code | None = None) -> list[str]:
     the worker's failure and only the worker handles it. The failure and the runner's
     method are the objects themselves, by whatever name a module imports them: a rename
     follows, and a guard that finds no raiser or no handler fails instead of passing."""
-    from attnbench.run.worker import Worker, WorkerFailed
+    from attnbench.run.executing.worker import Worker, WorkerFailed
 
     runners, raisers, handlers = set(), set(), set()
     for where, text in (code or sources()).items():
@@ -339,8 +339,8 @@ def _row_makers() -> tuple[str, tuple[str, ...], set[str]]:
     from attnbench.case import Case
     from attnbench.registry import Impl
     from attnbench.run.complete import Completer
-    from attnbench.run.failed import base_row, failed_row
-    from attnbench.run.row import finish
+    from attnbench.run.measuring.failed import base_row, failed_row
+    from attnbench.run.measuring.row import finish
     from attnbench.store.results import sample_lines
     from attnbench.store.schema import COLUMNS
 
@@ -541,7 +541,7 @@ def test_only_the_plan_reads_the_raw_options():
 def test_the_transport_protocol_is_whole():
     """``where`` and ``replace`` are part of the transport protocol: every transport has them,
     and no module asks with getattr whether a transport or an executor has them."""
-    from attnbench.run.worker import Transport
+    from attnbench.run.executing.worker import Transport
 
     assert "where" in Transport.__annotations__ and "replace" in vars(Transport)
     transports = []
@@ -669,8 +669,9 @@ PLANTED = {
         [
             (
                 "testing.py",
-                "from attnbench.run.local import InProcess\n",
-                "from attnbench.run import row\nfrom attnbench.run.local import InProcess\n",
+                "from attnbench.run.executing.local import InProcess\n",
+                "from attnbench.run.measuring import row\n"
+                "from attnbench.run.executing.local import InProcess\n",
             ),
             ("testing.py", "", _DRIVER.format(time="row.time_together", finish="row.finish")),
         ],
@@ -709,7 +710,7 @@ PLANTED = {
     ),
     "measure/ importing run/ as an alias": (
         imports_out,
-        ("measure/timing.py", "", "\nimport attnbench.run.row as r\n"),
+        ("measure/timing.py", "", "\nimport attnbench.run.measuring.row as r\n"),
     ),
     "a circle of two modules, one relative": (
         cycles,
@@ -773,9 +774,9 @@ PLANTED = {
         [
             (
                 "testing.py",
-                "from attnbench.run.local import InProcess\n",
-                "from attnbench.run.local import InProcess\n"
-                "from attnbench.run.row import finish as done, time_round as tick\n",
+                "from attnbench.run.executing.local import InProcess\n",
+                "from attnbench.run.executing.local import InProcess\n"
+                "from attnbench.run.measuring.row import finish as done, time_round as tick\n",
             ),
             ("testing.py", "", _DRIVER.format(time="tick", finish="done")),
         ],
@@ -801,7 +802,7 @@ PLANTED = {
             "run/sweep.py",
             "",
             "\n\ndef _planted():\n"
-            "    from attnbench.run.worker import WorkerFailed as Lost\n\n"
+            "    from attnbench.run.executing.worker import WorkerFailed as Lost\n\n"
             '    raise Lost("crash", "planted")\n',
         ),
     ),

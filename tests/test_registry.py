@@ -230,8 +230,8 @@ def test_register_adds_none_to_the_masks_and_refuses_unknown_ones(monkeypatch):
 
 
 def test_an_impl_without_masks_is_never_called_with_mask(tmp_path):
-    from attnbench.run.call import Call
-    from attnbench.run.inputs import make_inputs
+    from attnbench.run.measuring.call import Call
+    from attnbench.run.measuring.inputs import make_inputs
 
     path = write(
         tmp_path / "strict_attn.py",
@@ -319,7 +319,7 @@ def test_install_hints_name_packages_an_index_has(impls):
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
 
-    from attnbench.run.ray_cluster import INSTALL_HINT
+    from attnbench.run.executing.ray_cluster import INSTALL_HINT
 
     pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
     extras = {r for reqs in pyproject["project"]["optional-dependencies"].values() for r in reqs}

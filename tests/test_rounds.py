@@ -16,11 +16,18 @@ from attnbench.case import Case
 from attnbench.measure.paired import ratio, round_medians
 from attnbench.measure.timing import ROUNDS, Slice, TimerConfig
 from attnbench.registry import Impl
-from attnbench.run.failed import Measured, base_row, failed_row
-from attnbench.run.local import InProcess, Subprocess
-from attnbench.run.row import Settings
+from attnbench.run.executing.local import InProcess, Subprocess
+from attnbench.run.executing.worker import (
+    ANCHOR,
+    PREPARING,
+    UNPREPARED,
+    Worker,
+    WorkerFailed,
+    WorkerSpec,
+)
+from attnbench.run.measuring.failed import Measured, base_row, failed_row
+from attnbench.run.measuring.row import Settings
 from attnbench.run.sweep import run_sweep
-from attnbench.run.worker import ANCHOR, PREPARING, UNPREPARED, Worker, WorkerFailed, WorkerSpec
 from attnbench.store.results import done_keys, read_results, row_writer
 from attnbench.store.rundir import RunDir
 from attnbench.store.schema import LOST
@@ -263,7 +270,7 @@ def test_the_anchor_is_relative_to_the_runs_start_across_a_resume(resumed):
 def test_the_test_api_measures_through_the_sweeps_worker(impls, monkeypatch):
     """run_row and run_rows time their rows in rounds interleaved with the speed anchor, as
     a sweep's worker does, and pair each row with the baseline's rounds."""
-    from attnbench.run.steps import Steps
+    from attnbench.run.executing.steps import Steps
 
     anchored, anchor = [], Steps._anchor
     monkeypatch.setattr(
@@ -432,7 +439,7 @@ def test_a_bad_retry_is_one_line_and_exit_2(tmp_path, capsys, args, needle):
 def test_a_case_whose_inputs_run_out_of_memory_is_oom_rows_in_one_line(monkeypatch):
     """Drawing the inputs ran out of memory (the CPU allocator's RuntimeError): each runnable
     row is oom with one line naming the case, not the server's crash with a traceback."""
-    import attnbench.run.row as row_module
+    import attnbench.run.measuring.row as row_module
 
     def refuse(case, seed):
         raise RuntimeError(

@@ -17,9 +17,9 @@ from pathlib import Path
 from attnbench.case import Case
 from attnbench.measure import anchor
 from attnbench.registry import Impl
-from attnbench.run.environment import device_name
-from attnbench.run.failed import Measured
-from attnbench.run.inputs import draws
+from attnbench.run.executing.environment import device_name
+from attnbench.run.measuring.failed import Measured
+from attnbench.run.measuring.inputs import draws
 from attnbench.store.env import read_anchor, write_anchor
 from attnbench.store.results import row_key
 from attnbench.store.rundir import RunDir

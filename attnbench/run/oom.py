@@ -9,7 +9,7 @@ from pathlib import Path
 
 from attnbench.case import Case
 from attnbench.registry import Impl
-from attnbench.run.failed import Measured, base_row, failed_row
+from attnbench.run.measuring.failed import Measured, base_row, failed_row
 from attnbench.store.results import row_key
 from attnbench.store.rundir import RunDir
 

@@ -19,14 +19,14 @@ from textwrap import shorten
 from attnbench import registry
 from attnbench.case import Case
 from attnbench.registry import Impl
-from attnbench.run import heap
 from attnbench.run.complete import Completer
-from attnbench.run.failed import base_row, failed_row
+from attnbench.run.executing.worker import Worker, who
+from attnbench.run.measuring import heap
+from attnbench.run.measuring.failed import base_row, failed_row
+from attnbench.run.measuring.row import release
 from attnbench.run.oom import Ooms
 from attnbench.run.progress import Progress
 from attnbench.run.queue import Family, Work
-from attnbench.run.row import release
-from attnbench.run.worker import Worker, who
 from attnbench.run.writer import Writer
 from attnbench.store.results import row_key
 from attnbench.store.schema import LOST

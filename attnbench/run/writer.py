@@ -10,7 +10,7 @@ import json
 import threading
 from pathlib import Path
 
-from attnbench.run.failed import Measured
+from attnbench.run.measuring.failed import Measured
 from attnbench.run.progress import Progress
 from attnbench.store.results import (
     anchor_writer,

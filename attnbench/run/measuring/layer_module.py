@@ -38,8 +38,8 @@ from attnbench.module_layout import (
     QKNorm,
 )
 from attnbench.registry import Impl, Unsupported
-from attnbench.run.inputs import Inputs, layer_parts
-from attnbench.run.layer import EXTRAS, UNCHECKED, WEIGHTS, Parts
+from attnbench.run.measuring.inputs import Inputs, layer_parts
+from attnbench.run.measuring.layer import EXTRAS, UNCHECKED, WEIGHTS, Parts
 
 MHA_FAST_OP = "aten::_native_multi_head_attention"
 

@@ -16,7 +16,7 @@ from attnbench.measure.clocks import ClockSampler, summarize
 from attnbench.measure.memory import MemoryUnavailable, peak_mem_mib
 from attnbench.measure.profiling import Profile, cross_check_due, mismatch_note, profile_fn
 from attnbench.registry import Impl
-from attnbench.run.call import Call
+from attnbench.run.measuring.call import Call
 
 
 def memory(impl: Impl, case: Case, call: Call, notes: list[str]) -> float | None:

@@ -20,19 +20,19 @@ from attnbench.measure.memory import device_memory_bytes
 from attnbench.measure.timing import TimerConfig
 from attnbench.options import MEASURE_OPTIONS, as_text
 from attnbench.plugins import records
-from attnbench.run.inputs import input_bytes
-from attnbench.run.layer_module import try_factory
-from attnbench.run.row import Settings
-from attnbench.run.selection import (
+from attnbench.run.executing.worker import WorkerSpec
+from attnbench.run.measuring.inputs import input_bytes
+from attnbench.run.measuring.layer_module import try_factory
+from attnbench.run.measuring.row import Settings
+from attnbench.run.planning.selection import (
     check_profile_filter,
     left_out_summary,
     left_out_text,
     select_impls,
     unfit_lines,
 )
+from attnbench.run.planning.target import Target
 from attnbench.run.sweep import run_sweep
-from attnbench.run.target import Target
-from attnbench.run.worker import WorkerSpec
 from attnbench.spec import GPU_PRESETS, SPEC_OPTIONS, Spec
 from attnbench.store.rundir import RunDir
 
@@ -203,7 +203,7 @@ class Plan:
 
     def env(self, argv: list[str]) -> dict:
         """env.json's fields that the plan knows (run/environment.py collects the machine's)."""
-        from attnbench.run.environment import collect_env
+        from attnbench.run.executing.environment import collect_env
 
         argv = ["attnbench", self.command, *argv]
         env = collect_env(argv, self.seed, self.device, self.packages)

@@ -20,11 +20,11 @@ import sys
 import tempfile
 
 from attnbench.errors import UsageError
-from attnbench.run.local import CLOSE_WAIT_S, Subprocess, stderr_tail
-from attnbench.run.ray_cluster import actor_options, actor_start_problem, connect
-from attnbench.run.row import one_line
-from attnbench.run.steps import wire
-from attnbench.run.worker import WorkerFailed, WorkerSpec
+from attnbench.run.executing.local import CLOSE_WAIT_S, Subprocess, stderr_tail
+from attnbench.run.executing.ray_cluster import actor_options, actor_start_problem, connect
+from attnbench.run.executing.steps import wire
+from attnbench.run.executing.worker import WorkerFailed, WorkerSpec
+from attnbench.run.measuring.row import one_line
 from attnbench.store.schema import LOST
 
 START_TIMEOUT_S = 300.0  # the actors' first start-up: import torch (and a CUDA context)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from attnbench import plugins
 from attnbench.measure import allocator
-from attnbench.run import heap
-from attnbench.run.environment import device_name
-from attnbench.run.steps import Steps, wire
-from attnbench.run.worker import WorkerFailed, WorkerSpec
+from attnbench.run.executing.environment import device_name
+from attnbench.run.executing.steps import Steps, wire
+from attnbench.run.executing.worker import WorkerFailed, WorkerSpec
+from attnbench.run.measuring import heap
 
 STDERR_TAIL_CHARS = 600  # a crash row's reason keeps this much of the dead process's stderr
 CLOSE_WAIT_S = 10.0  # a worker's clean exit at the end of a sweep

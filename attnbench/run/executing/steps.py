@@ -24,10 +24,10 @@ import time
 from attnbench.case import Case
 from attnbench.measure.anchor import Anchor
 from attnbench.registry import Impl
-from attnbench.run import row
-from attnbench.run.failed import Measured, case_failure
-from attnbench.run.row import Checked, Prepared, Settings
-from attnbench.run.worker import UNPREPARED, PrepareFailed
+from attnbench.run.executing.worker import UNPREPARED, PrepareFailed
+from attnbench.run.measuring import row
+from attnbench.run.measuring.failed import Measured, case_failure
+from attnbench.run.measuring.row import Checked, Prepared, Settings
 
 
 class Steps:
@@ -107,7 +107,7 @@ class Steps:
         return {"t_unix": time.time(), **self.anchor.round()}
 
     def _device(self, packages: tuple[str, ...]) -> dict:
-        from attnbench.run.environment import device_env
+        from attnbench.run.executing.environment import device_env
 
         return device_env(self.device, packages)
 

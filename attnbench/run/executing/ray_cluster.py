@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from attnbench import checkout
 from attnbench.errors import UsageError
-from attnbench.run.row import one_line
+from attnbench.run.measuring.row import one_line
 
 INSTALL_HINT = "pip install 'ray>=2.40'"  # the ray extra's own requirement: works from a wheel
 CONNECT_TIMEOUT_S = 30.0  # joining a cluster that never answers

@@ -27,8 +27,8 @@ from attnbench.case import Case
 from attnbench.errors import AttnbenchError
 from attnbench.measure.paired import round_medians
 from attnbench.registry import Impl
-from attnbench.run.failed import Measured, failed_row
-from attnbench.run.row import Settings, support_reasons
+from attnbench.run.measuring.failed import Measured, failed_row
+from attnbench.run.measuring.row import Settings, support_reasons
 from attnbench.store.env import GPU_WHERE
 from attnbench.store.schema import LOST
 

@@ -14,7 +14,7 @@ from attnbench import errors
 from attnbench.case import Case
 from attnbench.measure.cuda_graph import GraphCaptureError
 from attnbench.registry import Impl, Unsupported
-from attnbench.run.call import BadOutput
+from attnbench.run.measuring.call import BadOutput
 from attnbench.store.rundir import RunDir
 from attnbench.store.schema import COLUMNS
 

@@ -12,9 +12,9 @@ from attnbench.errors import AttnbenchError
 from attnbench.heads import computed_by, same
 from attnbench.masks import Mask
 from attnbench.registry import Impl
-from attnbench.run.inputs import Inputs, from_layout, paged, to_layout
-from attnbench.run.layer import WEIGHTS, Parts, layer_forward
-from attnbench.run.layer_module import Hosted, host
+from attnbench.run.measuring.inputs import Inputs, from_layout, paged, to_layout
+from attnbench.run.measuring.layer import WEIGHTS, Parts, layer_forward
+from attnbench.run.measuring.layer_module import Hosted, host
 
 
 class BadOutput(AttnbenchError, RuntimeError):

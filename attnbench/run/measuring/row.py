@@ -25,12 +25,19 @@ from attnbench.measure.reference import magnitude, reference
 from attnbench.measure.roofline import rates, roofline
 from attnbench.measure.timing import RoundTimer, Slice, TimerConfig, Timing, interleaved
 from attnbench.registry import Impl
-from attnbench.run import heap
-from attnbench.run.call import Call
-from attnbench.run.failed import Measured, base_row, caught, failed_row, one_line
-from attnbench.run.inputs import Inputs, make_inputs
-from attnbench.run.layer import Parts, layer_truth
-from attnbench.run.passes import InRound, memory, nvtx, profile, profile_due, profile_in_round
+from attnbench.run.measuring import heap
+from attnbench.run.measuring.call import Call
+from attnbench.run.measuring.failed import Measured, base_row, caught, failed_row, one_line
+from attnbench.run.measuring.inputs import Inputs, make_inputs
+from attnbench.run.measuring.layer import Parts, layer_truth
+from attnbench.run.measuring.passes import (
+    InRound,
+    memory,
+    nvtx,
+    profile,
+    profile_due,
+    profile_in_round,
+)
 
 
 @dataclass(frozen=True)
