@@ -33,7 +33,7 @@ class Takes:
     ``paged``: its k and v come as a paged KV cache: pools (pages, page_tokens, Hkv, D),
     ``block_table=`` (B, pages per sequence) int32 and ``seq_kv=`` (the keys per sequence; the
     last page's tail beyond it is padding), as paged-attention servers keep them
-    (run/inputs.py ``paged``; 128-token pages unless it declares ``page_tokens``).
+    (run/measuring/inputs.py ``paged``; 128-token pages unless it declares ``page_tokens``).
     ``module``: fn is instead a factory ``(case, mask) -> module_layout.LayerModule``, a
     model's own attention module (its projections included) with the layout of its learned
     parts and a call x (B, S, d_model) -> (B, S, d_model); level layer only, the harness loads

@@ -11,7 +11,7 @@
 - ``FAST``: settings that check a row and time it for about a millisecond: for correctness
   tests, not for measuring.
 - ``run_row(impl, case)``: one row measured in this process, as a sweep measures it, by the
-  sweep's own worker (run/worker.py: the float64 reference, the agreement rule, the timing
+  sweep's own worker (run/executing/worker.py: the float64 reference, the agreement rule, the timing
   rounds interleaved with the speed anchor, the memory pass), and completed as a sweep
   completes it (run/complete.py: host, device, run id, seed, the machine's speed): the CSV
   row, every column of results.csv.

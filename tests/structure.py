@@ -12,7 +12,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "attnbench"
 
-Code = dict[str, str]  # a module's path under attnbench/ ("run/worker.py") -> its source
+Code = dict[str, str]  # a module's path under attnbench/ ("run/executing/worker.py") -> its source
 
 
 def sources() -> Code:
@@ -38,7 +38,8 @@ def parse(text: str) -> ast.Module:
 
 
 def module_name(where: str) -> str:
-    """run/worker.py -> attnbench.run.worker; run/__init__.py -> attnbench.run."""
+    """run/executing/worker.py -> attnbench.run.executing.worker; run/__init__.py ->
+    attnbench.run."""
     parts = ["attnbench", *Path(where).with_suffix("").parts]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -120,7 +121,7 @@ def aliases(where: str, text: str, module: str, name: str | None = None) -> froz
                 if a.asname and a.name == target:
                     out.add(a.asname)
                 elif not a.asname and (target == a.name or target.startswith(f"{a.name}.")):
-                    out.add(target)  # import attnbench.run.row: attnbench.run.row.finish
+                    out.add(target)  # import a.b: a.b.c, through the package
         elif absolute(node, where) == parent:
             out.update(a.asname or a.name for a in node.names if a.name == last)
     if name is not None:  # through the module: row.finish, r.finish, attnbench.run.row.finish

@@ -1,5 +1,5 @@
-"""The heap during a sweep (run/heap.py): a row's collection freezes what survives it once a
-library was imported since the last freeze, and only then."""
+"""The heap during a sweep (run/measuring/heap.py): a row's collection freezes what survives it
+once a library was imported since the last freeze, and only then."""
 
 import gc
 import sys

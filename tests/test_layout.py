@@ -37,7 +37,7 @@ def imports(code: Code | None = None) -> dict[str, set[str]]:
 
 
 def path_of(module: str) -> str:
-    """attnbench.run.executing.worker -> run/worker.py (a package: its __init__.py)."""
+    """attnbench.run.executing.worker -> run/executing/worker.py (a package: its __init__.py)."""
     rel = module.removeprefix("attnbench").lstrip(".").replace(".", "/")
     return f"{rel}/__init__.py" if (PACKAGE / rel / "__init__.py").is_file() else f"{rel}.py"
 
@@ -234,8 +234,10 @@ def sized_modules() -> list[Path]:
 
 
 def test_the_worker_reads_as_the_loop():
-    lines = functions(PACKAGE / "run" / "worker.py")["Worker.run_case"]
-    assert lines <= 45, f"run/worker.py::Worker.run_case is {lines} lines (at most 45)"
+    from attnbench.run.executing.worker import Worker
+
+    lines = functions(PACKAGE / path_of(Worker.__module__))["Worker.run_case"]
+    assert lines <= 45, f"run/executing/worker.py::Worker.run_case is {lines} lines (at most 45)"
 
 
 def _mentions(hint, cls) -> bool:
@@ -244,7 +246,8 @@ def _mentions(hint, cls) -> bool:
 
 def step_functions() -> list:
     """What the one driver drives: the functions that take or give a checked impl (the state
-    of one impl between its steps: run/row.py's ``Checked``), found from their signatures."""
+    of one impl between its steps: run/measuring/row.py's ``Checked``), found from their
+    signatures."""
     from attnbench.run.measuring import row
 
     module = inspect.getmodule(row.Checked)
@@ -294,8 +297,16 @@ def test_one_driver_runs_the_steps():
 # who may raise the worker's failure (the transports, and the worker itself) and handle it
 # (the worker; the Ray actor, which turns one into a message back to it; the pool, which
 # leaves out an executor lost while it describes its device, before any row)
-FAILURE_RAISERS = {"run/local.py", "run/ray_executor.py", "run/worker.py"}
-FAILURE_HANDLERS = {"run/worker.py", "run/ray_executor.py", "run/executors.py"}
+FAILURE_RAISERS = {
+    "run/executing/local.py",
+    "run/executing/ray_executor.py",
+    "run/executing/worker.py",
+}
+FAILURE_HANDLERS = {
+    "run/executing/worker.py",
+    "run/executing/ray_executor.py",
+    "run/executing/executors.py",
+}
 
 
 def worker_written_twice(code: Code | None = None) -> list[str]:
@@ -357,9 +368,9 @@ def _row_makers() -> tuple[str, tuple[str, ...], set[str]]:
 
 def rows_filled_elsewhere(code: Code | None = None) -> list[str]:
     """A row's columns are filled where they are known and nowhere else: a row is made in
-    run/failed.py, measured in run/row.py's steps (the speedup too: the worker hands the
-    finish step the baseline's rounds), completed in run/complete.py (what ran it, the run,
-    the machine's speed), and copied into the lines of samples.csv and kernels.csv by the
+    run/measuring/failed.py, measured in run/measuring/row.py's steps (the speedup too: the worker
+    hands the finish step the baseline's rounds), completed in run/complete.py (what ran it, the
+    run, the machine's speed), and copied into the lines of samples.csv and kernels.csv by the
     store; any other module that makes a row mapping from one or changes one, in any form
     (structure.row_changes), fills it behind their back."""
     field, makers, fillers = _row_makers()
@@ -434,6 +445,39 @@ def test_run_modules_are_small():
     assert not long, f"run/ modules over {MAX_RUN_MODULE_LINES} lines: {long}"
 
 
+# run/'s own rooms, ground first: a row measured, the worker that executes its steps, the
+# sweep loop (run/ itself, ""), and the plan that starts it; each imports only those below
+RUN_FLOORS = ("measuring", "executing", "", "planning")
+
+
+def run_arrows_up(code: Code | None = None) -> list[str]:
+    """run/'s folders import one another only downward (RUN_FLOORS)."""
+
+    def inner(module: str) -> str:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 3 else ""
+
+    out = []
+    for module, deps in imports(code).items():
+        if room(module) != "run":
+            continue
+        for dep in deps:
+            if room(dep) == "run" and RUN_FLOORS.index(inner(dep)) > RUN_FLOORS.index(
+                inner(module)
+            ):
+                out.append(f"{module} imports {dep}: run/{inner(dep)} is above run/{inner(module)}")
+    return out
+
+
+def test_run_folders_import_downward():
+    from attnbench.run import sweep
+
+    folders = {p.parent.name for p in (PACKAGE / "run").rglob("*.py") if p.parent.name != "run"}
+    assert folders == set(RUN_FLOORS) - {""}, folders
+    assert sweep.__name__.count(".") == 2, "the sweep loop moved out of run/"
+    assert not run_arrows_up()
+
+
 CLI_MAY_IMPORT = (
     "attnbench.run",
     "attnbench.report",
@@ -448,7 +492,8 @@ CLI_MAY_IMPORT = (
 
 def test_cli_only_parses_and_dispatches():
     """cli.py imports only the rooms that plan, run, store and report, and its sweep command
-    stays a dispatcher (the work is in run/plan.py, run/executors.py, store/rundir.py)."""
+    stays a dispatcher (the work is in run/planning/plan.py, run/executing/executors.py,
+    store/rundir.py)."""
     deps = imports()["attnbench.cli"] - {"attnbench"}  # "from attnbench import registry"
     above = [d for d in deps if not d.startswith(CLI_MAY_IMPORT)]
     assert not above, f"attnbench.cli imports {above}"
@@ -508,9 +553,9 @@ def test_mask_kinds_follow_one_protocol():
 
 def test_only_the_plan_reads_the_raw_options():
     """The options dict (cli's ``resolve_options``) is read once, by the plan: wherever it is
-    made it is only handed to a ``from_options`` of run/plan.py or run/target.py, and those
-    hand it on to nothing but another ``from_options`` there."""
-    readers, tracked = {"run/plan.py", "run/target.py"}, set()
+    made it is only handed to a ``from_options`` of run/planning/plan.py or run/planning/target.py,
+    and those hand it on to nothing but another ``from_options`` there."""
+    readers, tracked = {"run/planning/plan.py", "run/planning/target.py"}, set()
     for path in PACKAGE.rglob("*.py"):
         where = path.relative_to(PACKAGE).as_posix()
         tree = ast.parse(path.read_text())
@@ -545,20 +590,24 @@ def test_the_transport_protocol_is_whole():
 
     assert "where" in Transport.__annotations__ and "replace" in vars(Transport)
     transports = []
-    for path in (PACKAGE / "run").glob("*.py"):
+    for path in (PACKAGE / "run").rglob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr":
                 name = node.args[1] if len(node.args) > 1 else None
                 assert not (
                     isinstance(name, ast.Constant) and name.value in ("where", "replace")
-                ), f"run/{path.name}:{node.lineno} asks getattr for {name.value!r}"
+                ), f"{path.relative_to(PACKAGE)}:{node.lineno} asks getattr for {name.value!r}"
         for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
             methods = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)}
             if "call" in methods and "host" in _attributes_set(cls):  # a transport
                 transports.append(cls.name)
-                assert "replace" in methods, f"run/{path.name}::{cls.name} has no replace()"
-                assert "where" in _attributes_set(cls), f"run/{path.name}::{cls.name}: no where"
+                assert "replace" in methods, (
+                    f"{path.relative_to(PACKAGE)}::{cls.name} has no replace()"
+                )
+                assert "where" in _attributes_set(cls), (
+                    f"{path.relative_to(PACKAGE)}::{cls.name}: no where"
+                )
     assert {"InProcess", "Subprocess", "RayActor"} <= set(transports), transports
 
 
@@ -576,13 +625,14 @@ def _attributes_set(cls: ast.ClassDef) -> set[str]:
 
 LAYOUT_MAP = PACKAGE.parent / "docs" / "layout.md"
 SUBFOLDERS = ("run", "store", "measure", "report", "masks", "impls")  # each has its heading
+SUBFOLDERS += tuple(f"run/{f}" for f in ("planning", "executing", "measuring"))
 
 
 def test_the_layout_map_names_every_module():
     """docs/layout.md names every module (and kernel folder) of each folder of attnbench/
     under that folder's heading, and nothing that is not there; its floors are FLOORS."""
     text = LAYOUT_MAP.read_text()
-    sections = re.split(r"^### `attnbench/(\w*)/?`$", text, flags=re.M)
+    sections = re.split(r"^### `attnbench/([\w/]*?)/?`$", text, flags=re.M)
     named = {
         folder: set(re.findall(r"`(\w+\.py|\w+/)`", body))
         for folder, body in zip(sections[1::2], sections[2::2])
@@ -706,7 +756,7 @@ PLANTED = {
     ),
     "an impl importing run/ relatively": (
         imports_out,
-        ("impls/naive.py", "", "\nfrom ..run import row\n"),
+        ("impls/naive.py", "", "\nfrom ..run.measuring import row\n"),
     ),
     "measure/ importing run/ as an alias": (
         imports_out,
@@ -721,7 +771,15 @@ PLANTED = {
     ),
     "a module named after a library its folder imports": (
         library_names,
-        ("run/torch.py", "", '"""planted"""\n'),
+        ("run/measuring/torch.py", "", '"""planted"""\n'),
+    ),
+    "a row's measuring importing the worker that executes it": (
+        run_arrows_up,
+        ("run/measuring/row.py", "", "\nfrom attnbench.run.executing import worker\n"),
+    ),
+    "the worker importing the plan": (
+        run_arrows_up,
+        ("run/executing/worker.py", "", "\nfrom attnbench.run.planning.plan import Plan\n"),
     ),
     "a row changed through dict(row, ...)": (
         rows_filled_elsewhere,
@@ -755,7 +813,7 @@ PLANTED = {
     "the worker writing the speedup into a row again": (
         rows_filled_elsewhere,
         (
-            "run/worker.py",
+            "run/executing/worker.py",
             "            yield answer._replace(anchor=anchor)\n",
             "            answer.row.update(speedup=1.0)\n"
             "            yield answer._replace(anchor=anchor)\n",
@@ -784,7 +842,7 @@ PLANTED = {
     "a server handler that drives two steps": (
         second_drivers,
         (
-            "run/steps.py",
+            "run/executing/steps.py",
             "    def _anchor(",
             "    def _both(self, checked, index):\n"
             "        row.time_round(checked, index)\n"
@@ -812,7 +870,7 @@ PLANTED = {
             "run/progress.py",
             "",
             "\n\ndef _planted():\n"
-            "    from attnbench.run import worker\n\n"
+            "    from attnbench.run.executing import worker\n\n"
             "    try:\n        pass\n"
             "    except (KeyError, worker.WorkerFailed):\n        pass\n",
         ),

@@ -1,8 +1,8 @@
-"""The local transports of a worker (run/worker.py). ``InProcess`` answers its steps in this
-process (no start-up cost; a crash of the impl is a crash of the sweep). ``Subprocess`` sends
+"""The local transports of a worker (run/executing/worker.py). ``InProcess`` answers its steps in
+this process (no start-up cost; a crash of the impl is a crash of the sweep). ``Subprocess`` sends
 them to a worker process over a pipe, so that a segfault, an abort, a poisoned CUDA context or
 a hang costs one row (status crash / timeout) and a fresh worker process. A Ray actor
-(run/ray_executor.py) measures through a ``Subprocess`` of its own."""
+(run/executing/ray_executor.py) measures through a ``Subprocess`` of its own."""
 
 from __future__ import annotations
 

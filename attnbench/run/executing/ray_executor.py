@@ -1,5 +1,5 @@
-"""The Ray transport of a worker (run/worker.py): one Ray actor per device (a GPU, or
-``--threads`` CPUs), across the machines of a Ray cluster (run/ray_cluster.py joins it).
+"""The Ray transport of a worker (run/executing/worker.py): one Ray actor per device (a GPU, or
+``--threads`` CPUs), across the machines of a Ray cluster (run/executing/ray_cluster.py joins it).
 
 ``RayActor`` is the transport in the sweep's process, one per device; it owns one ``_Actor`` at
 a time, which answers each step through a worker process of its own (the local

@@ -1,5 +1,6 @@
-"""The server side of a worker (run/worker.py): where rows are measured (this process, a worker
-process, a Ray actor's worker process), the steps it answers, one message each:
+"""The server side of a worker (run/executing/worker.py): where rows are measured (this
+process, a worker process, a Ray actor's worker process), the steps it answers, one message
+each:
 
     ("prepare", case, settings)      inputs and the float64 reference of ``case``: None, or
                                      ``PrepareFailed`` (status and reason of its rows)

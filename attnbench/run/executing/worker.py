@@ -209,7 +209,7 @@ class Worker:
         self, ready: list[Impl], slices: dict, anchor: tuple, baseline: Impl | None, silent
     ) -> Iterator[Measured]:
         """Each ready impl's row, the baseline's first; an ok baseline's median per round goes
-        with the others' finish steps (their speedups, paired by round: run/row.py)."""
+        with the others' finish steps (their speedups, paired by round: run/measuring/row.py)."""
         base = _medians(slices[silent.name]) if silent in ready else None  # baseline per round
         for impl in sorted(ready, key=lambda i: i is not baseline):
             if impl is silent:

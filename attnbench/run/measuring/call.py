@@ -73,8 +73,8 @@ class Call:
 
     @property
     def parts(self) -> Parts | None:
-        """Level layer: what the layer has beyond the plain block (run/layer.py), which its
-        reference must model; None: the plain block (or level op)."""
+        """Level layer: what the layer has beyond the plain block (run/measuring/layer.py), which
+        its reference must model; None: the plain block (or level op)."""
         if self.hosted is not None:
             return self.hosted.parts
         c, order = self.case, self.impl.head_order

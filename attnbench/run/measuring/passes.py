@@ -60,8 +60,8 @@ class InRound:
 
 def profile(impl: Impl, case: Case, settings, row: dict, notes: list[str],
             in_round: InRound | None) -> tuple[dict, list[dict]]:  # fmt: skip
-    """A profiled row's columns, for run/row.py to fill: the profiler's kernel time per call
-    (``profiler_ms``) and the SM clock it ran at (``profiler_sm_clock_mhz``), cross-checked
+    """A profiled row's columns, for run/measuring/row.py to fill: the profiler's kernel time per
+    call (``profiler_ms``) and the SM clock it ran at (``profiler_sm_clock_mhz``), cross-checked
     against the ``row``'s median at like clocks (profiling.mismatch_note); with --profile
     also the kernel table of the matching pairs. ``in_round``: the profile taken in the last
     timing round; None: none was due."""

@@ -1,9 +1,9 @@
 """One case and one row: inputs and the float64 reference once per case (``Prepared``); per
-impl the design's steps, which the worker (run/worker.py) drives over a case's impls: ``check``
-(a checked call, accuracy, compile time, backend), ``time_round`` (its part of each timing
-round) and ``finish`` (the timing columns, a memory pass and a profiled pass: run/passes.py).
-A failure at any step is a row with a status and a reason and every metric blank
-(run/failed.py)."""
+impl the design's steps, which the worker (run/executing/worker.py) drives over a case's impls:
+``check`` (a checked call, accuracy, compile time, backend), ``time_round`` (its part of each timing
+round) and ``finish`` (the timing columns, a memory pass and a profiled pass:
+run/measuring/passes.py). A failure at any step is a row with a status and a reason and every
+metric blank (run/measuring/failed.py)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ class Prepared:
 
 def ground_truth(case: Case, inputs: Inputs, parts: Parts | None = None) -> Truth:
     """The case's float64 reference and what its rule needs; at level layer of the layer with
-    ``parts`` (run/layer.py; None: the plain block)."""
+    ``parts`` (run/measuring/layer.py; None: the plain block)."""
     args = dict(causal=case.causal, scale=inputs.scale, dout=inputs.dout, mask=inputs.mask)
     try:
         if case.level == "layer":  # the legacy rule: the magnitude is defined for the op only
@@ -156,7 +156,7 @@ def check(
 def time_round(checked: Checked, index: int) -> Slice | Measured:
     """The impl's part of timing round ``index``: a short warm-up, then its samples, clocks
     sampled and compiles watched alongside; in the last round of a profiled row, then its
-    profiled calls (run/passes.py: at the same clocks); its failed row if it raised."""
+    profiled calls (run/measuring/passes.py: at the same clocks); its failed row if it raised."""
     impl, case = checked.impl, checked.case
     try:
         checked.timer.warm_up()  # a recompile here is not timed, so not flagged

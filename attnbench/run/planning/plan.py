@@ -1,6 +1,6 @@
 """What a sweep will do, from its options (flags over a sweep file, already parsed by
-options.py), given where it runs (run/target.py): what it runs (``Plan``: spec, cases, impls,
-grid, settings) and how (``RunOptions``). Every check of the options' combinations happens
+options.py), given where it runs (run/planning/target.py): what it runs (``Plan``: spec, cases,
+impls, grid, settings) and how (``RunOptions``). Every check of the options' combinations happens
 here or in the target, before anything is started or written; a bad combination is one
 UsageError line."""
 
@@ -141,7 +141,7 @@ class Plan:
 
     @property
     def worker(self) -> WorkerSpec:
-        """The workers' one configuration (run/worker.py)."""
+        """The workers' one configuration (run/executing/worker.py)."""
         return WorkerSpec(
             plugins=tuple(str(plugins.plugin_source(p)) for p in self.target.plugins),
             seed=self.seed,
@@ -202,7 +202,7 @@ class Plan:
         return run_id, run
 
     def env(self, argv: list[str]) -> dict:
-        """env.json's fields that the plan knows (run/environment.py collects the machine's)."""
+        """env.json's fields that the plan knows (the machine's: executing/environment.py)."""
         from attnbench.run.executing.environment import collect_env
 
         argv = ["attnbench", self.command, *argv]
