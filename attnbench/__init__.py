@@ -3,10 +3,12 @@
 The plugin API, from one import::
 
     from attnbench import register, Unsupported, Case, Mask, LayerModule, read_results
+    from attnbench import Takes, Supports, Runs  # what register declares, grouped
     from attnbench import ModuleLayout, QKNorm  # a hosted module's layout (level layer)
 """
 
 from attnbench.case import Case
+from attnbench.declarations import Runs, Supports, Takes
 from attnbench.errors import AttnbenchError, UsageError
 from attnbench.masks import Mask
 from attnbench.module_layout import LayerModule, ModuleLayout, QKNorm
@@ -20,6 +22,9 @@ __all__ = [
     "Mask",
     "ModuleLayout",
     "QKNorm",
+    "Runs",
+    "Supports",
+    "Takes",
     "Unsupported",
     "UsageError",
     "read_results",

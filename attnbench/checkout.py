@@ -1,10 +1,12 @@
 """Where this attnbench runs from: its source tree (a checkout, also an editable install) or an
 installed wheel. A checkout has a drop-in ``impls/`` folder and a git history; a wheel's parent
-folder is site-packages, which belongs to other packages, so nothing beside it is read."""
+folder is site-packages, which belongs to other packages, so nothing beside it is read. Also
+whether a module is installed beside it (``importable``)."""
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import re
 from importlib import metadata
 from pathlib import Path
@@ -40,3 +42,11 @@ def version() -> str:
         return metadata.version("attnbench")
     except metadata.PackageNotFoundError:
         return "unknown"
+
+
+def importable(module: str) -> bool:
+    """Whether ``module`` can be imported (found, not imported)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False

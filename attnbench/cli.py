@@ -22,10 +22,10 @@ from attnbench.errors import ClusterLost, UsageError, did_you_mean
 from attnbench.options import OPTIONS, flag, load_config, parse_value
 from attnbench.report.terminal import list_impls, models_table, summary_table
 from attnbench.repro import repro_command
-from attnbench.run import executors
-from attnbench.run.environment import version_line
-from attnbench.run.plan import Plan, warn_if_busy
-from attnbench.run.target import Target, check_device
+from attnbench.run.executing import executors
+from attnbench.run.executing.environment import version_line
+from attnbench.run.planning.plan import Plan, warn_if_busy
+from attnbench.run.planning.target import Target, check_device
 from attnbench.store.env import write_env
 from attnbench.store.results import done_keys, load_run, read_results
 from attnbench.store.rundir import RunDir

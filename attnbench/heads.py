@@ -5,7 +5,7 @@
     interleaved  h % Hkv   x-transformers: query heads h, h + Hkv, h + 2 Hkv, ... share one
 
 An impl or module declares its order (``register(..., head_order=...)``); the harness maps it
-outside the timing (run/call.py at level op, the layer's reference at level layer).
+outside the timing (run/measuring/call.py at level op, the layer's reference at level layer).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A model's own attention module as an impl declares it (an impl registered ``module=True``,
 level ``layer``): ``LayerModule`` (the module, its call and its layout), ``ModuleLayout`` (where
 its learned parts are) and ``QKNorm`` (a norm on q or k). The harness hosts it
-(run/layer_module.py: finds the parts, loads the case's values, checks it against the
-reference of run/layer.py); an impl needs only this module and the registry."""
+(run/measuring/layer_module.py: finds the parts, loads the case's values, checks it against the
+reference of run/measuring/layer.py); an impl needs only this module and the registry."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def fix_hint(role: str, transposed: bool, got: torch.Tensor, seeded: torch.Tenso
 class LayerModuleError(UsageError):
     """A LayerModule built from arguments of the wrong kind (a plugin written against an
     earlier API): one line naming what was passed and the fix; a sweep tries each module impl
-    once before its first row (run/layer_module.try_factory)."""
+    once before its first row (run/measuring/layer_module.try_factory)."""
 
 
 CALL = "LayerModule.of(module, forward, layout=ModuleLayout(...)) (docs/plugins.md)"

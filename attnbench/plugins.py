@@ -5,8 +5,9 @@ wheel), every module in the checkout's drop-in ``impls/`` folder (only when attn
 its checkout: an installed wheel imports no folder it was not given), each ``--plugin`` file,
 folder (its modules) or module, and the entry-point group ``attnbench.impls`` of installed
 packages (``discover``). A plugin that fails to import, or needs a package that is missing, is
-still listed, as unavailable with a reason; ``registry.origin(impl)`` says which of the four it
-came from. A mask kind a plugin registers is tried on small cases as it loads.
+still listed, as unavailable with a reason; ``impl_origin(impl)`` says which of the four it
+came from (``registering_from`` records each impl's source as it registers). A mask kind a
+plugin registers is tried on small cases as it loads.
 
 A run's plugins are kept in env.json (``plugins``): what each ``--plugin`` loaded, a file's or a
 folder's path with a sha256 of its code, or a module's name, so that ``attnbench report`` and
@@ -16,13 +17,14 @@ theirs) and say which files they loaded, or take ``--plugin`` in their place (``
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
 import pkgutil
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from attnbench import checkout, registry
@@ -31,14 +33,42 @@ from attnbench.errors import UsageError, did_you_mean, one_line
 from attnbench.masks import KINDS
 from attnbench.masks.contract import ContractError
 from attnbench.masks.kind import try_kind
-from attnbench.registry import BUILTIN_PACKAGE, DROP_IN, Impl, NameClash, RegistryError
+from attnbench.registry import SOURCE, Impl, NameClash, RegistryError
 
+BUILTIN_PACKAGE = "attnbench.impls"
+DROP_IN = "impls"  # the checkout's folder of one-file plugins, loaded in a checkout only
 ENTRY_POINT_GROUP = "attnbench.impls"
 _LOADED: set[str] = set()  # the sources loaded (a module imported once never registers again)
 
 
 class PluginImportError(RegistryError):
     """A plugin the user named (``--plugin``) failed to import."""
+
+
+@contextlib.contextmanager
+def registering_from(source: str) -> Iterator[None]:
+    """The impls registered inside the block record ``source`` (a plugin's file, module or
+    entry point: ``impl_origin``)."""
+    token = SOURCE.set(source)
+    try:
+        yield
+    finally:
+        SOURCE.reset(token)
+
+
+def impl_origin(impl: Impl) -> str:
+    """Where an impl came from, in a word: built-in, impls/ (the checkout's drop-in folder),
+    --plugin (a file, folder or module given), entry point, or register() (called by the
+    program itself)."""
+    source = impl.source
+    if source.startswith(f"{BUILTIN_PACKAGE}."):
+        return "built-in"
+    if source.startswith("entry point "):
+        return "entry point"
+    root = checkout.root()
+    if root and Path(source).parent == (root / DROP_IN).resolve():
+        return f"{DROP_IN}/"
+    return "--plugin" if source else "register()"
 
 
 def _load(
@@ -50,7 +80,7 @@ def _load(
         return
     _LOADED.add(source)
     try:
-        with registry.registering_from(source):
+        with registering_from(source):
             _run_plugin(loader)
     except NameClash:
         raise  # bad input: the user must rename one of the two
@@ -142,7 +172,7 @@ def plugin_source(spec: str) -> Path | str:
         return path.resolve()
     if not all(part.isidentifier() for part in spec.split(".")):
         raise UsageError(f"--plugin {spec!r} is neither a file nor a module name")
-    if not registry.importable(spec):
+    if not checkout.importable(spec):
         raise UsageError(f"--plugin {spec}: no such file or importable module")
     return spec
 
@@ -201,7 +231,7 @@ def plugin_files(folder: Path) -> list[Path]:
     return sorted(folder.resolve().glob("[!_]*.py")) if folder.is_dir() else []
 
 
-BUILTIN_PREFIX = f"{registry.BUILTIN_PACKAGE}."
+BUILTIN_PREFIX = f"{BUILTIN_PACKAGE}."
 
 
 def _digest(path: Path) -> str:

@@ -10,51 +10,33 @@ alignment is also called with ``mask=`` (a masks.Mask, whose ``align`` says wher
 sits) where its signature takes it (``mask`` or ``**kwargs``, read once at registration): a
 bottom-right-only function may take ``causal`` alone, but masks, modifiers and a choice of two
 alignments reach an impl only through ``mask=``, so declaring one without it is refused. The
-others never see it. An impl that declares ``paged=True`` gets its k and v as a paged KV cache:
-pools (pages, page_tokens, Hkv, D), ``block_table=`` (B, pages per sequence) int32 and
-``seq_kv=`` (the keys per sequence; the last page's tail beyond it is padding), as
-paged-attention servers keep them (run/inputs.py ``paged``; 128-token pages unless the impl
-declares ``page_tokens``).
+others never see it.
 
-A **module impl** (``register(..., module=True)``) is instead a factory ``(case, mask) ->
-module_layout.LayerModule``: a model's own attention module (its projections included) with
-the layout of its learned parts and a call x (B, S, d_model) -> (B, S, d_model). It runs at
-level layer only; the harness loads the seeded weights into it (docs/plugins.md).
-
-``head_order`` says which kv head query head h reads under GQA (attnbench/heads.py); the
-harness maps an impl of the other order outside the timing (run/call.py, run/layer.py).
-
-Impls come from four places (plugins.py): the built-ins (``attnbench.impls``), the checkout's
-drop-in ``impls/`` folder, ``--plugin`` files, folders and modules, and installed packages'
-entry points; ``origin(impl)`` says which it came from.
+What an impl declares is three small declarations (declarations.py: ``Takes``, ``Supports``,
+``Runs``); ``Impl`` is the three with the impl's name and function, and ``register`` also
+takes each of their fields as a keyword of its own, as plugins written before them do. Impls
+come from four places (plugins.py, which also says which one: ``plugins.impl_origin``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import importlib.util
 import inspect
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from attnbench import checkout
-from attnbench.case import DEVICES, DTYPES, Case
-from attnbench.errors import AttnbenchError, UsageError
-from attnbench.heads import HEAD_ORDERS
-from attnbench.masks import ALIGNS, ANY, KINDS, MODS
-from attnbench.masks.scores import NEEDS, lacking
+from attnbench.case import Case
+from attnbench.declarations import RegistryError, Runs, Supports, Takes, declared
+from attnbench.errors import AttnbenchError
+from attnbench.masks import ANY, MODS
+from attnbench.masks.scores import lacking
 
-BUILTIN_PACKAGE = "attnbench.impls"
-DROP_IN = "impls"  # the checkout's folder of one-file plugins, loaded in a checkout only
-LAYOUTS = ("bhsd", "bshd")
-
-
-class RegistryError(UsageError):
-    """A plugin that breaks the registry contract (bad capability, duplicate name)."""
+# where the impls being registered come from (a plugin's file, module or entry point; "": the
+# program itself); plugins.registering_from sets it around a plugin's import
+SOURCE: ContextVar[str] = ContextVar("source", default="")
 
 
 class NameClash(RegistryError):
@@ -62,45 +44,18 @@ class NameClash(RegistryError):
 
 
 @dataclass(frozen=True)
-class Impl:
+class Impl(Takes, Supports, Runs):
+    """A registered impl: its name, its function and what it declares."""
+
     name: str
     fn: Callable | None
-    devices: tuple[str, ...] = DEVICES
-    dtypes: tuple[str, ...] = tuple(DTYPES)
-    head_dims: tuple[int, ...] | None = None  # None: any head dim
-    causal: bool = True
-    cross: bool = True  # seq_q != seq_kv
-    gqa: bool = True  # kv_heads < heads
-    head_order: str = "grouped"  # heads.HEAD_ORDERS: which kv head query head h reads
-    backward: bool | tuple[str, ...] = True  # or the devices it has a backward on
-    layout: str = "bhsd"  # of q, k, v (and of out unless out_layout says otherwise)
-    out_layout: str | None = None  # of out (and of its gradient); None: layout
-    masks: tuple[str, ...] = ("none",)  # masks.KINDS it supports (with causal); "*": all
-    score_mods: tuple[str, ...] = ()  # masks.MODS it supports; "*": all
-    # what a modifier must have for it to take it (masks.scores.NEEDS): "additive" (a bias it
-    # takes as a float attn_mask), "grad" (a derivative its hand-written backward calls)
-    score_mod_needs: tuple[str, ...] = ()
-    causal_align: tuple[str, ...] = ("top_left",)  # masks.ALIGNS it supports
-    paged: bool = False  # takes k, v as a paged KV cache (pools + block_table)
-    module: bool = False  # fn is a module factory (case, mask) -> LayerModule; level layer only
-    page_tokens: int | None = None  # tokens per page of its paged cache; None: inputs.PAGE_TOKENS
-    # CUDA compute capabilities it runs on, as major * 10 + minor (90: Hopper): (lowest,
-    # highest), highest None for no upper limit; None: any
-    sm: tuple[int, int | None] | None = None
-    # the SDPA backend it runs: a fixed name, or a function (call, device_type) -> name|None
-    # that finds out (one extra untimed call); None: not an SDPA impl
-    backend: str | Callable | None = field(default=None, repr=False)
-    compiled: bool = False  # uses torch.compile: the first call's compile time is reported
-    baseline: bool = False  # the impl speedups are relative to (one per run)
-    color: str | None = None  # a matplotlib colour for its lines; None: from the palette
-    description: str = ""
-    source: str = ""
-    unavailable: str | None = None  # why it cannot run at all (missing dependency, import error)
-    requires: dict[str, str] = field(default_factory=dict, repr=False)  # module -> install command
-    check: Callable[[Case], list[str]] | None = field(default=None, repr=False)
     # work(case, mask) -> the (query, key) pairs its computation covers, masked ones included,
     # per head and summed over the batch, or None where it cannot say (work_flops)
     work: Callable | None = field(default=None, repr=False)
+    baseline: bool = False  # the impl speedups are relative to (one per run)
+    color: str | None = None  # a matplotlib colour for its lines; None: from the palette
+    description: str = ""
+    source: str = ""  # where it was registered from (SOURCE)
 
     @property
     def available(self) -> bool:
@@ -134,25 +89,6 @@ class Impl:
         if not out and self.check is not None:
             out.extend(self.check(case))
         return out
-
-    def _backward_reason(self, case: Case) -> str:
-        if self.backward is False:
-            return f"mode={case.mode} (supported: fwd; no backward)"
-        return (
-            f"mode={case.mode} on {case.device_type} (supported: fwd; backward on "
-            f"{', '.join(self.backward)} only)"
-        )
-
-    def _sm_reasons(self, case: Case) -> list[str]:
-        """The GPU's compute capability against ``sm`` (only where CUDA is visible)."""
-        if self.sm is None or case.device_type != "cuda" or not _cuda_visible():
-            return []
-        major, minor = torch.cuda.get_device_capability(case.device)
-        have, (low, high) = major * 10 + minor, self.sm
-        if have >= low and (high is None or have <= high):
-            return []
-        span = f"sm_{low} to sm_{high}" if high is not None else f"sm_{low} and newer"
-        return [f"compute_capability=sm_{have} (supported: {span})"]
 
 
 def aligned_differently(case: Case) -> bool:
@@ -202,7 +138,10 @@ def _gqa(impl: Impl, case: Case) -> list[str]:
 def _backward_pass(impl: Impl, case: Case) -> list[str]:
     if not case.backward or impl.backward_on(case.device_type):
         return []
-    return [impl._backward_reason(case)]
+    if impl.backward is False:
+        return [f"mode={case.mode} (supported: fwd; no backward)"]
+    on = ", ".join(impl.backward)
+    return [f"mode={case.mode} on {case.device_type} (supported: fwd; backward on {on} only)"]
 
 
 def _mask(impl: Impl, case: Case) -> list[str]:
@@ -242,7 +181,15 @@ def _paged_backward(impl: Impl, case: Case) -> list[str]:
 
 
 def _sm(impl: Impl, case: Case) -> list[str]:
-    return impl._sm_reasons(case)
+    """The GPU's compute capability against ``sm`` (only where CUDA is visible)."""
+    if impl.sm is None or case.device_type != "cuda" or not _cuda_visible():
+        return []
+    major, minor = torch.cuda.get_device_capability(case.device)
+    have, (low, high) = major * 10 + minor, impl.sm
+    if have >= low and (high is None or have <= high):
+        return []
+    span = f"sm_{low} to sm_{high}" if high is not None else f"sm_{low} and newer"
+    return [f"compute_capability=sm_{have} (supported: {span})"]
 
 
 CHECKS = (
@@ -332,74 +279,38 @@ def _check_call(impl: Impl) -> None:
 
 
 _IMPLS: dict[str, Impl] = {}
-_current_source = ""  # where the impls being registered come from (``registering_from``)
 
 
 def register(
     name: str,
     *,
-    devices: Iterable[str] = DEVICES,
-    dtypes: Iterable[str] = tuple(DTYPES),
-    head_dims: Iterable[int] | None = None,
-    causal: bool = True,
-    cross: bool = True,
-    gqa: bool = True,
-    head_order: str = "grouped",
-    backward: bool | Iterable[str] = True,
-    layout: str = "bhsd",
-    out_layout: str | None = None,
-    masks: Iterable[str] = ("none",),
-    unmasked: bool = True,
-    score_mods: Iterable[str] = (),
-    score_mod_needs: Iterable[str] = (),
-    causal_align: Iterable[str] = ("top_left",),
-    paged: bool = False,
-    page_tokens: int | None = None,
-    module: bool = False,
-    sm: tuple[int, int | None] | None = None,
-    backend: str | Callable | None = None,
-    compiled: bool = False,
+    takes: Takes = Takes(),
+    supports: Supports = Supports(),
+    runs: Runs = Runs(),
+    work: Callable | None = None,
     baseline: bool = False,
     color: str | None = None,
-    requires: dict[str, str] | None = None,
-    unavailable: str | None = None,
-    check: Callable[[Case], list[str]] | None = None,
     description: str = "",
-    work: Callable | None = None,
+    **keywords,
 ):
-    """Decorator registering an attention function (or, with ``module``, a module factory)
-    with what it supports. Each argument is the ``Impl`` field of its name (its comment there);
-    docs/plugins.md's table of register arguments says what each means and what it changes.
-    ``unmasked=False``: an impl that needs one of its ``masks`` (mask none is unsupported).
-    ``requires`` maps importable module names to the command that installs them: one missing
-    registers the impl as unavailable, with that command in its reason."""
-
-    declared = dict(locals())  # the arguments as given; Impl's fields bear the same names
+    """Decorator registering an attention function (or, with ``Takes(module=True)``, a module
+    factory) with what it takes, supports and where it runs; ``work``, ``baseline``, ``color``
+    and ``description`` are Impl's fields of those names (docs/plugins.md's table says what
+    each field means and changes). ``keywords``: any field of the three declarations as a
+    keyword of its own (``gqa=False``), as plugins written before them do; it amends the
+    declaration given (declarations.declared)."""
 
     def decorate(fn: Callable) -> Callable:
-        if module and paged:
-            raise RegistryError(f"impl {name!r}: module=True takes x, not a paged KV cache")
-        missing = [(mod, cmd) for mod, cmd in (requires or {}).items() if not importable(mod)]
-        why = [f"needs {mod}, which is not installed (install: {cmd})" for mod, cmd in missing]
-        why += [unavailable] if unavailable and not missing else []
-        fields = {k: v for k, v in declared.items() if k != "unmasked"} | dict(
-            devices=_valid(name, "devices", devices, DEVICES),
-            dtypes=_valid(name, "dtypes", dtypes, DTYPES),
-            head_dims=None if head_dims is None else tuple(head_dims),
-            backward=_backward(name, backward),
-            head_order=_valid(name, "head_order", [head_order], HEAD_ORDERS)[0],
-            layout=_valid(name, "layout", [layout], LAYOUTS)[0],
-            out_layout=None if out_layout in (None, layout) else _out_layout(name, out_layout),
-            masks=_masks(name, masks, unmasked),
-            score_mods=_valid(name, "score_mods", score_mods, (*MODS, *ANY)),
-            score_mod_needs=_valid(name, "score_mod_needs", score_mod_needs, tuple(NEEDS)),
-            causal_align=_aligns(name, causal_align),
+        impl = Impl(
+            name,
+            fn,
+            **declared(name, dict(takes=takes, supports=supports, runs=runs), keywords),
+            work=work,
+            baseline=baseline,
+            color=color,
             description=description or (fn.__doc__ or "").strip().split("\n")[0],
-            source=_current_source,
-            unavailable="; ".join(why) or None,
-            requires=dict(requires or {}),
+            source=SOURCE.get(),
         )
-        impl = Impl(fn=fn, **fields)
         _check_call(impl)
         _check_mask_param(impl)
         add(impl)
@@ -423,83 +334,6 @@ def add(impl: Impl) -> None:
             f"{impl.source or 'this process'}; rename one of them"
         )
     _IMPLS[impl.name] = impl
-
-
-@contextlib.contextmanager
-def registering_from(source: str) -> Iterator[None]:
-    """The impls registered inside the block record ``source`` (a plugin's file, module or
-    entry point: ``origin``)."""
-    global _current_source
-    _current_source = source
-    try:
-        yield
-    finally:
-        _current_source = ""
-
-
-def _masks(name: str, masks: Iterable[str], unmasked: bool) -> tuple[str, ...]:
-    """The masks an impl runs: "none" first unless it needs a mask, then those it declared."""
-    out = tuple(
-        dict.fromkeys(
-            (*(("none",) if unmasked else ()), *_valid(name, "masks", masks, (*KINDS, *ANY)))
-        )
-    )
-    if not unmasked and out in ((), ("none",)):
-        raise RegistryError(f"impl {name!r}: unmasked=False needs the masks it runs (masks=...)")
-    return out
-
-
-def _backward(name: str, backward: bool | Iterable[str]) -> bool | tuple[str, ...]:
-    """True, False, or the devices it has a backward on (all of DEVICES: True)."""
-    if isinstance(backward, bool):
-        return backward
-    if isinstance(backward, str):
-        backward = (backward,)
-    devices = tuple(dict.fromkeys(_valid(name, "backward", backward, DEVICES)))
-    return True if set(devices) == set(DEVICES) else devices or False
-
-
-def _out_layout(name: str, out_layout: str) -> str:
-    return _valid(name, "out_layout", [out_layout], LAYOUTS)[0]
-
-
-def _aligns(name: str, causal_align: Iterable[str]) -> tuple[str, ...]:
-    """The causal alignments it supports, in ALIGNS order; at least one."""
-    given = _valid(name, "causal_align", causal_align, ALIGNS)
-    if not given:
-        raise RegistryError(f"impl {name!r}: causal_align needs one of {list(ALIGNS)}")
-    return tuple(a for a in ALIGNS if a in given)
-
-
-def _valid(name: str, what: str, values: Iterable[str], allowed: Iterable[str]) -> tuple:
-    values, allowed = tuple(values), tuple(allowed)
-    bad = [v for v in values if v not in allowed]
-    if bad:
-        raise RegistryError(f"impl {name!r}: {what} {bad} not in {list(allowed)}")
-    return values
-
-
-def importable(module: str) -> bool:
-    """Whether ``module`` can be imported (found, not imported)."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def origin(impl: Impl) -> str:
-    """Where an impl came from, in a word: built-in, impls/ (the checkout's drop-in folder),
-    --plugin (a file, folder or module given), entry point, or register() (called by the
-    program itself)."""
-    source = impl.source
-    if source.startswith(f"{BUILTIN_PACKAGE}."):
-        return "built-in"
-    if source.startswith("entry point "):
-        return "entry point"
-    root = checkout.root()
-    if root and Path(source).parent == (root / DROP_IN).resolve():
-        return f"{DROP_IN}/"
-    return "--plugin" if source else "register()"
 
 
 def baseline(impls: Iterable[Impl]) -> str | None:

@@ -11,8 +11,10 @@
 - ``FAST``: settings that check a row and time it for about a millisecond: for correctness
   tests, not for measuring.
 - ``run_row(impl, case)``: one row measured in this process, as a sweep measures it, by the
-  sweep's own worker (run/worker.py: the float64 reference, the agreement rule, the timing
-  rounds interleaved with the speed anchor, the memory pass): the CSV row.
+  sweep's own worker (run/executing/worker.py: the float64 reference, the agreement rule, the timing
+  rounds interleaved with the speed anchor, the memory pass), and completed as a sweep
+  completes it (run/complete.py: host, device, run id, seed, the machine's speed): the CSV
+  row, every column of results.csv.
   ``run_rows(impls, case, baseline)``: a case's rows, timed in the same rounds, each paired
   with the ``baseline``'s (``speedup``).
 - ``conformance_cases(impl)``: a small grid every impl is held to (GQA, causal in both
@@ -33,16 +35,19 @@ from attnbench import plugins, registry
 from attnbench.case import Case
 from attnbench.masks import KINDS, MODS
 from attnbench.measure.timing import TimerConfig
-from attnbench.run.local import InProcess
-from attnbench.run.row import Settings
-from attnbench.run.worker import Worker, WorkerSpec
+from attnbench.run.complete import Completer
+from attnbench.run.executing.local import InProcess
+from attnbench.run.executing.worker import Worker, WorkerSpec
+from attnbench.run.measuring.row import Settings
 
 FAST = Settings(TimerConfig(rep_ms=1.0, min_samples=1))
+TEST_RUN_ID = "testing"  # the run_id of the rows measured here
 
 
 def run_row(impl: registry.Impl, case: Case, seed: int = 0, settings: Settings = FAST) -> dict:
-    """``impl``'s row of ``case``: status, reason, agreement and metrics, as results.csv has
-    them (a failure is a row with its status and reason, never an exception)."""
+    """``impl``'s row of ``case``: status, reason, agreement and metrics, and what ran it,
+    as results.csv has them (a failure is a row with its status and reason, never an
+    exception)."""
     return run_rows([impl], case, seed=seed, settings=settings)[impl.name]
 
 
@@ -53,15 +58,20 @@ def run_rows(
     seed: int = 0,
     settings: Settings = FAST,
 ) -> dict[str, dict]:
-    """Each impl's row of ``case`` by name, as a sweep's worker gives them, in this process
-    (whose allocator is left as it is)."""
+    """Each impl's row of ``case`` by name, as a sweep's worker gives them and its completer
+    completes them (its speed reference is this case), in this process (whose allocator is
+    left as it is)."""
     settings = replace(settings, malloc_tunables=False)
     spec = WorkerSpec(seed=seed, settings=settings, device=case.device)
-    worker = Worker(spec, InProcess(spec))
+    worker, completer = Worker(spec, InProcess(spec)), Completer(None, TEST_RUN_ID, seed)
+    rows = {}
     try:
-        return {m.row["impl"]: m.row for m in worker.run_case(case, impls, baseline)}
+        for measured in worker.run_case(case, impls, baseline):
+            completer.complete(measured, worker.host, worker.device_name, worker.where)
+            rows[measured.row["impl"]] = measured.row
     finally:
         worker.close()
+    return rows
 
 
 def conformance_cases(impl: registry.Impl | None = None, device: str = "cpu") -> list[Case]:

@@ -9,7 +9,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from attnbench.run.environment import collect_env  # noqa: E402
+from attnbench.run.executing.environment import collect_env  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -186,7 +186,7 @@ def _inputs(case):
     """The harness's seeded inputs, dout included (drawn for a backward mode)."""
     from dataclasses import replace
 
-    from attnbench.run.inputs import make_inputs
+    from attnbench.run.measuring.inputs import make_inputs
 
     return make_inputs(replace(case, mode="fwd_bwd"), 0)
 
@@ -385,7 +385,7 @@ def _measure(kind, cfg, case, inputs, forward, truth, args) -> dict:
 def _control(impl, case, kind, inputs, args) -> dict:
     from dataclasses import replace
 
-    from attnbench.run.call import Call
+    from attnbench.run.measuring.call import Call
 
     c = replace(case, mode=kind)
     why = "; ".join(impl.reasons(c))

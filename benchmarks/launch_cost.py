@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from attnbench import plugins  # noqa: E402
 from attnbench.case import Case  # noqa: E402
-from attnbench.run.call import Call  # noqa: E402
-from attnbench.run.inputs import make_inputs  # noqa: E402
+from attnbench.run.measuring.call import Call  # noqa: E402
+from attnbench.run.measuring.inputs import make_inputs  # noqa: E402
 
 SPIN_CYCLES = 400_000_000  # about 0.2 s of a 2 GHz GPU: longer than launching the calls
 

@@ -26,10 +26,10 @@ sys.path.insert(0, str(ROOT))
 from attnbench import plugins  # noqa: E402
 from attnbench.case import Case  # noqa: E402
 from attnbench.measure.timing import TimerConfig  # noqa: E402
-from attnbench.run.local import InProcess, Subprocess  # noqa: E402
-from attnbench.run.row import Settings  # noqa: E402
+from attnbench.run.executing.local import InProcess, Subprocess  # noqa: E402
+from attnbench.run.executing.worker import Worker, WorkerSpec  # noqa: E402
+from attnbench.run.measuring.row import Settings  # noqa: E402
 from attnbench.run.sweep import run_sweep  # noqa: E402
-from attnbench.run.worker import Worker, WorkerSpec  # noqa: E402
 
 REP_MS = 1.0
 EXECUTORS = ("inprocess", "subprocess")

@@ -15,8 +15,8 @@ import torch
 from attnbench import plugins
 from attnbench.case import Case
 from attnbench.registry import Unsupported
-from attnbench.run.call import Call
-from attnbench.run.inputs import make_inputs
+from attnbench.run.measuring.call import Call
+from attnbench.run.measuring.inputs import make_inputs
 
 SEED = 0
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

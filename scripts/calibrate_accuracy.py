@@ -59,9 +59,9 @@ from attnbench.masks import ALIGNS, ANY, MODS, ScoreMod, register_mod
 from attnbench.measure import agreement, precision
 from attnbench.measure.agreement import checked_names
 from attnbench.measure.reference import Magnitude
-from attnbench.run.call import Call
-from attnbench.run.inputs import make_inputs
-from attnbench.run.row import ground_truth
+from attnbench.run.measuring.call import Call
+from attnbench.run.measuring.inputs import make_inputs
+from attnbench.run.measuring.row import ground_truth
 
 CORRECT = ("naive", "sdpa", "sdpa_math", "sdpa_flash", "tiled", "key_by_key")
 TENSORS = ("out", "dq", "dk", "dv")

@@ -194,7 +194,7 @@ clocks.max.mem,power.draw,power.limit,temperature.gpu,persistence_mode --format=
             timeout --kill-after=10 "$(left 10)" python3 - "${device[@]}" <<'PY'
 import json, sys, torch
 from attnbench.measure import ceilings
-from attnbench.run.environment import collect_env
+from attnbench.run.executing.environment import collect_env
 device = "cpu" if "cpu" in sys.argv[1:] else "cuda"
 if device == "cuda" and not torch.cuda.is_available():
     sys.exit("stage env: no CUDA device visible to torch; nothing to measure")

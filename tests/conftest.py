@@ -30,12 +30,12 @@ def _threads_per_worker() -> int | None:
 if (_threads := _threads_per_worker()) is not None:
     os.environ["OMP_NUM_THREADS"] = str(_threads)
 from attnbench import plugins, testing  # noqa: E402
-from attnbench.run import heap  # noqa: E402
+from attnbench.run.measuring import heap  # noqa: E402
 
 
 def pytest_configure(config):
     """The test process's torch threads (``_threads_per_worker``); the built-ins loaded and the
-    heap frozen once per test process, as a worker process does (run/heap.py): each row's
+    heap frozen once per test process, as a worker process does (run/measuring/heap.py): each row's
     garbage collection then skips torch and the impls' libraries."""
     if _threads is not None:
         torch.set_num_threads(_threads)

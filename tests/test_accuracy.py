@@ -22,9 +22,9 @@ from attnbench.measure.agreement import (
     legacy_bound,
 )
 from attnbench.measure.reference import Magnitude, coarser_grid, grid, magnitude, reference
-from attnbench.run.call import Call
-from attnbench.run.inputs import make_inputs
-from attnbench.run.row import ground_truth
+from attnbench.run.measuring.call import Call
+from attnbench.run.measuring.inputs import make_inputs
+from attnbench.run.measuring.row import ground_truth
 
 
 def dense(q, k, v, causal, scale):
@@ -67,7 +67,8 @@ def test_reference_in_low_precision_keeps_the_dtype():
 
 
 def _inputs(dtype, hq=2, hkv=2, sq=64, skv=64, d=64, seed=0):
-    """Standard-normal q, k, v, dout rounded to ``dtype`` (as run/inputs.py makes them)."""
+    """Standard-normal q, k, v, dout rounded to ``dtype`` (as run/measuring/inputs.py makes
+    them)."""
     g = torch.Generator().manual_seed(seed)
     shapes = [(1, hq, sq, d), (1, hkv, skv, d), (1, hkv, skv, d), (1, hq, sq, d)]
     return [torch.randn(s, generator=g).to(dtype) for s in shapes]

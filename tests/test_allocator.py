@@ -13,7 +13,7 @@ from attnbench import plugins
 from attnbench.case import Case
 from attnbench.measure import allocator, timing
 from attnbench.measure.timing import TimerConfig
-from attnbench.run.row import Settings
+from attnbench.run.measuring.row import Settings
 from attnbench.testing import run_row
 
 glibc = pytest.mark.skipif(not allocator.is_glibc(), reason="glibc only")

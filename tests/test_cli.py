@@ -386,7 +386,7 @@ def test_a_sweep_keeps_tritons_cache_where_triton_keeps_it(monkeypatch):
     """Inductor points an unset TRITON_CACHE_DIR into its own (a sweep's temporary) cache; the
     sweep sets Triton's own default first, so triton_flash's compiled kernels outlive it."""
     triton = pytest.importorskip("triton")
-    from attnbench.run.executors import triton_cache_dir
+    from attnbench.run.executing.executors import triton_cache_dir
 
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     if hasattr(triton, "knobs"):
@@ -480,7 +480,7 @@ def test_a_causal_only_mask_beside_another_takes_the_causal_cases_only():
 def test_a_run_folds_the_impls_it_left_out_into_counts_and_a_dry_run_names_each(capsys):
     from types import SimpleNamespace
 
-    from attnbench.run.selection import COMPILED_LEFT_OUT, left_out_summary
+    from attnbench.run.planning.selection import COMPILED_LEFT_OUT, left_out_summary
 
     installed, missing = (
         SimpleNamespace(unavailable=None),

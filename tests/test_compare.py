@@ -144,7 +144,7 @@ def test_an_installed_package_reports_its_version_not_git_none(tmp_path, monkeyp
     from synth import env
 
     from attnbench import checkout
-    from attnbench.run import environment as env_module
+    from attnbench.run.executing import environment as env_module
 
     monkeypatch.setattr(checkout, "root", lambda: None)  # a wheel: no checkout, no git
     monkeypatch.setattr(env_module.checkout, "root", lambda: None)

@@ -13,9 +13,9 @@ from attnbench import plugins
 from attnbench.case import Case
 from attnbench.measure.compiling import Watch, compile_events, eagerly
 from attnbench.measure.timing import TimerConfig
-from attnbench.run.call import Call
-from attnbench.run.inputs import make_inputs
-from attnbench.run.row import Settings
+from attnbench.run.measuring.call import Call
+from attnbench.run.measuring.inputs import make_inputs
+from attnbench.run.measuring.row import Settings
 from attnbench.testing import run_row
 
 SHAPE = dict(batch=2, heads=4, kv_heads=2, seq_q=80, seq_kv=72, head_dim=16)

@@ -18,7 +18,7 @@ from attnbench.measure.timing import TimerConfig
 from attnbench.report.analysis import analyse
 from attnbench.report.checks import checks_section
 from attnbench.report.header import header_lines
-from attnbench.run.row import Settings
+from attnbench.run.measuring.row import Settings
 from attnbench.store.results import read_results
 from attnbench.testing import run_row
 

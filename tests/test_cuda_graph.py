@@ -10,7 +10,7 @@ from attnbench.case import Case
 from attnbench.cli import main
 from attnbench.measure.cuda_graph import GraphCaptureError, capture
 from attnbench.measure.timing import TimerConfig, time_fn
-from attnbench.run.row import Settings
+from attnbench.run.measuring.row import Settings
 from attnbench.store.schema import COLUMNS, METRICS
 from attnbench.testing import run_row
 

@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from attnbench import plugins
 from attnbench.case import Case
 from attnbench.measure import agreement
-from attnbench.run.call import Call
-from attnbench.run.inputs import make_inputs
-from attnbench.run.row import ground_truth
+from attnbench.run.measuring.call import Call
+from attnbench.run.measuring.inputs import make_inputs
+from attnbench.run.measuring.row import ground_truth
 
 IMPLS = ("sdpa", "naive", "tiled")
 BUILTIN = plugins.discover(entry_points=False)

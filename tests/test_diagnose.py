@@ -14,9 +14,9 @@ from attnbench import registry
 from attnbench.case import Case
 from attnbench.masks import ANY, offset
 from attnbench.measure import diagnose
-from attnbench.run.call import Call
-from attnbench.run.inputs import make_inputs
-from attnbench.run.row import ground_truth
+from attnbench.run.measuring.call import Call
+from attnbench.run.measuring.inputs import make_inputs
+from attnbench.run.measuring.row import ground_truth
 from attnbench.testing import run_row
 
 

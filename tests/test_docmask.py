@@ -12,7 +12,7 @@ from attnbench import plugins
 from attnbench.case import Case, CaseError
 from attnbench.cli import main
 from attnbench.measure import reference
-from attnbench.run.inputs import make_inputs
+from attnbench.run.measuring.inputs import make_inputs
 from attnbench.testing import run_row
 
 

@@ -8,7 +8,7 @@ import torch
 
 from attnbench.case import Case
 from attnbench.cli import main
-from attnbench.run.inputs import draws, from_draws, make_inputs, paged
+from attnbench.run.measuring.inputs import draws, from_draws, make_inputs, paged
 from attnbench.seeds import STREAMS, generator
 from attnbench.store.results import read_results
 from attnbench.store.rundir import RunDir, read_draws
@@ -24,7 +24,7 @@ def test_a_large_tensor_is_drawn_in_parallel_pieces_the_same_whatever_the_thread
     """Over DRAW_WHOLE elements, each batch element has a generator of its own, so the draw
     is the same on 1 or many threads, the pieces differ, and the smaller tensors drawn after
     it (dout) are not moved by how the large one was drawn."""
-    from attnbench.run import inputs as inputs_module
+    from attnbench.run.measuring import inputs as inputs_module
 
     case = Case(3, 2, 2, 8, 64, 8, mode="bwd")  # k, v: 3 x 2 x 64 x 8 = 3072 elements
     monkeypatch.setattr(inputs_module, "DRAW_WHOLE", 1024)  # k and v drawn in pieces, q not

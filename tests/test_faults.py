@@ -165,7 +165,7 @@ def test_a_long_compile_error_keeps_the_compilers_error_and_the_run_keeps_it_who
 
 
 def test_a_long_error_without_a_compilers_line_keeps_its_start_and_its_end():
-    from attnbench.run.failed import error_reason
+    from attnbench.run.measuring.failed import error_reason
 
     with pytest.raises(ValueError) as caught:
         raise ValueError("start " + "x " * 400 + "the end")
@@ -179,7 +179,7 @@ def test_an_error_from_another_process_starts_with_that_processs_cause():
     """A compile worker's failure reaches the row as one exception whose message holds the
     worker's traceback (torch.compile's InductorError: SubprocException): the reason starts
     with the traceback's last exception line, which a terminal line shows."""
-    from attnbench.run.failed import error_reason
+    from attnbench.run.measuring.failed import error_reason
 
     class InductorError(RuntimeError):
         pass

@@ -3,7 +3,7 @@ committed run's output folders are being regenerated."""
 
 import subprocess
 
-from attnbench.run.environment import git_state
+from attnbench.run.executing.environment import git_state
 
 
 def git(root, *args):

@@ -8,9 +8,9 @@ from attnbench.measure import ceilings
 from attnbench.measure.memory import peak_mem_mib
 from attnbench.measure.profiling import profile_fn
 from attnbench.measure.timing import TimerConfig, time_fn
-from attnbench.run.call import Call
-from attnbench.run.inputs import make_inputs
-from attnbench.run.row import Settings
+from attnbench.run.measuring.call import Call
+from attnbench.run.measuring.inputs import make_inputs
+from attnbench.run.measuring.row import Settings
 from attnbench.testing import run_row
 
 pytestmark = pytest.mark.gpu
@@ -91,7 +91,7 @@ def test_ceilings_and_profile_on_the_gpu():
 def test_a_large_tensor_drawn_in_pieces_on_cuda_is_the_cpus_draw(monkeypatch):
     """draw_large fills a CUDA tensor from several host threads at once: the same numbers as
     the CPU case's draw, cast alike (every device sees the same inputs)."""
-    from attnbench.run import inputs as inputs_module
+    from attnbench.run.measuring import inputs as inputs_module
 
     monkeypatch.setattr(inputs_module, "DRAW_WHOLE", 1024)
     monkeypatch.setattr(inputs_module, "DRAW_THREADS", 4)

@@ -18,7 +18,7 @@ from attnbench.masks import Mask
 from attnbench.measure.agreement import rule
 from attnbench.measure.reference import magnitude, reference
 from attnbench.measure.timing import TimerConfig
-from attnbench.run.row import Settings
+from attnbench.run.measuring.row import Settings
 from attnbench.testing import run_row
 
 pytestmark = pytest.mark.gpu

@@ -1,11 +1,11 @@
-"""The heap during a sweep (run/heap.py): a row's collection freezes what survives it once a
-library was imported since the last freeze, and only then."""
+"""The heap during a sweep (run/measuring/heap.py): a row's collection freezes what survives it
+once a library was imported since the last freeze, and only then."""
 
 import gc
 import sys
 import types
 
-from attnbench.run import heap
+from attnbench.run.measuring import heap
 
 
 def test_a_rows_collection_freezes_a_newly_imported_librarys_objects(monkeypatch):

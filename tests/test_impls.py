@@ -14,10 +14,10 @@ from attnbench.case import Case
 from attnbench.measure import agreement
 from attnbench.measure.memory import peak_mem_mib
 from attnbench.measure.timing import TimerConfig
-from attnbench.run.call import Call
-from attnbench.run.inputs import make_inputs
-from attnbench.run.layer import layer_reference
-from attnbench.run.row import Settings
+from attnbench.run.measuring.call import Call
+from attnbench.run.measuring.inputs import make_inputs
+from attnbench.run.measuring.layer import layer_reference
+from attnbench.run.measuring.row import Settings
 from attnbench.testing import FAST, run_row, run_rows
 
 SHAPES = [  # (heads, kv_heads, seq_q, seq_kv, head_dim)

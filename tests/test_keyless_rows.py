@@ -8,9 +8,9 @@ import torch
 from attnbench import plugins
 from attnbench.case import Case
 from attnbench.measure import agreement
-from attnbench.run.call import Call
-from attnbench.run.inputs import make_inputs
-from attnbench.run.row import ground_truth
+from attnbench.run.measuring.call import Call
+from attnbench.run.measuring.inputs import make_inputs
+from attnbench.run.measuring.row import ground_truth
 
 SHAPES = [(37, 1), (20, 8)]  # (seq_q, seq_kv): 36 and 12 keyless rows
 BUILTIN = plugins.discover(entry_points=False)

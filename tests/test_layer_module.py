@@ -17,8 +17,8 @@ from attnbench import plugins, registry
 from attnbench.case import Case
 from attnbench.cli import main
 from attnbench.module_layout import LayerModule
-from attnbench.run.call import Call
-from attnbench.run.inputs import make_inputs
+from attnbench.run.measuring.call import Call
+from attnbench.run.measuring.inputs import make_inputs
 from attnbench.testing import run_row
 
 

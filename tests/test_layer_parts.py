@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from attnbench import plugins, registry
 from attnbench.case import Case
 from attnbench.module_layout import LayerModule, ModuleLayout, QKNorm
-from attnbench.run.call import Call
-from attnbench.run.inputs import layer_parts, make_inputs
-from attnbench.run.layer import EXTRAS, UNCHECKED, Parts, layer_reference
+from attnbench.run.measuring.call import Call
+from attnbench.run.measuring.inputs import layer_parts, make_inputs
+from attnbench.run.measuring.layer import EXTRAS, UNCHECKED, Parts, layer_reference
 from attnbench.testing import run_row
 
 NORMS = ModuleLayout(q_norm=QKNorm("q_norm"), k_norm=QKNorm("k_norm"))

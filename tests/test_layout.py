@@ -1,49 +1,70 @@
-"""The package's layout is its data path: no module imports one that imports it back, and the
-measuring leaves import nothing above them."""
+"""The package's layout is its data path: no module imports one that imports it back, the
+measuring leaves import nothing above them, one worker drives a row's steps and a row is
+filled only where its columns are known.
+
+Every guard is a function from the package's code to its violations (tests/structure.py reads
+the code), so each is run twice: on the package, where it finds none, and on copies with
+violations planted (``PLANTED``), each of which it must catch. The guards read structure
+(imports in every form, the objects they are about, where a value comes from), never a local
+name a rename could change; a guard whose subject is gone fails rather than passes."""
 
 import ast
+import inspect
 import json
 import re
+import typing
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "attnbench"
+import pytest
+from structure import (
+    PACKAGE,
+    Code,
+    aliases,
+    calls,
+    graph,
+    imported,
+    parse,
+    planted,
+    refers,
+    row_changes,
+    sources,
+)
 
 
-def imports() -> dict[str, set[str]]:
-    """module -> the attnbench modules it imports (at any depth of the file)."""
-    graph = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                if node.module.startswith("attnbench"):
-                    found.add(node.module)
-                    found.update(f"{node.module}.{a.name}" for a in node.names)
-            elif isinstance(node, ast.Import):
-                found.update(a.name for a in node.names if a.name.startswith("attnbench"))
-        graph[name] = found
-    return {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
+def imports(code: Code | None = None) -> dict[str, set[str]]:
+    """module -> the attnbench modules it imports (any form, any depth: structure.graph)."""
+    return graph(code)
 
 
-def test_no_import_cycles():
-    graph = imports()
-    state: dict[str, int] = {}
+def path_of(module: str) -> str:
+    """attnbench.run.executing.worker -> run/executing/worker.py (a package: its __init__.py)."""
+    rel = module.removeprefix("attnbench").lstrip(".").replace(".", "/")
+    return f"{rel}/__init__.py" if (PACKAGE / rel / "__init__.py").is_file() else f"{rel}.py"
+
+
+def cycles(code: Code | None = None) -> list[str]:
+    """Import circles between modules (a package importing its own submodule aside)."""
+    deps, state, found = imports(code), {}, []
 
     def visit(module, path):
         state[module] = 1
-        for dep in sorted(graph[module]):
-            if dep.startswith(module + "."):  # a package importing its own submodule
+        for dep in sorted(deps[module]):
+            if dep.startswith(module + "."):
                 continue
-            assert state.get(dep) != 1, " -> ".join([*path, dep])
-            if dep not in state:
+            if state.get(dep) == 1:
+                found.append(" -> ".join([*path, dep]))
+            elif dep not in state:
                 visit(dep, [*path, dep])
         state[module] = 2
 
-    for module in sorted(graph):
+    for module in sorted(deps):
         if module not in state:
             visit(module, [module])
+    return found
+
+
+def test_no_import_cycles():
+    assert not cycles()
 
 
 # The house's floors, ground first, declared once: a room (a top-level module or a folder of
@@ -54,7 +75,7 @@ FLOORS = (
     ("masks", "module_layout"),
     ("dims",),
     ("case",),
-    ("store",),  # files and formats
+    ("store", "declarations"),  # files and formats; what an impl declares
     ("measure", "models", "registry"),
     ("impls", "plugins"),
     ("spec",),
@@ -66,15 +87,15 @@ FLOORS = (
 
 
 def room(module: str) -> str:
-    """attnbench.run.worker -> run; attnbench.cli -> cli; attnbench (the package) -> __init__."""
+    """attnbench.run.sweep -> run; attnbench.cli -> cli; attnbench (the package) -> __init__."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
 
-def room_arrows() -> dict[tuple[str, str], list[str]]:
+def room_arrows(code: Code | None = None) -> dict[tuple[str, str], list[str]]:
     """(room, room it imports) -> the modules whose imports draw that arrow."""
     arrows: dict[tuple[str, str], list[str]] = {}
-    for module, deps in imports().items():
+    for module, deps in imports(code).items():
         for dep in deps:
             if room(dep) != room(module) and dep != "attnbench":
                 arrows.setdefault((room(module), room(dep)), []).append(f"{module} -> {dep}")
@@ -88,13 +109,23 @@ def test_every_room_is_on_a_floor():
     assert rooms == set(floors), f"undeclared: {rooms - set(floors)}, gone: {set(floors) - rooms}"
 
 
+def arrows_up(code: Code | None = None) -> list[str]:
+    """Every import between rooms that does not go down the declared floors: the arrow, the
+    modules that draw it."""
+    floor_of = {r: n for n, floor in enumerate(FLOORS) for r in floor}
+    arrows = room_arrows(code)
+    return [
+        f"{a} (floor {floor_of[a]}) imports {b} (floor {floor_of[b]}): {sorted(arrows[a, b])[:3]}"
+        for a, b in sorted(arrows)
+        if floor_of[b] >= floor_of[a]
+    ]
+
+
 def test_no_arrow_goes_up_or_sideways():
     """Every import between rooms goes down the declared floors; a failure names the arrow,
     the modules that draw it, and the floors the imports give each room (one above the
     highest room it imports), from which the fix is read."""
-    floor_of = {r: n for n, floor in enumerate(FLOORS) for r in floor}
-    arrows = room_arrows()
-    computed: dict[str, int] = {}
+    arrows, computed = room_arrows(), {}
 
     def height(r: str, path: tuple = ()) -> int:
         assert r not in path, f"a circle of rooms: {' -> '.join([*path, r])}"
@@ -102,67 +133,72 @@ def test_no_arrow_goes_up_or_sideways():
             computed[r] = 1 + max((height(b, (*path, r)) for a, b in arrows if a == r), default=-1)
         return computed[r]
 
-    wrong = [
-        f"{a} (floor {floor_of[a]}) imports {b} (floor {floor_of[b]}): {sorted(arrows[a, b])[:3]}"
-        for a, b in sorted(arrows)
-        if floor_of[b] >= floor_of[a]
+    wrong = arrows_up()
+    floors = [r for floor in FLOORS for r in floor]
+    assert not wrong, "\n".join([*wrong, f"floors by imports: {[(r, height(r)) for r in floors]}"])
+
+
+def store_imports_out(code: Code | None = None) -> list[str]:
+    """store/ holds files and formats: it imports the rooms below it and itself, nothing that
+    measures, probes the machine, loads code or builds a command line."""
+    store = next(n for n, floor in enumerate(FLOORS) if "store" in floor)
+    below = {r for floor in FLOORS[:store] for r in floor} | {"store"}
+    return [
+        f"{module} imports {dep}"
+        for module, deps in imports(code).items()
+        if room(module) == "store"
+        for dep in deps
+        if room(dep) not in below
     ]
-    assert not wrong, "\n".join(
-        [*wrong, f"floors by imports: {[(r, height(r)) for r in floor_of]}"]
-    )
 
 
 def test_store_only_stores():
-    """store/ holds files and formats: it imports the rooms below it and itself, nothing that
-    measures, probes the machine, loads code or builds a command line."""
-    below = {r for floor in FLOORS[: FLOORS.index(("store",))] for r in floor}
-    for module, deps in imports().items():
-        if room(module) == "store":
-            out = [d for d in deps if room(d) not in below | {"store"}]
-            assert not out, f"{module} imports {out}"
+    assert not store_imports_out()
+
+
+def library_names(code: Code | None = None) -> list[str]:
+    """A module named like a library (impls/xformers.py beside ``import xformers``) is a trap:
+    a reader, or a tool, takes the library's import for the sibling."""
+    code, folders = code or sources(), {}
+    for where, text in code.items():
+        folders.setdefault(str(Path(where).parent), {})[Path(where).stem] = text
+    out = []
+    for folder, modules in folders.items():
+        libraries = set()
+        for stem, text in modules.items():
+            found = {m.split(".")[0] for m in imported(f"{folder}/{stem}.py", text)}
+            libraries |= found - {stem, "attnbench"}  # a module may import its namesake
+        out += [f"{folder}: {name}" for name in sorted(set(modules) & libraries)]
+    return out
 
 
 def test_no_module_is_named_after_a_library_its_folder_imports():
-    """A module named like a library (impls/xformers.py beside ``import xformers``) is a trap:
-    a reader, or a tool, takes the library's import for the sibling."""
-    for folder in {p.parent for p in PACKAGE.rglob("*.py")}:
-        names = {p.stem for p in folder.glob("*.py")}
-        libraries = set()
-        for path in folder.glob("*.py"):
-            found = set()
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                    found.add(node.module.split(".")[0])
-                elif isinstance(node, ast.Import):
-                    found.update(a.name.split(".")[0] for a in node.names)
-            libraries |= found - {path.stem}  # a module may import its namesake, not a sibling's
-        assert not names & libraries, f"{folder.relative_to(PACKAGE)}: {names & libraries}"
+    assert not library_names()
 
 
-def test_measure_modules_import_nothing_above_them():
-    allowed = ("attnbench.measure", "attnbench.case", "attnbench.errors", "attnbench.masks")
-    allowed += ("attnbench.store.env",)  # env.json's GPU-state field names (clocks fills them)
-    for module, deps in imports().items():
-        if module.startswith("attnbench.measure"):
-            above = [d for d in deps if not d.startswith(allowed)]
-            assert not above, f"{module} imports {above}"
+MEASURE_MAY_IMPORT = ("attnbench.measure", "attnbench.case", "attnbench.errors", "attnbench.masks")
+MEASURE_MAY_IMPORT += ("attnbench.store.env",)  # env.json's GPU-state field names (clocks)
 
 
-def test_no_impl_imports_the_harness_that_runs_it():
-    """An impl needs the plugin API (registry, case, masks, module_layout, ...), never run/:
-    the harness imports the impls, not the other way round."""
-    for module, deps in imports().items():
-        if module.startswith("attnbench.impls"):
-            run = [d for d in deps if d.startswith("attnbench.run")]
-            assert not run, f"{module} imports {run}"
+def imports_out(code: Code | None = None) -> list[str]:
+    """The imports that leave a room's bounds: the measuring leaves import nothing above them;
+    an impl needs the plugin API, never run/ (the harness imports the impls, not the other
+    way round); an impl module registers impls when imported, and the report reads rows,
+    not impls."""
+    out = []
+    for module, deps in imports(code).items():
+        for dep in deps:
+            if module.startswith("attnbench.measure") and not dep.startswith(MEASURE_MAY_IMPORT):
+                out.append(f"{module} imports {dep}: measure/ is a leaf")
+            if module.startswith("attnbench.impls") and dep.startswith("attnbench.run"):
+                out.append(f"{module} imports {dep}: an impl never imports its harness")
+            if module.startswith("attnbench.report") and dep.startswith("attnbench.impls"):
+                out.append(f"{module} imports {dep}: the report reads rows, not impls")
+    return out
 
 
-def test_no_report_module_imports_an_impl():
-    """An impl module registers impls when imported; the report reads rows, not impls."""
-    for module, deps in imports().items():
-        if module.startswith("attnbench.report"):
-            impls = [d for d in deps if d.startswith("attnbench.impls")]
-            assert not impls, f"{module} imports {impls}"
+def test_measure_impls_and_report_import_within_their_bounds():
+    assert not imports_out()
 
 
 # Size limits: one concern per function and per module, in the whole package but the Triton
@@ -198,26 +234,184 @@ def sized_modules() -> list[Path]:
 
 
 def test_the_worker_reads_as_the_loop():
-    lines = functions(PACKAGE / "run" / "worker.py")["Worker.run_case"]
-    assert lines <= 45, f"run/worker.py::Worker.run_case is {lines} lines (at most 45)"
+    from attnbench.run.executing.worker import Worker
+
+    lines = functions(PACKAGE / path_of(Worker.__module__))["Worker.run_case"]
+    assert lines <= 45, f"run/executing/worker.py::Worker.run_case is {lines} lines (at most 45)"
+
+
+def _mentions(hint, cls) -> bool:
+    return hint is cls or any(_mentions(a, cls) for a in typing.get_args(hint))
+
+
+def step_functions() -> list:
+    """What the one driver drives: the functions that take or give a checked impl (the state
+    of one impl between its steps: run/measuring/row.py's ``Checked``), found from their
+    signatures."""
+    from attnbench.run.measuring import row
+
+    module = inspect.getmodule(row.Checked)
+    return [
+        fn
+        for fn in vars(module).values()
+        if inspect.isfunction(fn)
+        and fn.__module__ == module.__name__
+        and any(_mentions(h, row.Checked) for h in typing.get_type_hints(fn).values())
+    ]
+
+
+def second_drivers(code: Code | None = None) -> list[str]:
+    """A row's steps are driven by the worker alone, through the server: the step functions
+    are called only in the server's module (steps.Steps), one step per handler; anything
+    else that calls one, or a handler that calls two, is a second driver."""
+    from attnbench.run.executing.steps import Steps
+
+    steps, server = step_functions(), path_of(Steps.__module__)
+    assert len(steps) >= 3, f"the step functions are gone: {steps}"
+    out = []
+    for where, text in (code or sources()).items():
+        names = {
+            n: f.__name__ for f in steps for n in aliases(where, text, f.__module__, f.__name__)
+        }
+        called: dict[str, set[str]] = {}
+        for fn, name in calls(where, text):
+            if name in names:
+                called.setdefault(fn, set()).add(names[name])
+        for fn, which in sorted(called.items()):
+            if where != server:
+                out.append(f"{where}::{fn} calls {sorted(which)}")
+            elif len(which) > 1:
+                out.append(f"{where}::{fn} drives {sorted(which)} in one handler")
+    return out
 
 
 def test_one_driver_runs_the_steps():
-    """A row's steps (check, time_round, finish) are driven by the worker alone, and the test
-    API measures through it: no second loop over the steps for one impl."""
-    steps = {"time_round", "finish"}
-    for path in PACKAGE.rglob("*.py"):
-        for fn in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(fn, ast.FunctionDef):
-                continue
-            called = {
-                getattr(n.func, "attr", getattr(n.func, "id", None))
-                for n in ast.walk(fn)
-                if isinstance(n, ast.Call)
-            }
-            where = f"{path.relative_to(PACKAGE).as_posix()}::{fn.name}"
-            assert not (called >= steps), f"{where} times and finishes a row itself"
-    assert "attnbench.run.worker" in imports()["attnbench.testing"]
+    """No second loop over the steps of one impl, and the test API measures through the
+    worker."""
+    from attnbench.run.executing.worker import Worker
+
+    assert not second_drivers()
+    assert Worker.__module__ in imports()["attnbench.testing"]
+
+
+# who may raise the worker's failure (the transports, and the worker itself) and handle it
+# (the worker; the Ray actor, which turns one into a message back to it; the pool, which
+# leaves out an executor lost while it describes its device, before any row)
+FAILURE_RAISERS = {
+    "run/executing/local.py",
+    "run/executing/ray_executor.py",
+    "run/executing/worker.py",
+}
+FAILURE_HANDLERS = {
+    "run/executing/worker.py",
+    "run/executing/ray_executor.py",
+    "run/executing/executors.py",
+}
+
+
+def worker_written_twice(code: Code | None = None) -> list[str]:
+    """One worker for every transport: one class runs a case's steps; the transports raise
+    the worker's failure and only the worker handles it. The failure and the runner's
+    method are the objects themselves, by whatever name a module imports them: a rename
+    follows, and a guard that finds no raiser or no handler fails instead of passing."""
+    from attnbench.run.executing.worker import Worker, WorkerFailed
+
+    runners, raisers, handlers = set(), set(), set()
+    for where, text in (code or sources()).items():
+        names = aliases(where, text, WorkerFailed.__module__, WorkerFailed.__name__)
+        for node in ast.walk(parse(text)):
+            if isinstance(node, ast.ClassDef):
+                methods = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+                if Worker.run_case.__name__ in methods:
+                    runners.add(f"{where}::{node.name}")
+            elif isinstance(node, ast.Raise) and node.exc is not None:
+                exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                raisers |= {where} if refers(exc, names) else set()
+            elif isinstance(node, ast.ExceptHandler) and node.type is not None:
+                types = node.type.elts if isinstance(node.type, ast.Tuple) else [node.type]
+                handlers |= {where} if any(refers(t, names) for t in types) else set()
+    out = [] if runners == {f"{path_of(Worker.__module__)}::Worker"} else [f"runners {runners}"]
+    out += [f"{w} raises {WorkerFailed.__name__}" for w in sorted(raisers - FAILURE_RAISERS)]
+    out += [f"{w} handles {WorkerFailed.__name__}" for w in sorted(handlers - FAILURE_HANDLERS)]
+    if not raisers or not handlers:
+        out.append(f"nothing raises or handles {WorkerFailed.__name__}: the rule reads nothing")
+    return out
+
+
+def test_the_worker_state_machine_is_written_once():
+    assert not worker_written_twice()
+
+
+def _row_makers() -> tuple[str, tuple[str, ...], set[str]]:
+    """(the field of the record a row travels in, the functions that make a row, the modules
+    allowed to fill one), from the objects themselves: the row maker (failed.base_row), the
+    measuring steps (row.py), the completer (complete.py), and the store's lines of the files
+    a row is copied into (samples.csv, kernels.csv)."""
+    from attnbench.case import Case
+    from attnbench.registry import Impl
+    from attnbench.run.complete import Completer
+    from attnbench.run.measuring.failed import base_row, failed_row
+    from attnbench.run.measuring.row import finish
+    from attnbench.store.results import sample_lines
+    from attnbench.store.schema import COLUMNS
+
+    case = Case(batch=1, heads=1, kv_heads=1, seq_q=8, seq_kv=8, head_dim=8)
+    made = failed_row(Impl("x", None), case, "error", "a reason")
+    field = next(f for f in made._fields if list(getattr(made, f) or ()) == list(COLUMNS))
+    fillers = {base_row, finish, Completer, sample_lines}
+    return (
+        field,
+        (f"{base_row.__module__}.{base_row.__name__}",),
+        {path_of(f.__module__) for f in fillers},
+    )
+
+
+def rows_filled_elsewhere(code: Code | None = None) -> list[str]:
+    """A row's columns are filled where they are known and nowhere else: a row is made in
+    run/measuring/failed.py, measured in run/measuring/row.py's steps (the speedup too: the worker
+    hands the finish step the baseline's rounds), completed in run/complete.py (what ran it, the
+    run, the machine's speed), and copied into the lines of samples.csv and kernels.csv by the
+    store; any other module that makes a row mapping from one or changes one, in any form
+    (structure.row_changes), fills it behind their back."""
+    field, makers, fillers = _row_makers()
+    changes = row_changes(code or sources(), field, makers)
+    return [c for c in changes if c.split(":")[0] not in fillers]
+
+
+def test_a_row_is_filled_where_its_columns_are_known():
+    """And the writer only writes: it asks no impl anything and measures nothing."""
+    assert not rows_filled_elsewhere()
+    from attnbench.run.writer import Writer
+
+    deps = imports()[Writer.__module__]
+    asks = [d for d in deps if d.startswith(("attnbench.measure", "attnbench.registry"))]
+    assert not asks, f"{path_of(Writer.__module__)} imports {asks}"
+
+
+REGISTRY_MUST_NOT_IMPORT = ("importlib.metadata", "pkgutil")  # discovery is plugins.py's
+
+
+def registry_loads(code: Code | None = None) -> list[str]:
+    """The registry registers; finding and loading plugins is plugins.py's: registry.py
+    imports no discovery machinery, in any form."""
+    text = (code or sources())["registry.py"]
+    found = imported("registry.py", text)
+    return sorted(m for m in found if m.startswith(REGISTRY_MUST_NOT_IMPORT))
+
+
+def test_impl_reasons_is_a_tuple_of_small_checks():
+    """Impl.reasons asks each capability's check in turn (registry.CHECKS), each a few lines
+    and each its own rule (none an adapter to a private method of Impl), and plugin loading
+    and discovery live in plugins.py, not in the registry."""
+    from attnbench import registry
+
+    sizes = functions(PACKAGE / "registry.py")
+    assert sizes["Impl.reasons"] <= 12, sizes["Impl.reasons"]
+    long = {c.__name__: sizes[c.__name__] for c in registry.CHECKS if sizes[c.__name__] > 10}
+    assert not long, f"checks over 10 lines: {long}"
+    private = {n for n in vars(registry.Impl) if n.startswith("_") and not n.startswith("__")}
+    assert not private - {"_abc_impl"}, f"Impl's private methods: {private}"
+    assert not registry_loads(), f"registry.py imports {registry_loads()}"
 
 
 def test_no_function_over_the_limit():
@@ -251,26 +445,37 @@ def test_run_modules_are_small():
     assert not long, f"run/ modules over {MAX_RUN_MODULE_LINES} lines: {long}"
 
 
-def test_the_worker_state_machine_is_written_once():
-    """One worker (run/worker.py) for every transport: one class runs a case's steps
-    (``run_case``), transports raise WorkerFailed and only the worker handles it (the Ray
-    transport's actor, beside it, turns one into a message back to it; the pool leaves out
-    an executor lost while it describes its device, before any row)."""
-    runners, raisers, handlers = set(), set(), set()
-    for path in PACKAGE.rglob("*.py"):
-        where = path.relative_to(PACKAGE).as_posix()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ClassDef):
-                methods = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
-                runners |= {f"{where}::{node.name}"} if "run_case" in methods else set()
-            elif isinstance(node, ast.Raise) and "WorkerFailed" in ast.unparse(node.exc or node):
-                raisers.add(where)
-            elif isinstance(node, ast.ExceptHandler) and node.type is not None:
-                if "WorkerFailed" in ast.unparse(node.type):
-                    handlers.add(where)
-    assert runners == {"run/worker.py::Worker"}, runners
-    assert raisers <= {"run/local.py", "run/ray_executor.py", "run/worker.py"}, raisers
-    assert handlers <= {"run/worker.py", "run/ray_executor.py", "run/executors.py"}, handlers
+# run/'s own rooms, ground first: a row measured, the worker that executes its steps, the
+# sweep loop (run/ itself, ""), and the plan that starts it; each imports only those below
+RUN_FLOORS = ("measuring", "executing", "", "planning")
+
+
+def run_arrows_up(code: Code | None = None) -> list[str]:
+    """run/'s folders import one another only downward (RUN_FLOORS)."""
+
+    def inner(module: str) -> str:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 3 else ""
+
+    out = []
+    for module, deps in imports(code).items():
+        if room(module) != "run":
+            continue
+        for dep in deps:
+            if room(dep) == "run" and RUN_FLOORS.index(inner(dep)) > RUN_FLOORS.index(
+                inner(module)
+            ):
+                out.append(f"{module} imports {dep}: run/{inner(dep)} is above run/{inner(module)}")
+    return out
+
+
+def test_run_folders_import_downward():
+    from attnbench.run import sweep
+
+    folders = {p.parent.name for p in (PACKAGE / "run").rglob("*.py") if p.parent.name != "run"}
+    assert folders == set(RUN_FLOORS) - {""}, folders
+    assert sweep.__name__.count(".") == 2, "the sweep loop moved out of run/"
+    assert not run_arrows_up()
 
 
 CLI_MAY_IMPORT = (
@@ -287,7 +492,8 @@ CLI_MAY_IMPORT = (
 
 def test_cli_only_parses_and_dispatches():
     """cli.py imports only the rooms that plan, run, store and report, and its sweep command
-    stays a dispatcher (the work is in run/plan.py, run/executors.py, store/rundir.py)."""
+    stays a dispatcher (the work is in run/planning/plan.py, run/executing/executors.py,
+    store/rundir.py)."""
     deps = imports()["attnbench.cli"] - {"attnbench"}  # "from attnbench import registry"
     above = [d for d in deps if not d.startswith(CLI_MAY_IMPORT)]
     assert not above, f"attnbench.cli imports {above}"
@@ -327,6 +533,9 @@ def test_mask_kinds_follow_one_protocol():
     """Every mask kind is a layout passed as one Mask: outside masks/ and impls/ no module
     reads a mask's layout views (``kv_lens``, ``window``), and the interval geometry is
     imported only where it is drawn."""
+    from attnbench.masks import Mask
+
+    assert all(hasattr(Mask, view) for view in ("kv_lens", "window")), "the views are gone"
     for path in PACKAGE.rglob("*.py"):
         where = path.relative_to(PACKAGE).as_posix()
         if where.startswith(("masks/", "impls/")):
@@ -344,9 +553,9 @@ def test_mask_kinds_follow_one_protocol():
 
 def test_only_the_plan_reads_the_raw_options():
     """The options dict (cli's ``resolve_options``) is read once, by the plan: wherever it is
-    made it is only handed to a ``from_options`` of run/plan.py or run/target.py, and those
-    hand it on to nothing but another ``from_options`` there."""
-    readers = {"run/plan.py", "run/target.py"}
+    made it is only handed to a ``from_options`` of run/planning/plan.py or run/planning/target.py,
+    and those hand it on to nothing but another ``from_options`` there."""
+    readers, tracked = {"run/planning/plan.py", "run/planning/target.py"}, set()
     for path in PACKAGE.rglob("*.py"):
         where = path.relative_to(PACKAGE).as_posix()
         tree = ast.parse(path.read_text())
@@ -358,6 +567,7 @@ def test_only_the_plan_reads_the_raw_options():
             if where in readers and isinstance(node, ast.FunctionDef):
                 if node.name == "from_options":
                     names |= {a.arg for a in node.args.args[1:2]}
+        tracked |= names
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Name) and node.id in names):
                 continue
@@ -370,71 +580,34 @@ def test_only_the_plan_reads_the_raw_options():
                 )
             else:
                 assert where in readers, f"{where}:{node.lineno} reads the options"
-
-
-# the columns a sweep adds to a row after the worker gives it: what ran it, the run, the speed
-SWEEP_COLUMNS = {"host", "device_name", "node", "actor", "gpu_index", "gpu_uuid", "run_id", "seed"}
-SWEEP_COLUMNS |= {"speed_compute", "speed_memory"}
-
-
-def _is_row(node: ast.AST) -> bool:
-    """``row`` or ``<something>.row``: how run/ names a row dict."""
-    return getattr(node, "id", None) == "row" or getattr(node, "attr", None) == "row"
-
-
-def _columns_set(tree: ast.AST) -> set[str]:
-    """The constant columns a module sets on a row: ``row["x"] = ...``, ``row.update(x=...)``."""
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign):
-            out.update(
-                t.slice.value
-                for t in node.targets
-                if isinstance(t, ast.Subscript)
-                and _is_row(t.value)
-                and isinstance(t.slice, ast.Constant)
-            )
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "update":
-            if _is_row(node.func.value):
-                out.update(k.arg for k in node.keywords if k.arg)
-    return out
-
-
-def test_a_row_is_completed_in_one_place():
-    """After the worker, a row's columns are filled in run/complete.py alone: the sweep loop
-    hands it over and the writer only writes (no room of run/ or store/ stamps it)."""
-    setters = {
-        path.relative_to(PACKAGE).as_posix(): found
-        for folder in ("run", "store")
-        for path in (PACKAGE / folder).glob("*.py")
-        if (found := _columns_set(ast.parse(path.read_text())) & SWEEP_COLUMNS)
-    }
-    assert set(setters) == {"run/complete.py"}, setters
-    measure = [d for d in imports()["attnbench.run.writer"] if d.startswith("attnbench.measure")]
-    assert not measure, f"run/writer.py imports {measure}"
+    assert tracked, "no options dict is made or read: the rule reads nothing"
 
 
 def test_the_transport_protocol_is_whole():
     """``where`` and ``replace`` are part of the transport protocol: every transport has them,
     and no module asks with getattr whether a transport or an executor has them."""
-    from attnbench.run.worker import Transport
+    from attnbench.run.executing.worker import Transport
 
     assert "where" in Transport.__annotations__ and "replace" in vars(Transport)
     transports = []
-    for path in (PACKAGE / "run").glob("*.py"):
+    for path in (PACKAGE / "run").rglob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr":
                 name = node.args[1] if len(node.args) > 1 else None
                 assert not (
                     isinstance(name, ast.Constant) and name.value in ("where", "replace")
-                ), f"run/{path.name}:{node.lineno} asks getattr for {name.value!r}"
+                ), f"{path.relative_to(PACKAGE)}:{node.lineno} asks getattr for {name.value!r}"
         for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
             methods = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)}
             if "call" in methods and "host" in _attributes_set(cls):  # a transport
                 transports.append(cls.name)
-                assert "replace" in methods, f"run/{path.name}::{cls.name} has no replace()"
-                assert "where" in _attributes_set(cls), f"run/{path.name}::{cls.name}: no where"
+                assert "replace" in methods, (
+                    f"{path.relative_to(PACKAGE)}::{cls.name} has no replace()"
+                )
+                assert "where" in _attributes_set(cls), (
+                    f"{path.relative_to(PACKAGE)}::{cls.name}: no where"
+                )
     assert {"InProcess", "Subprocess", "RayActor"} <= set(transports), transports
 
 
@@ -450,33 +623,16 @@ def _attributes_set(cls: ast.ClassDef) -> set[str]:
     }
 
 
-def test_impl_reasons_is_a_tuple_of_small_checks():
-    """Impl.reasons asks each capability's check in turn (registry.CHECKS), each a few lines,
-    and plugin loading and discovery live in plugins.py, not in the registry."""
-    from attnbench import registry
-
-    sizes = functions(PACKAGE / "registry.py")
-    assert sizes["Impl.reasons"] <= 12, sizes["Impl.reasons"]
-    long = {c.__name__: sizes[c.__name__] for c in registry.CHECKS if sizes[c.__name__] > 10}
-    assert not long, f"checks over 10 lines: {long}"
-    loading = {"importlib.metadata", "pkgutil"} & {
-        a.name
-        for n in ast.walk(ast.parse((PACKAGE / "registry.py").read_text()))
-        if isinstance(n, ast.Import)
-        for a in n.names
-    }
-    assert not loading, f"registry.py imports {loading}: discovery belongs in plugins.py"
-
-
 LAYOUT_MAP = PACKAGE.parent / "docs" / "layout.md"
 SUBFOLDERS = ("run", "store", "measure", "report", "masks", "impls")  # each has its heading
+SUBFOLDERS += tuple(f"run/{f}" for f in ("planning", "executing", "measuring"))
 
 
 def test_the_layout_map_names_every_module():
     """docs/layout.md names every module (and kernel folder) of each folder of attnbench/
     under that folder's heading, and nothing that is not there; its floors are FLOORS."""
     text = LAYOUT_MAP.read_text()
-    sections = re.split(r"^### `attnbench/(\w*)/?`$", text, flags=re.M)
+    sections = re.split(r"^### `attnbench/([\w/]*?)/?`$", text, flags=re.M)
     named = {
         folder: set(re.findall(r"`(\w+\.py|\w+/)`", body))
         for folder, body in zip(sections[1::2], sections[2::2])
@@ -497,15 +653,21 @@ def test_the_grid_builds_cases_from_the_dimensions():
     """spec.py makes each case from its point in the grid, one value per dimension of DIMS
     (``Case(**{name: point[name] ...})``), never by spelling the dimensions as keywords: a
     dimension the grid does not set is a KeyError, not a silent default."""
+    from attnbench.case import Case
+
     tree = ast.parse((PACKAGE / "spec.py").read_text())
     spelled = [
         f"spec.py:{n.lineno} Case({', '.join(k.arg for k in n.keywords if k.arg)})"
         for n in ast.walk(tree)
         if isinstance(n, ast.Call)
-        and getattr(n.func, "id", None) == "Case"
+        and getattr(n.func, "id", None) == Case.__name__
         and any(k.arg for k in n.keywords)
     ]
     assert not spelled, spelled
+    made = [
+        n for n in ast.walk(tree) if isinstance(n, ast.Call) and refers(n.func, {Case.__name__})
+    ]
+    assert made, "spec.py makes no Case: the rule reads nothing"
 
 
 def test_the_test_order_comes_from_measured_durations():
@@ -521,3 +683,221 @@ def test_the_test_order_comes_from_measured_durations():
     assert not spelled, f"tests/conftest.py names test files: {spelled}"
     recorded = json.loads((tests / "durations.json").read_text())
     assert recorded and all((tests.parent / name).is_file() for name in recorded), sorted(recorded)
+
+
+# -- each guard catches what it guards against ---------------------------------------------
+
+_WRITE = "            self._out.write(row)\n"
+_DRIVER = """
+
+def _planted_driver(checked, group):
+    {time}(group, 0)
+    return {finish}(checked, [], FAST)
+"""
+
+# (guard, its violation planted: module, text replaced, its replacement); a plant may be a
+# list of them, for a violation in two places. The review's three (G1, G2, G4) first.
+PLANTED = {
+    "G1 ImportFrom of discovery in registry.py": (
+        registry_loads,
+        (
+            "registry.py",
+            "import functools\n",
+            "import functools\nfrom importlib.metadata import entry_points\n",
+        ),
+    ),
+    "G2 a row copied with a column changed in the writer": (
+        rows_filled_elsewhere,
+        (
+            "run/writer.py",
+            _WRITE,
+            _WRITE.replace("(row)", '({**row, "host": row.get("host") or "planted"})'),
+        ),
+    ),
+    "G4 a second driver of time_together and finish in testing.py": (
+        second_drivers,
+        [
+            (
+                "testing.py",
+                "from attnbench.run.executing.local import InProcess\n",
+                "from attnbench.run.measuring import row\n"
+                "from attnbench.run.executing.local import InProcess\n",
+            ),
+            ("testing.py", "", _DRIVER.format(time="row.time_together", finish="row.finish")),
+        ],
+    ),
+    "discovery imported as a module alias": (
+        registry_loads,
+        (
+            "registry.py",
+            "import functools\n",
+            "import functools\nimport importlib.metadata as md\n",
+        ),
+    ),
+    "discovery imported from its parent": (
+        registry_loads,
+        ("registry.py", "import functools\n", "import functools\nfrom importlib import metadata\n"),
+    ),
+    "discovery imported by importlib.import_module": (
+        registry_loads,
+        ("registry.py", "", '\n\ndef _planted():\n    return importlib.import_module("pkgutil")\n'),
+    ),
+    "G3 a lazy import of measure/ in store/": (
+        store_imports_out,
+        (
+            "store/results.py",
+            "",
+            "\n\ndef _planted():\n    from attnbench.measure import anchor  # noqa\n",
+        ),
+    ),
+    "a relative import going up from store/": (
+        arrows_up,
+        ("store/results.py", "import csv\n", "import csv\nfrom ..measure import anchor\n"),
+    ),
+    "an impl importing run/ relatively": (
+        imports_out,
+        ("impls/naive.py", "", "\nfrom ..run.measuring import row\n"),
+    ),
+    "measure/ importing run/ as an alias": (
+        imports_out,
+        ("measure/timing.py", "", "\nimport attnbench.run.measuring.row as r\n"),
+    ),
+    "a circle of two modules, one relative": (
+        cycles,
+        [
+            ("run/planted_a.py", "", "from attnbench.run import planted_b\n"),
+            ("run/planted_b.py", "", "from .planted_a import x\n"),
+        ],
+    ),
+    "a module named after a library its folder imports": (
+        library_names,
+        ("run/measuring/torch.py", "", '"""planted"""\n'),
+    ),
+    "a row's measuring importing the worker that executes it": (
+        run_arrows_up,
+        ("run/measuring/row.py", "", "\nfrom attnbench.run.executing import worker\n"),
+    ),
+    "the worker importing the plan": (
+        run_arrows_up,
+        ("run/executing/worker.py", "", "\nfrom attnbench.run.planning.plan import Plan\n"),
+    ),
+    "a row changed through dict(row, ...)": (
+        rows_filled_elsewhere,
+        ("run/writer.py", _WRITE, _WRITE.replace("(row)", '(dict(row, host="planted"))')),
+    ),
+    "a row changed through row | {...}": (
+        rows_filled_elsewhere,
+        ("run/writer.py", _WRITE, _WRITE.replace("(row)", '(row | {"host": "planted"})')),
+    ),
+    "a row renamed, then stamped": (
+        rows_filled_elsewhere,
+        (
+            "run/writer.py",
+            _WRITE,
+            '            line = row\n            line["host"] = "planted"\n' + _WRITE,
+        ),
+    ),
+    "a row stamped by a helper it is passed to": (
+        rows_filled_elsewhere,
+        [
+            ("run/writer.py", _WRITE, "            self._stamp(row)\n" + _WRITE),
+            (
+                "run/writer.py",
+                "    def note(",
+                "    def _stamp(self, r):\n"
+                '        r.setdefault("host", "planted")\n\n'
+                "    def note(",
+            ),
+        ],
+    ),
+    "the worker writing the speedup into a row again": (
+        rows_filled_elsewhere,
+        (
+            "run/executing/worker.py",
+            "            yield answer._replace(anchor=anchor)\n",
+            "            answer.row.update(speedup=1.0)\n"
+            "            yield answer._replace(anchor=anchor)\n",
+        ),
+    ),
+    "the sweep loop stamping a row": (
+        rows_filled_elsewhere,
+        (
+            "run/sweep.py",
+            "            row = measured.row\n",
+            '            row = measured.row\n            row["seed"] = 0\n',
+        ),
+    ),
+    "a second driver of steps imported under other names": (
+        second_drivers,
+        [
+            (
+                "testing.py",
+                "from attnbench.run.executing.local import InProcess\n",
+                "from attnbench.run.executing.local import InProcess\n"
+                "from attnbench.run.measuring.row import finish as done, time_round as tick\n",
+            ),
+            ("testing.py", "", _DRIVER.format(time="tick", finish="done")),
+        ],
+    ),
+    "a server handler that drives two steps": (
+        second_drivers,
+        (
+            "run/executing/steps.py",
+            "    def _anchor(",
+            "    def _both(self, checked, index):\n"
+            "        row.time_round(checked, index)\n"
+            "        return row.finish(checked, [], None)\n\n"
+            "    def _anchor(",
+        ),
+    ),
+    "the worker's failure renamed (the rule would read nothing)": (
+        worker_written_twice,
+        "rename WorkerFailed StepFailed",
+    ),
+    "the worker's failure raised by the sweep, under an alias": (
+        worker_written_twice,
+        (
+            "run/sweep.py",
+            "",
+            "\n\ndef _planted():\n"
+            "    from attnbench.run.executing.worker import WorkerFailed as Lost\n\n"
+            '    raise Lost("crash", "planted")\n',
+        ),
+    ),
+    "the worker's failure handled by the progress bar": (
+        worker_written_twice,
+        (
+            "run/progress.py",
+            "",
+            "\n\ndef _planted():\n"
+            "    from attnbench.run.executing import worker\n\n"
+            "    try:\n        pass\n"
+            "    except (KeyError, worker.WorkerFailed):\n        pass\n",
+        ),
+    ),
+    "a second runner of a case's steps": (
+        worker_written_twice,
+        (
+            "testing.py",
+            "",
+            "\n\nclass _Planted:\n    def run_case(self, case, impls):\n        return []\n",
+        ),
+    ),
+}
+
+
+def _plant(how) -> Code:
+    if isinstance(how, str):  # "rename OLD NEW": a name changed in every module
+        _, old, new = how.split()
+        return {w: text.replace(old, new) for w, text in sources().items()}
+    code = None
+    for where, old, new in how if isinstance(how, list) else [how]:
+        code = planted(where, old, new, code)
+    return code
+
+
+@pytest.mark.parametrize("name", PLANTED)
+def test_each_guard_catches_its_planted_violation(name):
+    guard, how = PLANTED[name]
+    assert not guard(), f"{guard.__name__} finds a violation in the package itself"
+    assert guard(_plant(how)), f"{guard.__name__} misses: {name}"

@@ -255,7 +255,7 @@ register_kind(Dilated())
 def test_a_plugin_adds_a_mask_kind_in_one_file(tmp_path, monkeypatch):
     monkeypatch.setattr(masks.kind, "KINDS", dict(KINDS))
     monkeypatch.setattr(masks, "KINDS", masks.kind.KINDS)
-    for module in ("attnbench.case", "attnbench.dims", "attnbench.spec", "attnbench.registry"):
+    for module in ("attnbench.case", "attnbench.dims", "attnbench.spec", "attnbench.declarations"):
         monkeypatch.setattr(importlib.import_module(module), "KINDS", masks.kind.KINDS)
     path = tmp_path / "dilated.py"
     path.write_text(DILATED)

@@ -10,7 +10,7 @@ from attnbench.case import Case, CaseError
 from attnbench.masks import Mask, block_keep
 from attnbench.masks.interval import Interval
 from attnbench.measure import reference
-from attnbench.run.inputs import make_inputs
+from attnbench.run.measuring.inputs import make_inputs
 from attnbench.spec import Spec
 
 RULES = [  # (causal, window, padded)

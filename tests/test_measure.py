@@ -18,9 +18,9 @@ from attnbench.case import Case
 from attnbench.measure.profiling import device_events
 from attnbench.measure.timing import TimerConfig, time_fn
 from attnbench.registry import Impl
-from attnbench.run.local import InProcess
-from attnbench.run.row import Settings
-from attnbench.run.worker import Worker, WorkerSpec
+from attnbench.run.executing.local import InProcess
+from attnbench.run.executing.worker import Worker, WorkerSpec
+from attnbench.run.measuring.row import Settings
 from attnbench.store.results import read_results
 
 ROOT = Path(__file__).resolve().parent.parent

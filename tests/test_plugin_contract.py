@@ -20,9 +20,9 @@ from attnbench.masks.contract import ContractError
 from attnbench.masks.kind import register_kind, try_kind
 from attnbench.measure import agreement
 from attnbench.report.terminal import masks_table
-from attnbench.run.call import Call
-from attnbench.run.inputs import make_inputs
-from attnbench.run.row import ground_truth
+from attnbench.run.measuring.call import Call
+from attnbench.run.measuring.inputs import make_inputs
+from attnbench.run.measuring.row import ground_truth
 from attnbench.testing import run_row
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ import pytest
 
 from attnbench.cli import main
 from attnbench.measure import clocks, profiling
-from attnbench.run.local import Subprocess
+from attnbench.run.executing.local import Subprocess
 from attnbench.store.env import FIELDS
 from attnbench.store.results import read_results
 
@@ -197,7 +197,7 @@ def test_the_profiled_calls_run_inside_the_last_timing_round_and_record_their_cl
     from attnbench import plugins
     from attnbench.case import Case
     from attnbench.measure.timing import TimerConfig
-    from attnbench.run import passes, row
+    from attnbench.run.measuring import passes, row
     from attnbench.testing import run_row
 
     events = []

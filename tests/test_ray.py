@@ -20,9 +20,9 @@ import pytest
 
 from attnbench.cli import main
 from attnbench.errors import UsageError
-from attnbench.run.row import failed
+from attnbench.run.executing.worker import WorkerSpec
+from attnbench.run.measuring.row import failed_row
 from attnbench.run.sweep import run_sweep
-from attnbench.run.worker import WorkerSpec
 from attnbench.spec import Spec
 from attnbench.store.results import read_results, row_key
 from attnbench.store.schema import LOST
@@ -38,7 +38,7 @@ KEY = ["impl", "mode", "causal", "seq_q"]
 def cluster():
     """A local Ray instance (2 CPUs); every sweep here joins it with --ray-address."""
     ray = pytest.importorskip("ray")
-    from attnbench.run import ray_cluster
+    from attnbench.run.executing import ray_cluster
 
     ray_cluster._quiet_raylet_notices()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
@@ -209,7 +209,7 @@ def test_bad_ray_options_are_usage_errors(args, message, tmp_path, capsys):
 
 
 def test_without_ray_the_error_names_the_extra(monkeypatch):
-    from attnbench.run import ray_cluster
+    from attnbench.run.executing import ray_cluster
 
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(UsageError, match=r"pip install 'ray>=2.40'"):
@@ -225,7 +225,7 @@ class _Fake:
 
     def run_case(self, case, impls, baseline=None):
         self.ran.append(case)
-        return [failed(impl, case, "error", "fake") for impl in impls]
+        return [failed_row(impl, case, "error", "fake") for impl in impls]
 
     def replace(self):
         return False
@@ -241,7 +241,7 @@ def test_a_family_started_on_one_device_kind_stays_there(impls, tmp_path):
     cases = Spec.from_preset("smoke", "cpu", seq_len=[32, 64]).cases()
     naive = [impls["naive"]]
     first = next(c for c in cases if c.seq_q == 32)  # its family was started on "B"
-    done = {row_key(failed(naive[0], first, "error", "x").row): "B"}
+    done = {row_key(failed_row(naive[0], first, "error", "x").row): "B"}
     a, b = _Fake("A"), _Fake("B")
     run_sweep(cases, naive, tmp_path, [a, b], run_id="r", seed=0, progress=False, done=done)
     family = [c for c in cases if c.mode == first.mode and c.causal == first.causal]
@@ -288,7 +288,7 @@ def test_a_cluster_that_wants_a_token_names_the_cause_and_the_fix(
 def test_one_actor_is_one_actor(monkeypatch):
     """--ray-actors 1 asks Ray for one actor and says 'ray: 1 actor up' (the actors' start
     itself is the fixture's two-actor run)."""
-    from attnbench.run import executors, ray_start
+    from attnbench.run.executing import executors, ray_start
 
     asked = []
 
@@ -325,7 +325,7 @@ class _Probe:
 
 
 def test_actors_start_at_once_and_measure_a_shared_cpu_one_after_another(tmp_path):
-    from attnbench.run.executors import Pool
+    from attnbench.run.executing.executors import Pool
 
     threads: list = []
     together = threading.Barrier(2, timeout=30)
@@ -351,9 +351,9 @@ class _Losing(_Fake):
     def run_case(self, case, impls, baseline=None):
         self.ran.append(case)
         if len(self.ran) == self.lose_at:
-            yield failed(impls[0], case, LOST, "actor lost (its node died)")
+            yield failed_row(impls[0], case, LOST, "actor lost (its node died)")
             return
-        yield from (failed(impl, case, "error", "fake") for impl in impls)
+        yield from (failed_row(impl, case, "error", "fake") for impl in impls)
 
     def replace(self, say):
         self.replaced += 1
@@ -402,8 +402,8 @@ def test_a_lost_head_is_noticed_and_ends_with_the_resume_command(tmp_path, monke
     import threading
 
     from attnbench import cli
-    from attnbench.run import ray_cluster
-    from attnbench.run.plan import Plan
+    from attnbench.run.executing import ray_cluster
+    from attnbench.run.planning.plan import Plan
     from attnbench.store.rundir import RunDir
 
     with socket.socket() as s:  # a port nothing listens on
@@ -432,7 +432,7 @@ def test_a_lost_head_is_noticed_and_ends_with_the_resume_command(tmp_path, monke
 
 
 def test_actors_cancelled_by_a_cluster_without_tokens_name_the_cause(monkeypatch):
-    from attnbench.run.ray_cluster import actor_start_problem
+    from attnbench.run.executing.ray_cluster import actor_start_problem
 
     exc = RuntimeError("The actor 8f2c was cancelled before it started running.")
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
@@ -468,14 +468,14 @@ class _Dying:
     for a check its count) is lost as an actor whose node died is; it cannot be replaced."""
 
     def __init__(self, spec, number, lose=None):
-        from attnbench.run.local import InProcess
+        from attnbench.run.executing.local import InProcess
 
         self.inner, self.lose, self.checks = InProcess(spec), lose, 0
         self.host, self.device_name = f"node{number}", self.inner.device_name
         self.where = {"actor": number, "node": f"{number:08d}ffff"}
 
     def call(self, msg, timeout_s):
-        from attnbench.run.worker import WorkerFailed
+        from attnbench.run.executing.worker import WorkerFailed
 
         self.checks += msg[0] == "check"
         if self.lose in (msg[0], ("check", self.checks)):
@@ -500,8 +500,8 @@ class _Dying:
 
 def _fake_ray(monkeypatch, *loses):
     """The sweep command's executors: one _Dying transport per entry of ``loses``."""
-    from attnbench.run import executors
-    from attnbench.run.worker import Worker
+    from attnbench.run.executing import executors
+    from attnbench.run.executing.worker import Worker
 
     def start(kind, plan):
         pool = executors.Pool(plan, tempfile.TemporaryDirectory())
@@ -600,7 +600,7 @@ def _fake_actor(free: dict):
     ``free`` resources."""
     import ray
 
-    from attnbench.run.ray_executor import RayActor
+    from attnbench.run.executing.ray_executor import RayActor
 
     class Dead:
         class call:  # noqa: N801 - the actor method's shape: actor.call.remote(...)
@@ -621,7 +621,7 @@ def _fake_actor(free: dict):
 
 
 def test_the_next_step_after_a_lost_actor_keeps_ray_s_reason_and_no_wait_without_room():
-    from attnbench.run.worker import WorkerFailed
+    from attnbench.run.executing.worker import WorkerFailed
 
     actor = _fake_actor({"CPU": 0.0})
     with pytest.raises(WorkerFailed) as first:
@@ -645,7 +645,7 @@ def _starting(monkeypatch, dying: set, actors: int) -> None:
     whose node dies as they start (Ray's error names the node's address)."""
     import ray
 
-    from attnbench.run import ray_start
+    from attnbench.run.executing import ray_start
 
     class Actor:
         def __init__(self, number):
@@ -673,7 +673,7 @@ def _starting(monkeypatch, dying: set, actors: int) -> None:
 def test_an_actor_whose_node_dies_as_it_starts_is_left_out_and_the_others_start(
     monkeypatch, capsys
 ):
-    from attnbench.run import ray_start
+    from attnbench.run.executing import ray_start
 
     _starting(monkeypatch, dying={1}, actors=3)  # actor 1's node died as it started
     up = ray_start.start(None, WorkerSpec(), None, "sweep")

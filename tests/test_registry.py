@@ -1,10 +1,11 @@
+import dataclasses
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from attnbench import plugins, registry
+from attnbench import plugins, registry, testing
 from attnbench.case import Case, CaseError
 from attnbench.errors import UsageError
 
@@ -132,7 +133,7 @@ def test_a_dropped_in_plugin_that_fails_to_import_is_unavailable_with_file_and_e
     tmp_path, monkeypatch
 ):
     (tmp_path / "impls").mkdir()  # a checkout whose drop-in impls/ holds a broken file
-    monkeypatch.setattr(registry.checkout, "root", lambda: tmp_path)
+    monkeypatch.setattr(plugins.checkout, "root", lambda: tmp_path)
     path = write(tmp_path / "impls" / "broken_attn.py", "import not_a_real_module_xyz\n")
     impls = plugins.discover(entry_points=False)
     impl = impls["broken_attn"]
@@ -229,8 +230,8 @@ def test_register_adds_none_to_the_masks_and_refuses_unknown_ones(monkeypatch):
 
 
 def test_an_impl_without_masks_is_never_called_with_mask(tmp_path):
-    from attnbench.run.call import Call
-    from attnbench.run.inputs import make_inputs
+    from attnbench.run.measuring.call import Call
+    from attnbench.run.measuring.inputs import make_inputs
 
     path = write(
         tmp_path / "strict_attn.py",
@@ -273,11 +274,11 @@ def test_a_working_folders_impls_is_loaded_only_when_asked(tmp_path):
     assert not marker.exists()
     impls = plugins.discover(["impls"], entry_points=False)
     assert impls["theirs_dropped"].source == str(dropped.resolve()) and marker.exists()
-    assert registry.origin(impls["theirs_dropped"]) == "--plugin"
-    assert registry.origin(impls["naive"]) == "built-in"
+    assert plugins.impl_origin(impls["theirs_dropped"]) == "--plugin"
+    assert plugins.impl_origin(impls["naive"]) == "built-in"
     registry.register("registered_in_process")(lambda q, k, v, *, causal, scale: q)
     impls = plugins.discover(["impls"], entry_points=False)
-    assert registry.origin(impls["registered_in_process"]) == "register()"
+    assert plugins.impl_origin(impls["registered_in_process"]) == "register()"
     listing = list_impls(impls, "cpu")
     assert str(dropped.resolve()) in listing
     assert max(len(line) for line in listing.splitlines()) <= 100
@@ -304,7 +305,7 @@ def test_the_checkouts_impls_folder_is_loaded_in_a_checkout_only(tmp_path, monke
     assert "co_dropped" not in plugins.discover(entry_points=False)
     monkeypatch.setattr(checkout, "root", lambda: tmp_path / "co")  # a checkout
     impls = plugins.discover(entry_points=False)
-    assert registry.origin(impls["co_dropped"]) == "impls/"
+    assert plugins.impl_origin(impls["co_dropped"]) == "impls/"
     assert checkout.version() != "unknown"
 
 
@@ -318,7 +319,7 @@ def test_install_hints_name_packages_an_index_has(impls):
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
 
-    from attnbench.run.ray_cluster import INSTALL_HINT
+    from attnbench.run.executing.ray_cluster import INSTALL_HINT
 
     pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
     extras = {r for reqs in pyproject["project"]["optional-dependencies"].values() for r in reqs}
@@ -343,16 +344,51 @@ def test_an_impl_that_needs_a_mask_does_not_declare_none(impls):
 
 
 def test_register_mirrors_the_impl_fields():
-    """register's explicit keywords (what a plugin author reads) are Impl's fields, with the
-    same defaults, but fn (the decorated function) and source (where it was loaded from),
-    and with unmasked (folded into masks)."""
-    import dataclasses
+    """What a plugin author reads is what an impl has: Impl's fields are the three
+    declarations' fields and register's own keywords, with the same defaults, but fn (the
+    decorated function) and source (where it was loaded from)."""
     import inspect
 
+    from attnbench.declarations import DECLARATIONS
+
     params = inspect.signature(registry.register).parameters
+    declared = {f.name: f for kind in DECLARATIONS for f in dataclasses.fields(kind)}
+    own = set(params) - {"name", "keywords", *(k.__name__.lower() for k in DECLARATIONS)}
     fields = {f.name: f for f in dataclasses.fields(registry.Impl)}
-    assert set(params) == set(fields) - {"fn", "source"} | {"unmasked"}
-    for name, param in params.items():
-        default = fields[name].default if name in fields else dataclasses.MISSING
-        if default is not dataclasses.MISSING:
-            assert param.default == default, name
+    assert set(fields) - {"fn", "source"} == set(declared) | own | {"name"}
+    assert not set(declared) & own, "a field is declared twice"
+    for name in own:
+        assert params[name].default == fields[name].default, name
+    for kind in DECLARATIONS:
+        assert params[kind.__name__.lower()].default == kind()
+
+
+def test_register_takes_the_declarations_and_the_old_keywords_alike():
+    """The flat keywords of plugins written before the declarations make the same impl as
+    the declarations; a keyword amends the declaration given; a wrong one is named with the
+    closest field."""
+    from attnbench import Runs, Supports, Takes
+
+    def attend(q, k, v, *, causal, scale):
+        return q
+
+    with testing.registered():
+        registry.register("flat", dtypes=("float32",), gqa=False, layout="bshd", devices=("cpu",))(
+            attend
+        )
+        registry.register(
+            "grouped",
+            takes=Takes(layout="bshd"),
+            supports=Supports(dtypes=("float32",), gqa=False),
+            runs=Runs(devices=("cpu",)),
+        )(attend)
+        registry.register("mixed", supports=Supports(dtypes=("float32",)), gqa=False,
+                          layout="bshd", devices=("cpu",))(attend)  # fmt: skip
+        impls = registry.impls()
+        same = [dataclasses.replace(impls[n], name="x") for n in ("flat", "grouped", "mixed")]
+        assert same[0] == same[1] == same[2]
+        assert same[0].gqa is False and same[0].layout == "bshd" and same[0].dtypes == ("float32",)
+        with pytest.raises(registry.RegistryError, match="no argument 'gqaa'.*gqa"):
+            registry.register("typo", gqaa=False)(attend)
+        with pytest.raises(registry.RegistryError, match=r"supports= takes Supports\(...\)"):
+            registry.register("wrong", supports=Takes())(attend)

@@ -16,11 +16,18 @@ from attnbench.case import Case
 from attnbench.measure.paired import ratio, round_medians
 from attnbench.measure.timing import ROUNDS, Slice, TimerConfig
 from attnbench.registry import Impl
-from attnbench.run.failed import Measured, base_row, failed
-from attnbench.run.local import InProcess, Subprocess
-from attnbench.run.row import Settings
+from attnbench.run.executing.local import InProcess, Subprocess
+from attnbench.run.executing.worker import (
+    ANCHOR,
+    PREPARING,
+    UNPREPARED,
+    Worker,
+    WorkerFailed,
+    WorkerSpec,
+)
+from attnbench.run.measuring.failed import Measured, base_row, failed_row
+from attnbench.run.measuring.row import Settings
 from attnbench.run.sweep import run_sweep
-from attnbench.run.worker import ANCHOR, PREPARING, UNPREPARED, Worker, WorkerFailed, WorkerSpec
 from attnbench.store.results import done_keys, read_results, row_writer
 from attnbench.store.rundir import RunDir
 from attnbench.store.schema import LOST
@@ -263,7 +270,7 @@ def test_the_anchor_is_relative_to_the_runs_start_across_a_resume(resumed):
 def test_the_test_api_measures_through_the_sweeps_worker(impls, monkeypatch):
     """run_row and run_rows time their rows in rounds interleaved with the speed anchor, as
     a sweep's worker does, and pair each row with the baseline's rounds."""
-    from attnbench.run.steps import Steps
+    from attnbench.run.executing.steps import Steps
 
     anchored, anchor = [], Steps._anchor
     monkeypatch.setattr(
@@ -274,6 +281,21 @@ def test_the_test_api_measures_through_the_sweeps_worker(impls, monkeypatch):
     assert anchored == list(range(ROUNDS))
     rows = run_rows([impls["naive"], impls["sdpa"]], CASE, baseline=impls["sdpa"])
     assert rows["naive"]["speedup"] > 0 and rows["sdpa"]["speedup"] is None
+
+
+def test_the_test_api_gives_complete_rows_as_results_csv_has_them(impls):
+    """testing.run_row completes its row as a sweep does: every column of results.csv, what
+    ran it, the run, the seed and the machine's speed (its own case is the reference)."""
+    import socket
+
+    from attnbench.store.schema import COLUMNS
+    from attnbench.testing import TEST_RUN_ID
+
+    row = run_row(impls["naive"], CASE, seed=7)
+    assert list(row) == list(COLUMNS)
+    assert row["status"] == "ok" and row["host"] == socket.gethostname()
+    assert row["device_name"] and row["run_id"] == TEST_RUN_ID and row["seed"] == 7
+    assert row["speed_compute"] == pytest.approx(1.0, rel=0.5) and row["speed_memory"] > 0
 
 
 def test_the_anchor_speeds_are_a_function_of_the_reference_and_the_rounds():
@@ -373,13 +395,13 @@ class _Recorder:
 
     def run_case(self, case, impls, baseline=None):
         self.asked += [(i.name, case.seq_q) for i in impls]
-        return [failed(i, case, "error", "fake") for i in impls]
+        return [failed_row(i, case, "error", "fake") for i in impls]
 
 
 def test_resume_keeps_the_out_of_memory_pruning(impls, tmp_path):
     cases = [CASE, Case(batch=1, heads=1, kv_heads=1, seq_q=48, seq_kv=48, head_dim=16)]
     with row_writer(tmp_path) as out:  # naive ran out of memory at 32 before the stop
-        out.write(failed(impls["naive"], CASE, "oom", "out of memory").row | {"run_id": "r"})
+        out.write(failed_row(impls["naive"], CASE, "oom", "out of memory").row | {"run_id": "r"})
     two, executor = [impls["sdpa"], impls["naive"]], _Recorder()
     run_sweep(
         cases,
@@ -417,7 +439,7 @@ def test_a_bad_retry_is_one_line_and_exit_2(tmp_path, capsys, args, needle):
 def test_a_case_whose_inputs_run_out_of_memory_is_oom_rows_in_one_line(monkeypatch):
     """Drawing the inputs ran out of memory (the CPU allocator's RuntimeError): each runnable
     row is oom with one line naming the case, not the server's crash with a traceback."""
-    import attnbench.run.row as row_module
+    import attnbench.run.measuring.row as row_module
 
     def refuse(case, seed):
         raise RuntimeError(

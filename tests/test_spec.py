@@ -102,7 +102,7 @@ def test_an_impl_that_fits_no_case_is_said_before_the_sweep_with_the_flag_that_f
     from types import SimpleNamespace
 
     from attnbench.case import Case
-    from attnbench.run.selection import unfit_lines
+    from attnbench.run.planning.selection import unfit_lines
 
     cases = [Case(1, 4, 4, n, n, 64) for n in (32, 64)]  # float32
     half = SimpleNamespace(

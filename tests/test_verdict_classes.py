@@ -14,9 +14,9 @@ from attnbench import plugins
 from attnbench.case import Case
 from attnbench.measure import agreement
 from attnbench.measure.reference import group_walk
-from attnbench.run.call import Call
-from attnbench.run.inputs import make_inputs
-from attnbench.run.row import ground_truth
+from attnbench.run.measuring.call import Call
+from attnbench.run.measuring.inputs import make_inputs
+from attnbench.run.measuring.row import ground_truth
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 calibrate = pytest.importorskip("calibrate_accuracy")

@@ -17,8 +17,8 @@ from attnbench.measure.roofline import roofline
 from attnbench.measure.timing import TimerConfig
 from attnbench.models import MODELS, model
 from attnbench.registry import Impl
-from attnbench.run.inputs import make_inputs, paged
-from attnbench.run.row import Settings
+from attnbench.run.measuring.inputs import make_inputs, paged
+from attnbench.run.measuring.row import Settings
 from attnbench.spec import DECODE_BATCH, DECODE_TOKENS, Spec
 from attnbench.store.results import read_results
 from attnbench.testing import run_row, run_rows

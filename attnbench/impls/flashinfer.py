@@ -12,7 +12,7 @@ its NHD layout: (S, H, D) per request, attnbench's (B, S, H, D) per batch row.
   ``BatchDecodeWithPagedKVCacheWrapper`` over the contiguous cache viewed, without a copy, as
   one page of Skv tokens per sequence.
 
-``flashinfer_paged``: the harness's pools and block table (run/inputs.py ``paged``) as
+``flashinfer_paged``: the harness's pools and block table (run/measuring/inputs.py ``paged``) as
 FlashInfer's own page table: ``kv_indptr`` = (0, P, 2P, ...), ``kv_indices`` = the block table
 row by row, ``kv_last_page_len`` = Skv - (P - 1) * page; ``BatchDecodeWithPagedKVCacheWrapper``
 for one new token per sequence, ``BatchPrefillWithPagedKVCacheWrapper`` for more.

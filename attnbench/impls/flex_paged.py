@@ -2,8 +2,8 @@
 
 The harness hands a ``paged=True`` impl its keys and values as page pools
 (pages, page_tokens, Hkv, D) with a block table (B, P): logical page p of sequence b lives in
-pool page ``block_table[b, p]``, pages shuffled (run/inputs.py ``paged``); ``seq_kv`` is the
-logical key length. Here the pools are viewed, without a copy, as one long physical sequence
+pool page ``block_table[b, p]``, pages shuffled (run/measuring/inputs.py ``paged``); ``seq_kv`` is
+the logical key length. Here the pools are viewed, without a copy, as one long physical sequence
 (1, Hkv, pages * page_tokens, D). A block mask whose key blocks are the pages sends each query
 block to its own sequence's pages only; a mask_mod maps a physical key back to its logical
 position for the causal, window and padding rules (masks.interval). Pages that every query

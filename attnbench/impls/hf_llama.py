@@ -10,8 +10,8 @@ the whole q and k projections); a plugin registers them (docs/plugins.md).
 
 Rotary embeddings: the module rotates q and k by the ``position_embeddings`` (cos, sin) it is
 handed. It is handed cos = 1, sin = 0 (B, S, D): the rotation's arithmetic runs (and is timed)
-but is the identity, so the float64 reference (run/layer.py, which has no rotary step) is the
-exact layer computed. What is not checked: that the module rotates correctly (a rotary bug
+but is the identity, so the float64 reference (run/measuring/layer.py, which has no rotary step) is
+the exact layer computed. What is not checked: that the module rotates correctly (a rotary bug
 would pass); what is not built: the model's rotary table (``LlamaRotaryEmbedding``), computed
 once per forward for all layers.
 

@@ -22,9 +22,9 @@ class ContractError(ValueError):
     """A kind or a modifier the harness cannot call: its message names the fix."""
 
 
-def origin(cls: type) -> str:
-    """'built-in' for attnbench's own kinds and modifiers, else the file (or the module) that
-    defines ``cls``."""
+def defined_in(cls: type) -> str:
+    """Where a mask kind or a score modifier is defined: 'built-in' for attnbench's own, else
+    the file (or the module) that defines ``cls``."""
     module = cls.__module__
     if module.startswith("attnbench."):
         return "built-in"
@@ -46,7 +46,7 @@ def check_defined(what: str, cls: type, base: type, methods: dict[str, str]) -> 
     ``base`` has it (a stub that raises NotImplementedError)."""
     for method, written in methods.items():
         if getattr(cls, method) is getattr(base, method):
-            raise ContractError(f"{what} ({origin(cls)}): define {written} ({GUIDE})")
+            raise ContractError(f"{what} ({defined_in(cls)}): define {written} ({GUIDE})")
 
 
 def check_calls(
@@ -67,7 +67,7 @@ def check_calls(
         except TypeError:
             shown = inspect.signature(getattr(cls, method))
             raise ContractError(
-                f"{what} ({origin(cls)}): {cls.__name__}.{method}{shown} cannot take the "
+                f"{what} ({defined_in(cls)}): {cls.__name__}.{method}{shown} cannot take the "
                 f"{count} argument(s) the harness passes; write {written} ({GUIDE})"
             ) from None
 
@@ -84,7 +84,7 @@ def attempt(
     except Exception as exc:  # noqa: BLE001 - whatever a plugin raises, said in one line
         error = one_line(f"{type(exc).__name__}: {exc}")
         raise ContractError(
-            f"{what} ({origin(cls)}): {call} failed on a small case ({error}) ({GUIDE})"
+            f"{what} ({defined_in(cls)}): {call} failed on a small case ({error}) ({GUIDE})"
         ) from None
 
 

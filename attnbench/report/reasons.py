@@ -19,7 +19,7 @@ CUTS = (
     (r"Traceback \(most recent call last\):.*$", ""),
     (r'File "[^"]*"(, line \d+)?(, in \S+)?', ""),
     (r"(?<![\w.])/[\w.\-/]+", "<path>"),  # absolute paths (a host's, a temp file's)
-    (r"\s*\[\.\.\.\]\s*[a-z]*", " … "),  # the row's own cut (run/failed.py), a cut word
+    (r"\s*\[\.\.\.\]\s*[a-z]*", " … "),  # the row's own cut (run/measuring/failed.py), a cut word
     (r"SubprocException: An exception occurred in a subprocess:\s*", ""),
     (r"(?:[A-Z]\w*\.?\s?sizes\(\): \[[\d, ]*\],?\s*)+(?:instead\.?)?", ""),  # SDPA's sizes
     (r"\s*Command: .*$", ""),  # a compiler's command line, to the end

@@ -8,10 +8,10 @@ import textwrap
 
 import pandas as pd
 
-from attnbench import registry
+from attnbench import plugins
 from attnbench.case import DEVICES, DTYPES, Case
 from attnbench.masks import ANY, KINDS, MASKS, MODS
-from attnbench.masks.contract import origin
+from attnbench.masks.contract import defined_in
 from attnbench.models import models_table
 from attnbench.report import derived
 from attnbench.store.schema import CASE_KEY
@@ -100,11 +100,11 @@ def list_impls(impls: dict, device: str) -> str:
                 "sm": _mods(impl),
                 "al": ALIGN_SHORT.get(impl.causal_align, "both"),
                 "in": "md" if impl.module else "pg" if impl.paged else "op",
-                "from": registry.origin(impl),
+                "from": plugins.impl_origin(impl),
             }
         )
         why = impl.unavailable or ("" if here else f"not on {device}")
-        where = "" if registry.origin(impl) == "built-in" else f" [{impl.source}]"
+        where = "" if plugins.impl_origin(impl) == "built-in" else f" [{impl.source}]"
         text = "; ".join(t for t in (why, impl.description) if t) + where
         notes.append(
             textwrap.fill(
@@ -142,8 +142,8 @@ def list_impls(impls: dict, device: str) -> str:
 def masks_table() -> str:
     """Every mask kind and score modifier, a plugin's too: how a sweep names it, what it
     needs, where it came from (built-in, or the plugin file) and what it means."""
-    kinds = [(_kind_syntax(k), origin(type(k)), k.meaning, _needs(k)) for k in KINDS.values()]
-    mods = [(_mod_syntax(m), origin(m), m.meaning, "") for m in MODS.values()]
+    kinds = [(_kind_syntax(k), defined_in(type(k)), k.meaning, _needs(k)) for k in KINDS.values()]
+    mods = [(_mod_syntax(m), defined_in(m), m.meaning, "") for m in MODS.values()]
     entries = kinds + mods
     width = max(len(e[0]) for e in entries) + 2
     lines = ["mask kinds and score modifiers (from: built-in, or the plugin file in brackets):"]

@@ -1,7 +1,8 @@
 """A row completed in one place: what ran it (``host``, ``device_name``, and where: the node and
 the GPU), the run it belongs to (``run_id``, ``seed``), and the machine's speed during its case
 (``speed_compute``, ``speed_memory``: the case's speed-anchor rounds against the run's
-reference, measure/anchor.py). The sweep completes every row here before the writer writes it.
+reference, measure/anchor.py). The sweep completes every row here before the writer writes it,
+and testing.run_rows its rows too. Also a case's drawn data for the run's draws file, once.
 
 The reference is the anchor's median times at the run's first timed case (compute per dtype),
 kept in env.json's ``anchor`` so that a resumed run stays relative to its start."""
@@ -13,24 +14,40 @@ import threading
 import time
 from pathlib import Path
 
+from attnbench.case import Case
 from attnbench.measure import anchor
-from attnbench.run.environment import device_name
-from attnbench.run.failed import Measured
+from attnbench.registry import Impl
+from attnbench.run.executing.environment import device_name
+from attnbench.run.measuring.failed import Measured
+from attnbench.run.measuring.inputs import draws
 from attnbench.store.env import read_anchor, write_anchor
 from attnbench.store.results import row_key
 from attnbench.store.rundir import RunDir
 
 
 class Completer:
-    """Completes the rows of one run, from every lane (thread-safe)."""
+    """Completes the rows of one run, from every lane (thread-safe); without a ``run_dir``
+    (testing.run_rows) its speed reference is kept in memory only."""
 
-    def __init__(self, run_dir: Path, run_id: str, seed: int):
-        self.env_path = RunDir(run_dir).env
+    def __init__(self, run_dir: Path | None, run_id: str, seed: int):
+        self.env_path = RunDir(run_dir).env if run_dir is not None else None
         self.run_id, self.seed = run_id, seed
         self.reference = {"start_unix": time.time(), "compute_ms": {}, "memory_ms": None}
-        self.reference.update(read_anchor(self.env_path))
+        if self.env_path is not None:
+            self.reference.update(read_anchor(self.env_path))
         self._speeds: dict[tuple, dict] = {}  # case key -> its speeds
+        self._drawn = set(RunDir(run_dir).read_draws()) if run_dir is not None else set()
         self._lock = threading.Lock()
+
+    def draws(self, case: Case, impls: list[Impl]) -> dict | None:
+        """The case's drawn data for the draws file (inputs.draws, with the block table when a
+        paged impl runs it), the first time the case is seen; None after that, for a resumed
+        run's cases (they keep theirs) and when the case draws nothing."""
+        with self._lock:
+            if case.label() in self._drawn:
+                return None
+            self._drawn.add(case.label())
+        return draws(case, self.seed, paged=any(i.paged and not i.reasons(case) for i in impls))
 
     def complete(
         self, measured: Measured, host=None, device=None, where: dict | None = None
@@ -61,5 +78,6 @@ class Completer:
         reference = anchor.reference(self.reference, dtype, rounds)
         if reference != self.reference:
             self.reference = reference
-            write_anchor(self.env_path, reference)
+            if self.env_path is not None:
+                write_anchor(self.env_path, reference)
         return anchor.speeds(reference, dtype, rounds)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from attnbench.case import Case
 from attnbench.registry import Impl
-from attnbench.run.failed import Measured, base_row, failed
+from attnbench.run.measuring.failed import Measured, base_row, failed_row
 from attnbench.store.results import row_key
 from attnbench.store.rundir import RunDir
 
@@ -42,7 +42,7 @@ class Ooms:
         small = self._at.get(self._family_key(case), {}).get(impl.name)
         if small is None or case.seq_q < small[0] or case.seq_kv < small[1]:
             return None
-        return failed(
+        return failed_row(
             impl,
             case,
             "oom",

@@ -19,14 +19,14 @@ from textwrap import shorten
 from attnbench import registry
 from attnbench.case import Case
 from attnbench.registry import Impl
-from attnbench.run import heap
 from attnbench.run.complete import Completer
-from attnbench.run.failed import base_row, failed
+from attnbench.run.executing.worker import Worker, who
+from attnbench.run.measuring import heap
+from attnbench.run.measuring.failed import base_row, failed_row
+from attnbench.run.measuring.row import release
 from attnbench.run.oom import Ooms
 from attnbench.run.progress import Progress
 from attnbench.run.queue import Family, Work
-from attnbench.run.row import release
-from attnbench.run.worker import Worker, who
 from attnbench.run.writer import Writer
 from attnbench.store.results import row_key
 from attnbench.store.schema import LOST
@@ -69,7 +69,7 @@ def run_sweep(
     baseline = next((i for i in impls if i.name == baseline), None)
     shown = Progress(total, progress, row_lines, len(executors))
     completer = Completer(run_dir, run_id, seed)
-    with heap.frozen(), Writer(run_dir, seed, shown) as writer:
+    with heap.frozen(), Writer(run_dir, shown) as writer:
         stop = threading.Event()
         lanes = [
             threading.Thread(
@@ -144,7 +144,7 @@ def _run_family(
     for n, (case, case_impls) in enumerate(family):
         if stop.is_set():
             return None
-        writer.draws(case, case_impls)
+        writer.draws(completer.draws(case, case_impls))
         skipped = [m for i in case_impls if (m := ooms.skip(i, case))]
         names = {m.row["impl"] for m in skipped}
         todo = [i for i in case_impls if i.name not in names]
@@ -197,7 +197,7 @@ def _write_left(families: list[Family], writer: Writer, completer: Completer) ->
     for family in families:
         for case, case_impls in family:
             for impl in case_impls:
-                measured = failed(
+                measured = failed_row(
                     impl, case, LOST, "not run: every executor that could run it was lost"
                 )
                 writer.write(measured, f"{impl.name}: {case.label()}", completer.complete(measured))

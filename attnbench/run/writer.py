@@ -1,7 +1,8 @@
 """The sweep's one writer: each row's samples, then its kernels, then the row (the row is the
 commit point), each flushed and fsynced; a case's speed-anchor samples with its first row; a
 case's drawn data before its first row; a failed row's full error to the errors log. The rows
-come complete (run/complete.py); the progress display is run/progress.py."""
+and the drawn data come complete (run/complete.py), the lines of each file are the store's
+(store/results.py): the writer only writes. The progress display is run/progress.py."""
 
 from __future__ import annotations
 
@@ -9,15 +10,14 @@ import json
 import threading
 from pathlib import Path
 
-from attnbench.case import Case
-from attnbench.registry import Impl
-from attnbench.run.failed import Measured
-from attnbench.run.inputs import draws
+from attnbench.run.measuring.failed import Measured
 from attnbench.run.progress import Progress
 from attnbench.store.results import (
     anchor_writer,
+    kernel_lines,
     kernels_writer,
     row_writer,
+    sample_lines,
     samples_writer,
 )
 from attnbench.store.rundir import RunDir, append_line
@@ -26,8 +26,8 @@ from attnbench.store.rundir import RunDir, append_line
 class Writer:
     """The one writer: samples, then kernels, then the row (the row is the commit point)."""
 
-    def __init__(self, run_dir: Path, seed: int, progress: Progress):
-        self.run_dir, self.seed, self.progress = run_dir, seed, progress
+    def __init__(self, run_dir: Path, progress: Progress):
+        self.run_dir, self.progress = run_dir, progress
         self.rows: list[dict] = []
         self.error: BaseException | None = None
         self._lock = threading.Lock()
@@ -37,19 +37,14 @@ class Writer:
         self._samples = samples_writer(self.run_dir)
         self._kernels = kernels_writer(self.run_dir)
         self._anchor = anchor_writer(self.run_dir)
-        self._drawn = set(RunDir(self.run_dir).read_draws())  # a resumed run's cases keep theirs
         return self
 
-    def draws(self, case: Case, impls: list[Impl]) -> None:
-        """The case's drawn data to the draws file, once per case (before its first row)."""
-        if case.label() in self._drawn:
-            return
-        paged = any(i.paged and not i.reasons(case) for i in impls)
-        record = draws(case, self.seed, paged=paged)
-        with self._lock:
-            if record is not None and case.label() not in self._drawn:
+    def draws(self, record: dict | None) -> None:
+        """A case's drawn data (Completer.draws: None when it has none to write) to the draws
+        file, before its first row."""
+        if record is not None:
+            with self._lock:
                 append_line(RunDir(self.run_dir).draws, json.dumps(record) + "\n")
-            self._drawn.add(case.label())
 
     def write(self, measured: Measured, label: str, anchor: list[dict] = ()) -> None:
         """A complete row with its samples, kernels and error, and its case's ``anchor``
@@ -62,13 +57,8 @@ class Writer:
                     f"== {label} ({row['status']}) ==\n{measured.error.rstrip()}\n\n",
                 )
             self._anchor.write(list(anchor))
-            self._samples.write(
-                [
-                    {**row, "sample": i, "round": r, "time_ms": t}
-                    for i, (t, r) in enumerate(zip(times, measured.rounds))
-                ]
-            )
-            self._kernels.write([{**row, **k} for k in kernels])
+            self._samples.write(sample_lines(row, times, measured.rounds))
+            self._kernels.write(kernel_lines(row, kernels))
             self._out.write(row)
             self.rows.append(row)
             self.progress.row(row, label)

@@ -1,6 +1,6 @@
 """env.json: where and with what a run ran (device, driver, library versions, git state), and
 the speed anchor's reference times (``anchor``); its fields declared once, and its one writer.
-What fills it (probing the machine) is run/environment.py."""
+What fills it (probing the machine) is run/executing/environment.py."""
 
 from __future__ import annotations
 

@@ -164,6 +164,19 @@ def _rewrite(path: Path, columns, rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
+def sample_lines(row: dict, times_ms: list[float], rounds: tuple[int, ...]) -> list[dict]:
+    """samples.csv's lines of a row: each timing sample with its index and round."""
+    return [
+        {**row, "sample": i, "round": r, "time_ms": t}
+        for i, (t, r) in enumerate(zip(times_ms, rounds))
+    ]
+
+
+def kernel_lines(row: dict, kernels: list[dict]) -> list[dict]:
+    """kernels.csv's lines of a row: each kernel (or CPU op) of its profile."""
+    return [{**row, **k} for k in kernels]
+
+
 def row_writer(run_dir: Path) -> CsvAppender:
     return CsvAppender(RunDir(run_dir).results, tuple(COLUMNS))
 

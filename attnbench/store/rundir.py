@@ -29,7 +29,7 @@ class RunDir:
     ENV = "env.json"  # where and with what the run ran (store/env.py)
     ENV_RESUME = "env-resume-{time:%H%M%S}.json"  # the same, for each --resume
     GRID = "grid.json"  # what the run sweeps; a resumed run must sweep the same
-    DRAWS = "draws.jsonl"  # one JSON line per case that draws data (run/inputs.py draws)
+    DRAWS = "draws.jsonl"  # one JSON line per case that draws data (run/measuring/inputs.py draws)
     ERRORS = "errors.log"  # the full error of each row whose reason had to be cut short
     TRACES = "traces"  # --profile: one Chrome trace per (case, impl)
     REPORT = "report.md"  # in <reports-dir>/<run-id>/, with its figures

@@ -8,7 +8,7 @@ import time
 import torch
 
 from attnbench.registry import register
-from attnbench.run import row
+from attnbench.run.measuring import row
 
 _ground_truth = row.ground_truth
 

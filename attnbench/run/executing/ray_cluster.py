@@ -1,7 +1,7 @@
 """Joining Ray: start a local instance or join a cluster (``connect``, with the cause and the
 fix when an address is wrong, unreachable or wants a token), size the actors to its devices
 (``actor_options``), and leave it (``shutdown``). ``ray`` is imported only here and in
-run/ray_executor.py, when one of them is called, so attnbench works without it."""
+run/executing/ray_executor.py, when one of them is called, so attnbench works without it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from attnbench import checkout
 from attnbench.errors import UsageError
-from attnbench.run.row import one_line
+from attnbench.run.measuring.row import one_line
 
 INSTALL_HINT = "pip install 'ray>=2.40'"  # the ray extra's own requirement: works from a wheel
 CONNECT_TIMEOUT_S = 30.0  # joining a cluster that never answers

@@ -8,8 +8,8 @@ Wk and Wv (Hkv·D, d_model), drawn from the seed (inputs.py) and shared by every
 split by a view (bshd impls) or a view and a transpose (bhsd impls, as in nanoGPT), with no
 copy; an impl that needs contiguous tensors pays for its own copy, inside the timed region.
 
-A model's own module (run/layer_module.py) may have more (``Parts``): a bias on any of the four
-projections, a norm on q and on k (RMSNorm or LayerNorm with its learned weight, over each
+A model's own module (run/measuring/layer_module.py) may have more (``Parts``): a bias on any of
+the four projections, a norm on q and on k (RMSNorm or LayerNorm with its learned weight, over each
 head or over the whole projection) after the projection and its bias, and the other GQA head
 order (attnbench/heads.py). The reference is the layer with its parts in float64 around the
 float64 attention reference: the attention's gradients are that reference's own, the

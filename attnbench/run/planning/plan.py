@@ -1,6 +1,6 @@
 """What a sweep will do, from its options (flags over a sweep file, already parsed by
-options.py), given where it runs (run/target.py): what it runs (``Plan``: spec, cases, impls,
-grid, settings) and how (``RunOptions``). Every check of the options' combinations happens
+options.py), given where it runs (run/planning/target.py): what it runs (``Plan``: spec, cases,
+impls, grid, settings) and how (``RunOptions``). Every check of the options' combinations happens
 here or in the target, before anything is started or written; a bad combination is one
 UsageError line."""
 
@@ -18,19 +18,19 @@ from attnbench.measure.memory import device_memory_bytes
 from attnbench.measure.timing import TimerConfig
 from attnbench.options import MEASURE_OPTIONS, as_text
 from attnbench.plugins import records
-from attnbench.run.inputs import input_bytes
-from attnbench.run.layer_module import try_factory
-from attnbench.run.row import Settings
-from attnbench.run.selection import (
+from attnbench.run.executing.worker import WorkerSpec
+from attnbench.run.measuring.inputs import input_bytes
+from attnbench.run.measuring.layer_module import try_factory
+from attnbench.run.measuring.row import Settings
+from attnbench.run.planning.selection import (
     check_profile_filter,
     left_out_summary,
     left_out_text,
     select_impls,
     unfit_lines,
 )
+from attnbench.run.planning.target import Target, check_threads, refuse_gpu_grid
 from attnbench.run.sweep import run_sweep
-from attnbench.run.target import Target, check_threads, refuse_gpu_grid
-from attnbench.run.worker import WorkerSpec
 from attnbench.spec import GPU_PRESETS, SPEC_OPTIONS, Spec
 from attnbench.store.results import check_resumable
 from attnbench.store.rundir import RunDir
@@ -139,7 +139,7 @@ class Plan:
 
     @property
     def worker(self) -> WorkerSpec:
-        """The workers' one configuration (run/worker.py)."""
+        """The workers' one configuration (run/executing/worker.py)."""
         return WorkerSpec(
             plugins=tuple(str(plugins.plugin_source(p)) for p in self.target.plugins),
             seed=self.seed,
@@ -202,8 +202,8 @@ class Plan:
         return run_id, run
 
     def env(self, argv: list[str]) -> dict:
-        """env.json's fields that the plan knows (run/environment.py collects the machine's)."""
-        from attnbench.run.environment import collect_env
+        """env.json's fields that the plan knows (the machine's: executing/environment.py)."""
+        from attnbench.run.executing.environment import collect_env
 
         argv = ["attnbench", self.command, *argv]
         env = collect_env(argv, self.seed, self.device, self.packages)

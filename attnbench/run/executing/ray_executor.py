@@ -1,5 +1,5 @@
-"""The Ray transport of a worker (run/worker.py): one Ray actor per device (a GPU, or
-``--threads`` CPUs), across the machines of a Ray cluster (run/ray_cluster.py joins it).
+"""The Ray transport of a worker (run/executing/worker.py): one Ray actor per device (a GPU, or
+``--threads`` CPUs), across the machines of a Ray cluster (run/executing/ray_cluster.py joins it).
 
 ``RayActor`` is the transport in the sweep's process, one per device; it owns one ``_Actor`` at
 a time, which answers each step through a worker process of its own (the local
@@ -18,10 +18,10 @@ import re
 import socket
 import tempfile
 
-from attnbench.run.local import CLOSE_WAIT_S, Subprocess, stderr_tail
-from attnbench.run.row import one_line
-from attnbench.run.steps import wire
-from attnbench.run.worker import WorkerFailed, WorkerSpec
+from attnbench.run.executing.local import CLOSE_WAIT_S, Subprocess, stderr_tail
+from attnbench.run.executing.steps import wire
+from attnbench.run.executing.worker import WorkerFailed, WorkerSpec
+from attnbench.run.measuring.row import one_line
 from attnbench.store.schema import LOST
 
 START_TIMEOUT_S = 300.0  # the actors' first start-up: import torch (and a CUDA context)

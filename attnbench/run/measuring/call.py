@@ -12,9 +12,9 @@ from attnbench.errors import AttnbenchError
 from attnbench.heads import computed_by, same
 from attnbench.masks import Mask
 from attnbench.registry import Impl
-from attnbench.run.inputs import Inputs, from_layout, paged, to_layout
-from attnbench.run.layer import WEIGHTS, Parts, layer_forward
-from attnbench.run.layer_module import Hosted, host
+from attnbench.run.measuring.inputs import Inputs, from_layout, paged, to_layout
+from attnbench.run.measuring.layer import WEIGHTS, Parts, layer_forward
+from attnbench.run.measuring.layer_module import Hosted, host
 
 
 class BadOutput(AttnbenchError, RuntimeError):
@@ -73,8 +73,8 @@ class Call:
 
     @property
     def parts(self) -> Parts | None:
-        """Level layer: what the layer has beyond the plain block (run/layer.py), which its
-        reference must model; None: the plain block (or level op)."""
+        """Level layer: what the layer has beyond the plain block (run/measuring/layer.py), which
+        its reference must model; None: the plain block (or level op)."""
         if self.hosted is not None:
             return self.hosted.parts
         c, order = self.case, self.impl.head_order

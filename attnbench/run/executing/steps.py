@@ -1,5 +1,6 @@
-"""The server side of a worker (run/worker.py): where rows are measured (this process, a worker
-process, a Ray actor's worker process), the steps it answers, one message each:
+"""The server side of a worker (run/executing/worker.py): where rows are measured (this
+process, a worker process, a Ray actor's worker process), the steps it answers, one message
+each:
 
     ("prepare", case, settings)      inputs and the float64 reference of ``case``: None, or
                                      ``PrepareFailed`` (status and reason of its rows)
@@ -8,7 +9,8 @@ process, a Ray actor's worker process), the steps it answers, one message each:
     ("together", case, impls, round) CPU: their parts of a round taken in turns, sample by
                                      sample: impl name -> its Slice, or its row
     ("anchor", case, round)          the speed anchor's part of a round (measure/anchor.py)
-    ("finish", case, impl, slices)   its row (``row.Measured``) from its slices
+    ("finish", case, impl, slices, base)  its row (``row.Measured``) from its slices; ``base``:
+                                     the baseline's median per round (its speedup), or None
     ("device", packages)             the device's env.json entry (run/environment.device_env)
     ("ceilings", dtypes, quick)      the device's measured ceilings (measure/ceilings.py)
 
@@ -23,10 +25,10 @@ import time
 from attnbench.case import Case
 from attnbench.measure.anchor import Anchor
 from attnbench.registry import Impl
-from attnbench.run import row
-from attnbench.run.failed import Measured, case_failure
-from attnbench.run.row import Checked, Prepared, Settings
-from attnbench.run.worker import UNPREPARED, PrepareFailed
+from attnbench.run.executing.worker import UNPREPARED, PrepareFailed
+from attnbench.run.measuring import row
+from attnbench.run.measuring.failed import Measured, case_failure
+from attnbench.run.measuring.row import Checked, Prepared, Settings
 
 
 class Steps:
@@ -89,13 +91,13 @@ class Steps:
                 group.append(checked)
         return {**answers, **row.time_together(group, index)}
 
-    def _finish(self, case: Case, impl: Impl | str, slices: list) -> Measured:
+    def _finish(self, case: Case, impl: Impl | str, slices: list, base: dict | None) -> Measured:
         checked = self._checked(case, impl)
         if isinstance(checked, Measured):
             return checked
         del self.checked[checked.impl.name]
         try:
-            return row.finish(checked, slices, self.prepared.settings)
+            return row.finish(checked, slices, self.prepared.settings, base)
         finally:
             checked = None
             row.release(case)
@@ -106,7 +108,7 @@ class Steps:
         return {"t_unix": time.time(), **self.anchor.round()}
 
     def _device(self, packages: tuple[str, ...]) -> dict:
-        from attnbench.run.environment import device_env
+        from attnbench.run.executing.environment import device_env
 
         return device_env(self.device, packages)
 

@@ -1,9 +1,9 @@
 """One case and one row: inputs and the float64 reference once per case (``Prepared``); per
-impl the design's steps, which the worker (run/worker.py) drives over a case's impls: ``check``
-(a checked call, accuracy, compile time, backend), ``time_round`` (its part of each timing
-round) and ``finish`` (the timing columns, a memory pass and a profiled pass: run/passes.py).
-A failure at any step is a row with a status and a reason and every metric blank
-(run/failed.py)."""
+impl the design's steps, which the worker (run/executing/worker.py) drives over a case's impls:
+``check`` (a checked call, accuracy, compile time, backend), ``time_round`` (its part of each timing
+round) and ``finish`` (the timing columns, a memory pass and a profiled pass:
+run/measuring/passes.py). A failure at any step is a row with a status and a reason and every
+metric blank (run/measuring/failed.py)."""
 
 from __future__ import annotations
 
@@ -19,17 +19,25 @@ from attnbench.measure.agreement import Truth
 from attnbench.measure.backends import borrowed_note
 from attnbench.measure.clocks import ClockSampler, summarize
 from attnbench.measure.compiling import RECOMPILED_NOTE, Watch, compile_ms, eagerly, isolate
+from attnbench.measure.paired import ratio, round_medians
 from attnbench.measure.precision import emulated
 from attnbench.measure.reference import magnitude, reference
 from attnbench.measure.roofline import rates, roofline
 from attnbench.measure.timing import RoundTimer, Slice, TimerConfig, Timing, interleaved
 from attnbench.registry import Impl
-from attnbench.run import heap
-from attnbench.run.call import Call
-from attnbench.run.failed import Measured, base_row, caught, failed, one_line
-from attnbench.run.inputs import Inputs, make_inputs
-from attnbench.run.layer import Parts, layer_truth
-from attnbench.run.passes import InRound, memory, nvtx, profile, profile_due, profile_in_round
+from attnbench.run.measuring import heap
+from attnbench.run.measuring.call import Call
+from attnbench.run.measuring.failed import Measured, base_row, caught, failed_row, one_line
+from attnbench.run.measuring.inputs import Inputs, make_inputs
+from attnbench.run.measuring.layer import Parts, layer_truth
+from attnbench.run.measuring.passes import (
+    InRound,
+    memory,
+    nvtx,
+    profile,
+    profile_due,
+    profile_in_round,
+)
 
 
 @dataclass(frozen=True)
@@ -76,7 +84,7 @@ class Prepared:
 
 def ground_truth(case: Case, inputs: Inputs, parts: Parts | None = None) -> Truth:
     """The case's float64 reference and what its rule needs; at level layer of the layer with
-    ``parts`` (run/layer.py; None: the plain block)."""
+    ``parts`` (run/measuring/layer.py; None: the plain block)."""
     args = dict(causal=case.causal, scale=inputs.scale, dout=inputs.dout, mask=inputs.mask)
     try:
         if case.level == "layer":  # the legacy rule: the magnitude is defined for the op only
@@ -118,7 +126,7 @@ def check(
     failed, else what its timing rounds need."""
     reasons = support_reasons(impl, case, settings)
     if reasons:
-        return failed(impl, case, "unsupported", "; ".join(reasons))
+        return failed_row(impl, case, "unsupported", "; ".join(reasons))
     row, notes = base_row(impl, case), []
     try:
         if impl.compiled:
@@ -148,7 +156,7 @@ def check(
 def time_round(checked: Checked, index: int) -> Slice | Measured:
     """The impl's part of timing round ``index``: a short warm-up, then its samples, clocks
     sampled and compiles watched alongside; in the last round of a profiled row, then its
-    profiled calls (run/passes.py: at the same clocks); its failed row if it raised."""
+    profiled calls (run/measuring/passes.py: at the same clocks); its failed row if it raised."""
     impl, case = checked.impl, checked.case
     try:
         checked.timer.warm_up()  # a recompile here is not timed, so not flagged
@@ -195,10 +203,13 @@ def time_together(group: list[Checked], index: int) -> dict[str, Slice | Measure
     return answers
 
 
-def finish(checked: Checked, slices: list[Slice], settings: Settings) -> Measured:
+def finish(
+    checked: Checked, slices: list[Slice], settings: Settings, base: dict | None = None
+) -> Measured:
     """The row from its timing rounds (time, clock, rate and recompiled columns and their
     notes: measure/timing.py), then a memory pass, and on CUDA (or with --profile) a profiled
-    pass. A failure at any step leaves every metric blank."""
+    pass; with the baseline's median per round (``base``), its speedup over the baseline,
+    paired by round (measure/paired.py). A failure at any step leaves every metric blank."""
     impl, case, inputs, call = checked.impl, checked.case, checked.inputs, checked.call
     row, notes = checked.row, checked.notes
     try:
@@ -210,15 +221,25 @@ def finish(checked: Checked, slices: list[Slice], settings: Settings) -> Measure
         notes.extend(timing.notes())
         flops = case.flops(inputs.mask.layout)
         row.update(timing.columns(), cuda_graph=settings.timer.cuda_graph)
+        row.update(_speedup(base, timing))
         row.update(rates(flops, case.bytes_moved(), timing.median_ms))
         row["work_flops"] = work_flops(impl, case, call)
         row.update(roofline(row, case, settings, notes))
         row["peak_mem_mib"] = memory(impl, case, call, notes)
-        kernels = profile(impl, case, settings, row, notes, checked.in_round)
+        profiled, kernels = profile(impl, case, settings, row, notes, checked.in_round)
+        row.update(profiled)
         row.update(status="ok", reason="; ".join(notes) or None)
         return Measured(row, list(timing.samples_ms), kernels, rounds=timing.rounds)
     except Exception as exc:  # noqa: BLE001 - an impl's failure is a row, never a crash
         return caught(impl, case, exc)
+
+
+def _speedup(base: dict | None, timing: Timing) -> dict:
+    """The speedup columns over the baseline's medians per round, where both have rounds."""
+    speedup = None if base is None else ratio(base, round_medians(timing.samples_ms, timing.rounds))
+    if speedup is None:
+        return {}
+    return dict(speedup=speedup.value, speedup_lo=speedup.lo, speedup_hi=speedup.hi)
 
 
 def support_reasons(impl: Impl, case: Case, settings: Settings) -> list[str]:

@@ -136,7 +136,7 @@ PART_STD = 0.5  # of a module's biases and norm biases, and of its norm weights 
 
 
 def layer_parts(case: Case, seed: int) -> dict[str, torch.Tensor]:
-    """A module's learned parts beyond the four weights (run/layer.py EXTRAS), drawn from
+    """A module's learned parts beyond the four weights (run/measuring/layer.py EXTRAS), drawn from
     ``seed`` apart from x and the weights, float32 on the CPU, each at its largest size (a
     projection's out_features; a norm over each head takes the first head_dim): biases and
     norm biases normal with std PART_STD, norm weights 1 plus that, so that a dropped part

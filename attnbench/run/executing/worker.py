@@ -4,7 +4,7 @@
 (inputs and the float64 reference, outside any row's timeout), check each impl once, time the
 impls that passed in interleaved rounds with the speed anchor (round-robin, the order rotated
 each round; on a CPU the impls take turns sample by sample within a round), then finish each
-(its row: time, memory, profile; its speedup over the baseline, paired by round). Each is a
+(its row: time, memory, profile, and its speedup over the baseline's rounds). Each is a
 step of the server (``steps.Steps``); a crash or a hang of a step is that impl's row (status
 crash / timeout; a shared CPU round that failed is taken again impl by impl, which names the
 impl), and the next step reaches a fresh server, which says it is unprepared: the worker
@@ -25,10 +25,10 @@ from typing import NamedTuple, Protocol
 
 from attnbench.case import Case
 from attnbench.errors import AttnbenchError
-from attnbench.measure.paired import ratio, round_medians
+from attnbench.measure.paired import round_medians
 from attnbench.registry import Impl
-from attnbench.run.failed import Measured, failed
-from attnbench.run.row import Settings, support_reasons
+from attnbench.run.measuring.failed import Measured, failed_row
+from attnbench.run.measuring.row import Settings, support_reasons
 from attnbench.store.env import GPU_WHERE
 from attnbench.store.schema import LOST
 
@@ -134,7 +134,7 @@ class Worker:
         for impl in impls:
             reasons = support_reasons(impl, case, settings)
             if reasons:
-                yield failed(impl, case, "unsupported", "; ".join(reasons))
+                yield failed_row(impl, case, "unsupported", "; ".join(reasons))
             else:
                 runnable.append(impl)
         if not runnable:
@@ -214,32 +214,27 @@ class Worker:
     def _finish(
         self, ready: list[Impl], slices: dict, anchor: tuple, baseline: Impl | None, silent
     ) -> Iterator[Measured]:
-        """Each ready impl's row, the baseline's first; an ok row's speedup over an ok
-        baseline, paired by round (measure/paired.py)."""
+        """Each ready impl's row, the baseline's first; an ok baseline's median per round goes
+        with the others' finish steps (their speedups, paired by round: run/measuring/row.py)."""
         base = _medians(slices[silent.name]) if silent in ready else None  # baseline per round
         for impl in sorted(ready, key=lambda i: i is not baseline):
             if impl is silent:
                 continue
-            answer = self._answer(impl, ("finish", self.case, impl, slices[impl.name]))
-            if answer.row["status"] == "ok":
-                medians = round_medians(answer.times, answer.rounds)
-                if impl is baseline:
-                    base = medians
-                elif base is not None and (speedup := ratio(base, medians)) is not None:
-                    answer.row.update(
-                        speedup=speedup.value, speedup_lo=speedup.lo, speedup_hi=speedup.hi
-                    )
+            given = None if impl is baseline else base
+            answer = self._answer(impl, ("finish", self.case, impl, slices[impl.name], given))
+            if impl is baseline and answer.row["status"] == "ok":
+                base = round_medians(answer.times, answer.rounds)
             yield answer._replace(anchor=anchor)
 
     def _answer(self, impl: Impl, msg: tuple, during: str | None = None):
         """The server's answer to ``impl``'s step, or the impl's failed row."""
         if self.broken:
-            return failed(impl, self.case, self.broken.status, self.broken.reason)
+            return failed_row(impl, self.case, self.broken.status, self.broken.reason)
         try:
             return self._step(msg)
         except WorkerFailed as exc:
             where = f" (during {during})" if during and exc is not self.broken else ""
-            return failed(impl, self.case, exc.status, exc.reason + where)
+            return failed_row(impl, self.case, exc.status, exc.reason + where)
 
     def _step(self, msg: tuple):
         """One step under the timeout; a fresh server gets the case again first."""

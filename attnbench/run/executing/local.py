@@ -1,8 +1,8 @@
-"""The local transports of a worker (run/worker.py). ``InProcess`` answers its steps in this
-process (no start-up cost; a crash of the impl is a crash of the sweep). ``Subprocess`` sends
+"""The local transports of a worker (run/executing/worker.py). ``InProcess`` answers its steps in
+this process (no start-up cost; a crash of the impl is a crash of the sweep). ``Subprocess`` sends
 them to a worker process over a pipe, so that a segfault, an abort, a poisoned CUDA context or
 a hang costs one row (status crash / timeout) and a fresh worker process. A Ray actor
-(run/ray_executor.py) measures through a ``Subprocess`` of its own."""
+(run/executing/ray_executor.py) measures through a ``Subprocess`` of its own."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from pathlib import Path
 
 from attnbench import plugins
 from attnbench.measure import allocator
-from attnbench.run import heap
-from attnbench.run.environment import device_name
-from attnbench.run.steps import Steps, wire
-from attnbench.run.worker import WorkerFailed, WorkerSpec
+from attnbench.run.executing.environment import device_name
+from attnbench.run.executing.steps import Steps, wire
+from attnbench.run.executing.worker import WorkerFailed, WorkerSpec
+from attnbench.run.measuring import heap
 
 STDERR_TAIL_CHARS = 600  # a crash row's reason keeps this much of the dead process's stderr
 CLOSE_WAIT_S = 10.0  # a worker's clean exit at the end of a sweep

@@ -9,11 +9,11 @@ nn.MultiheadAttention's (``MHA``) and transformers' (q_proj, k_proj, v_proj, o_p
 
 ``host`` finds those parts, refuses a module with a learned part its layout does not declare
 (the row is ``unsupported``: the reference would not model it), loads the case's seeded values
-into them (the four weights of run/inputs.py, which every impl of the case gets; biases and
-norm weights from inputs.layer_parts), makes each parameter an autograd leaf when the mode has
+into them (the four weights of run/measuring/inputs.py, which every impl of the case gets; biases
+and norm weights from inputs.layer_parts), makes each parameter an autograd leaf when the mode has
 backward, and puts the module in eval mode (no dropout). The module keeps its own parameters
-(a fused weight stays one tensor); the reference (run/layer.py) is the layer with the values
-read back from them, and each checked gradient a slice of its parameter's.
+(a fused weight stays one tensor); the reference (run/measuring/layer.py) is the layer with the
+values read back from them, and each checked gradient a slice of its parameter's.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from attnbench.module_layout import (
     fix_hint,
 )
 from attnbench.registry import Impl, Unsupported
-from attnbench.run.inputs import Inputs, layer_parts, make_inputs
-from attnbench.run.layer import EXTRAS, UNCHECKED, WEIGHTS, Parts
+from attnbench.run.measuring.inputs import Inputs, layer_parts, make_inputs
+from attnbench.run.measuring.layer import EXTRAS, UNCHECKED, WEIGHTS, Parts
 
 MHA_FAST_OP = "aten::_native_multi_head_attention"
 

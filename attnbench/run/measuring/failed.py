@@ -1,6 +1,6 @@
 """A failed row: its status and reason, every metric blank (the rule: a failed case has no
-number). ``caught`` names what a row's steps raised; ``error_reason`` fits an error in one
-line, keeping its full text for the run's errors log."""
+number: ``failed_row``). ``caught`` names what a row's steps raised; ``error_reason`` fits an
+error in one line, keeping its full text for the run's errors log."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from attnbench import errors
 from attnbench.case import Case
 from attnbench.measure.cuda_graph import GraphCaptureError
 from attnbench.registry import Impl, Unsupported
-from attnbench.run.call import BadOutput
+from attnbench.run.measuring.call import BadOutput
 from attnbench.store.rundir import RunDir
 from attnbench.store.schema import COLUMNS
 
@@ -49,13 +49,13 @@ def caught(impl: Impl, case: Case, exc: Exception) -> Measured:
     capture refused), a bad output, out of memory, or an error (its full text kept for the
     run's errors log when the reason cuts it short)."""
     if isinstance(exc, (Unsupported, GraphCaptureError)):
-        return failed(impl, case, "unsupported", str(exc))
+        return failed_row(impl, case, "unsupported", str(exc))
     if isinstance(exc, BadOutput):
-        return failed(impl, case, "error", f"bad output: {exc}")
+        return failed_row(impl, case, "error", f"bad output: {exc}")
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or _is_cpu_oom(exc):
-        return failed(impl, case, "oom", _oom_reason(case, exc))
+        return failed_row(impl, case, "oom", _oom_reason(case, exc))
     reason, full = error_reason(exc)
-    return failed(impl, case, "error", reason)._replace(error=full)
+    return failed_row(impl, case, "error", reason)._replace(error=full)
 
 
 def case_failure(case: Case, exc: Exception) -> tuple[str, str]:
@@ -66,7 +66,8 @@ def case_failure(case: Case, exc: Exception) -> tuple[str, str]:
     return "error", errors.one_line(f"{type(exc).__name__}: {exc}")
 
 
-def failed(impl: Impl, case: Case, status: str, reason: str) -> Measured:
+def failed_row(impl: Impl, case: Case, status: str, reason: str) -> Measured:
+    """A failed row: its identity, ``status`` and ``reason``, every metric blank."""
     return Measured({**base_row(impl, case), "status": status, "reason": reason}, [], [])
 
 

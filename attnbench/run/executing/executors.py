@@ -17,8 +17,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from attnbench.errors import ClusterLost, one_line
-from attnbench.run.local import InProcess, Subprocess
-from attnbench.run.worker import Worker, WorkerFailed, who
+from attnbench.run.executing.local import InProcess, Subprocess
+from attnbench.run.executing.worker import Worker, WorkerFailed, who
 from attnbench.store.env import GPU_WHERE
 from attnbench.store.schema import LOST
 
@@ -71,7 +71,7 @@ class Pool:
             device["ceilings"] = _best(device.get("ceilings"), ceilings)
         for worker in executors:
             worker.use_ceilings(devices[worker.device_name]["ceilings"])
-        from attnbench.run.environment import device_name
+        from attnbench.run.executing.environment import device_name
 
         here = devices.get(device_name(plan.device)) or next(iter(devices.values()))
         return {"ceilings": here["ceilings"], "devices": devices}
@@ -107,7 +107,7 @@ class Pool:
         """With --executor ray: ``lost(address)`` is called (from another thread) when the
         cluster's head stops answering."""
         if self._leave is not None:
-            from attnbench.run import ray_cluster
+            from attnbench.run.executing import ray_cluster
 
             self._watch = ray_cluster.watch_head(lost)
 
@@ -174,7 +174,7 @@ def start(kind: str, plan) -> Pool:
     if kind != "ray":
         pool.executors = [Worker(spec, Subprocess(spec) if plan.isolate else InProcess(spec))]
         return pool
-    from attnbench.run import ray_cluster, ray_start
+    from attnbench.run.executing import ray_cluster, ray_start
 
     started = time.perf_counter()
     try:

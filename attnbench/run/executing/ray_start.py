@@ -9,9 +9,9 @@ import re
 import sys
 
 from attnbench.errors import ClusterLost, UsageError
-from attnbench.run.ray_cluster import actor_options, actor_start_problem, connect
-from attnbench.run.ray_executor import START_TIMEOUT_S, RayActor, exit_detail, free_text
-from attnbench.run.worker import WorkerSpec
+from attnbench.run.executing.ray_cluster import actor_options, actor_start_problem, connect
+from attnbench.run.executing.ray_executor import START_TIMEOUT_S, RayActor, exit_detail, free_text
+from attnbench.run.executing.worker import WorkerSpec
 
 START_NOTICE_S = 10.0  # actors not started by then: a line says what the sweep waits for
 

@@ -16,7 +16,7 @@ from attnbench.measure.clocks import ClockSampler, summarize
 from attnbench.measure.memory import MemoryUnavailable, peak_mem_mib
 from attnbench.measure.profiling import Profile, cross_check_due, mismatch_note, profile_fn
 from attnbench.registry import Impl
-from attnbench.run.call import Call
+from attnbench.run.measuring.call import Call
 
 
 def memory(impl: Impl, case: Case, call: Call, notes: list[str]) -> float | None:
@@ -59,22 +59,22 @@ class InRound:
 
 
 def profile(impl: Impl, case: Case, settings, row: dict, notes: list[str],
-            in_round: InRound | None) -> list[dict]:  # fmt: skip
-    """A profiled row's columns: the profiler's kernel time per call (``profiler_ms``) and
-    the SM clock it ran at (``profiler_sm_clock_mhz``), cross-checked against the median at
-    like clocks (profiling.mismatch_note); with --profile the kernel table of the matching
-    pairs. ``in_round``: the profile taken in the last timing round; None: none was due."""
+            in_round: InRound | None) -> tuple[dict, list[dict]]:  # fmt: skip
+    """A profiled row's columns, for run/measuring/row.py to fill: the profiler's kernel time per
+    call (``profiler_ms``) and the SM clock it ran at (``profiler_sm_clock_mhz``), cross-checked
+    against the ``row``'s median at like clocks (profiling.mismatch_note); with --profile
+    also the kernel table of the matching pairs. ``in_round``: the profile taken in the last
+    timing round; None: none was due."""
     if in_round is None:
-        return []
+        return {}, []
     prof = in_round.profile
-    row["profiler_ms"] = prof.device_ms_per_call
-    row["profiler_sm_clock_mhz"] = in_round.sm_clock_mhz
     note = mismatch_note(
         row["time_ms"], prof.device_ms_per_call, row.get("sm_clock_mhz"), in_round.sm_clock_mhz
     )
     if note:
         notes.append(note)
-    return prof.kernels if settings.profiles(impl, case) else []
+    columns = dict(profiler_ms=prof.device_ms_per_call, profiler_sm_clock_mhz=in_round.sm_clock_mhz)
+    return columns, prof.kernels if settings.profiles(impl, case) else []
 
 
 def _slug(text: str) -> str:
