@@ -336,7 +336,7 @@ class Truth:
     baseline: list[LegacyError] | None = None  # level layer only
     failure: str | None = None
     names: list[str] | None = None  # of ref's tensors; None: checked_names(case)
-    # level layer: out (disagreeing) -> notes naming a convention it matches (run/measuring/layer.py)
+    # level layer: out (disagreeing) -> notes on a convention it matches (run/measuring/layer.py)
     explain: Callable[[torch.Tensor], list[str]] | None = None
     # level op, low precision: out of a float32-accumulating kernel (measure/precision.py)
     fp32_acc: torch.Tensor | None = None
