@@ -50,12 +50,21 @@ class Completer:
         return draws(case, self.seed, paged=any(i.paged and not i.reasons(case) for i in impls))
 
     def complete(
-        self, measured: Measured, host=None, device=None, where: dict | None = None
+        self,
+        measured: Measured,
+        host=None,
+        device=None,
+        where: dict | None = None,
+        loss_detail: str = "",
     ) -> list[dict]:
         """Fill ``measured``'s row: the ``host`` and ``device`` (its name) that ran it, else this
-        machine's; ``where`` (node, GPU) where the row has none; the run; and an ok row's speeds.
-        Returns its case's anchor samples for anchor.csv, the first time the case is seen."""
+        machine's; ``where`` (node, GPU) where the row has none; the run; a lost row's
+        ``loss_detail`` (what its executor learned after the loss was said, e.g. the stderr); and
+        an ok row's speeds. Returns its case's anchor samples for anchor.csv, the first time the
+        case is seen."""
         row = measured.row
+        if loss_detail:
+            row["reason"] = (row["reason"] or "") + loss_detail
         row["host"] = row.get("host") or host or socket.gethostname()
         row["device_name"] = row.get("device_name") or device or device_name(row["device"])
         for column, value in (where or {}).items():

@@ -157,10 +157,10 @@ def _run_family(
                 ooms.ran_out(row["impl"], case)
             if row["status"] == LOST:  # said at once; what the executor learns later, written
                 _say_lost(executor, writer, row, case)
-                row["reason"] = (row["reason"] or "") + executor.loss_detail()
             try:
+                detail = executor.loss_detail() if row["status"] == LOST else ""
                 anchor = completer.complete(
-                    measured, executor.host, executor.device_name, executor.where
+                    measured, executor.host, executor.device_name, executor.where, detail
                 )
                 writer.write(measured, f"{row['impl']}: {case.label()}", anchor)
             except Exception as exc:  # noqa: BLE001 - a write failure stops every lane
