@@ -3,22 +3,28 @@
 A lease is short and may land on an H100 or an H200, so one call answers the kernels'
 questions with its own controls beside them: timings compare only inside one call.
 
-1. **compile**: each (variant, causal) is compiled in its own process, all at once, sharing
-   Triton's on-disk cache (the timing pass then finds them there); each reports the compiled
-   kernel's registers, spilled bytes, shared memory and warps as launched (12 where warp
-   specialization took).
+1. **compile**: every (variant, case) the timing pass will call (each batch size and causal
+   flag is a Triton specialization of its own) runs once in its own process, many at once,
+   sharing Triton's on-disk cache (the timing pass then finds them there), synchronized so that
+   a kernel that faults or hangs does so there; a job with no answer within ``--timeout-s`` is
+   killed and its row is ``hang``, one that raised or whose process died is ``failed``, each
+   with the reason, and is left out of timing. Each reports the compiled kernel's registers,
+   spilled bytes, shared memory and warps as launched (12 where warp specialization took).
 2. **check**: per case, the float64 reference (out, and dq, dk, dv for the backward) and its
    magnitudes; each variant's output is judged by the harness's rule (``measure.agreement``),
    its LSE to within one unit roundoff of the case's dtype (an LSE off by u scales every
    probability by 1 +- u: one rounding of the output).
-3. **time**: each variant that agrees (forward alone, or backward alone after an untimed
-   forward), then the controls (``--controls``, through the harness's ``Call``, the same mode),
-   with the harness's timer.
+3. **time**: per case each variant that agrees (forward alone, or backward alone after the
+   default forward, untimed: when that forward fails, the backward variants' rows say so and
+   the controls still run), then the controls (``--controls``, through the harness's ``Call``,
+   the same mode), with the harness's timer; the warp-specialized variants after every other
+   row. A row still running after ``--timeout-s`` is ``hang``: a hung kernel holds the GPU, so
+   the rows after it are written ``skipped`` with the reason, the table too, and the call ends.
 
 Each row is one JSON line in ``OUT/kernel_lab.jsonl`` as soon as it is known; the Markdown
 table goes to ``OUT/kernel_lab.md`` and stdout at the end. ``--budget-s``: rows not started
 in time are written as ``skipped`` with the reason. One variant's failure (compile, launch,
-disagreement) costs its row only.
+hang, disagreement) costs its rows only.
 
     python benchmarks/kernel_lab.py [--kinds fwd,bwd] [--variants today,fwd:ws,bwd:dq_tma]
         [--extra 'fwd:try=(128,128,4,3,False,(("ONE_LOOP",True),("WS",True)))']
@@ -37,13 +43,16 @@ import ast
 import json
 import os
 import sys
+import threading
 import time
 import uuid
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from kernel_lab_jobs import Watchdog, run_jobs  # noqa: E402
 
 DRY = dict(tokens=64, heads=2, head_dim=32, seq_len="32", controls="sdpa",
            variants="fwd:ws,bwd:dq_tma", dtype="float16")  # fmt: skip
@@ -67,7 +76,18 @@ def _args(argv):
     p.add_argument("--controls", default=None, help="registered impls timed in the same call")
     p.add_argument("--budget-s", type=float, default=420.0)
     p.add_argument("--rep-ms", type=float, default=100.0, help="the timer's time per row")
-    p.add_argument("--jobs", type=int, default=8, help="compile processes")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=min(12, os.cpu_count() or 1),
+        help="compile processes at once (default: the host's cores, at most 12)",
+    )
+    p.add_argument(
+        "--timeout-s",
+        type=float,
+        default=120.0,
+        help="per compile job and per timed row: past it, the row is a hang",
+    )
     p.add_argument("--out", type=Path, default=Path("results/kernel_lab"))
     a = p.parse_args(argv)
     for key, value in (DRY if a.dry_run else RACE).items():
@@ -151,32 +171,32 @@ def _compiled_facts(kind: str) -> dict:
 
 
 def compile_job(kind: str, cfg: tuple, case_fields: dict) -> dict:
-    """In a fresh process: one call of the variant (which compiles it), then its facts."""
+    """In a fresh process: one call of the variant at one case (which compiles that
+    specialization into Triton's on-disk cache), synchronized so that a kernel that hangs or
+    faults does so here, then its facts."""
     try:
+        import torch
+
         from attnbench.case import Case
 
-        run_variant(kind, cfg, Case(**case_fields), _inputs(Case(**case_fields)))
+        case = Case(**case_fields)
+        run_variant(kind, cfg, case, _inputs(case))
+        if case.device == "cuda":
+            torch.cuda.synchronize()
         return _compiled_facts(kind)
     except Exception as exc:  # noqa: BLE001 - a failed compile is the variant's row
-        return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"}
+        return {"error": _failed(exc)["reason"]}
 
 
-def compile_all(todo, case, jobs: int) -> dict:
-    """(kind, name, causal) -> facts, compiled in parallel processes."""
+def compile_all(todo, all_cases, args, deadline: float) -> dict:
+    """(kind, name, case label) -> facts, or {"error"/"hang"/"skipped": reason}: every
+    specialization the timing pass will call (each case: its batch size and causal flag are
+    Triton specializations of their own), compiled in parallel processes, each bounded by
+    ``--timeout-s``."""
     from dataclasses import asdict
 
-    keys = [(k, n, c) for k, n, _ in todo for c in (False, True)]
-    fields = {c: {**asdict(case), "causal": c} for c in (False, True)}
-    cfgs = {(k, n): cfg for k, n, cfg in todo}
-    import multiprocessing as mp
-
-    with ProcessPoolExecutor(
-        max(1, min(jobs, len(keys))), mp_context=mp.get_context("spawn")
-    ) as ex:
-        futures = {
-            key: ex.submit(compile_job, key[0], cfgs[key[:2]], fields[key[2]]) for key in keys
-        }
-        return {key: f.result() for key, f in futures.items()}
+    jobs = {(k, n, c.label()): (k, cfg, asdict(c)) for k, n, cfg in todo for c in all_cases}
+    return run_jobs(compile_job, jobs, args.jobs, args.timeout_s, deadline)
 
 
 # ---------------------------------------------------------------------------- check, time
@@ -200,14 +220,18 @@ def run_variant(kind: str, cfg: tuple, case, inputs, forward=None):
     common = dict(causal=case.causal, scale=inputs.scale)
     if kind == "fwd":
         return tk.forward(q, k, v, **common, config=cfg)
-    o, lse = forward or tk.forward(q, k, v, **common, tiles=_default_tiles())
+    o, lse = forward or default_forward(case, inputs)
     return tk.backward(inputs.dout, q, k, v, o, lse, **common, config=cfg)
 
 
-def _default_tiles():
+def default_forward(case, inputs):
+    """(out, lse) of the kernel's default forward config: the backward variants' input."""
+    from attnbench.impls.triton_flash import kernel as tk
     from attnbench.impls.triton_flash import tuning
 
-    return tuning.INTERPRET_TILES if tuning.interpreting() else None
+    tiles = tuning.INTERPRET_TILES if tuning.interpreting() else None
+    return tk.forward(inputs.q, inputs.k, inputs.v, causal=case.causal, scale=inputs.scale,
+                      tiles=tiles)  # fmt: skip
 
 
 class Truth:
@@ -252,7 +276,7 @@ def check(kind: str, got, truth: Truth, dtype) -> list[str]:
                    [truth.mag[n] for n in names], dtype)  # fmt: skip
     bad = [] if verdict.agrees else list(verdict.notes)
     if kind == "fwd":
-        lse, ref = got[1].double(), truth.lse
+        lse, ref = got[1].detach().double(), truth.lse
         seen = ref.isfinite()
         err = float((lse[seen] - ref[seen]).abs().max()) if seen.any() else 0.0
         if err > unit_roundoff(dtype) or not bool((lse[~seen] == ref[~seen]).all()):
@@ -286,6 +310,7 @@ class Lab:
         self.args, self.t0 = args, time.monotonic()
         self.call = uuid.uuid4().hex[:8]  # rows compare only within one call
         self.rows: list[dict] = []
+        self.lock = threading.Lock()  # the watchdog writes from its own thread
         args.out.mkdir(parents=True, exist_ok=True)
         self.jsonl = (args.out / "kernel_lab.jsonl").open("a")
 
@@ -293,14 +318,17 @@ class Lab:
         return self.args.budget_s - (time.monotonic() - self.t0)
 
     def write(self, row: dict) -> None:
-        row = {"call": self.call, **row}
-        self.rows.append(row)
-        self.jsonl.write(json.dumps(row, default=str) + "\n")
-        self.jsonl.flush()
-        shown = ("case", "variant", "status", "time_ms", "reason")
-        print(" ".join(f"{k}={row[k]}" for k in shown if row.get(k) is not None), flush=True)
+        with self.lock:
+            row = {"call": self.call, **row}
+            self.rows.append(row)
+            self.jsonl.write(json.dumps(row, default=str) + "\n")
+            self.jsonl.flush()
+            shown = ("case", "variant", "status", "time_ms", "reason")
+            print(" ".join(f"{k}={row[k]}" for k in shown if row.get(k) is not None), flush=True)
 
-    def table(self) -> str:
+    def finish(self, device_name: str, controls: list[str]) -> None:
+        """x_best_control filled in, the table to OUT/kernel_lab.md and stdout."""
+        _ratios(self.rows, controls)
         lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
         for r in self.rows:
             cells = []
@@ -308,7 +336,49 @@ class Lab:
                 v = r.get(c)
                 cells.append("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v))
             lines.append("| " + " | ".join(cells) + " |")
-        return "\n".join(lines) + "\n"
+        text = f"# Kernel lab: {device_name}, call {self.call}\n\n" + "\n".join(lines) + "\n"
+        (self.args.out / "kernel_lab.md").write_text(text)
+        print(text, flush=True)
+
+
+def warp_specialized(cfg) -> bool:
+    return cfg is not None and ("WS", True) in (cfg[-1] if isinstance(cfg[-1], tuple) else ())
+
+
+def plan(todo, controls, kinds, all_cases) -> list[tuple]:
+    """The timing pass's rows in order, (case, kind, name, cfg; None for a control): per case
+    the variants, then the controls; the warp-specialized variants after every other row of
+    every case, so that a hang the compile phase did not catch can cost only their rows."""
+    first, last = [], []
+    for c in all_cases:
+        first += [(c, k, n, cfg) for k, n, cfg in todo if not warp_specialized(cfg)]
+        first += [(c, k, n, None) for k in kinds for n in controls]
+        last += [(c, k, n, cfg) for k, n, cfg in todo if warp_specialized(cfg)]
+    return first + last
+
+
+class CaseState:
+    """One case's inputs, its float64 truth per kind, and the default forward (the backward
+    variants' input), each made when first needed; the forward's failure is kept, not raised."""
+
+    def __init__(self, case):
+        self.case, self.inputs, self.truths, self._forward = case, _inputs(case), {}, None
+
+    def truth(self, kind: str) -> Truth:
+        if kind not in self.truths:
+            dout = self.inputs.dout if kind == "bwd" else None
+            self.truths[kind] = Truth(self.case, self.inputs, dout)
+        return self.truths[kind]
+
+    def forward(self):
+        """(out, lse), or the row fields that say why the default forward failed."""
+        if self._forward is None:
+            try:
+                self._forward = default_forward(self.case, self.inputs)
+            except Exception as exc:  # noqa: BLE001 - it costs the backward variants' rows
+                why = _failed(exc)["reason"]
+                self._forward = dict(status="failed", reason=f"the default forward failed: {why}")
+        return self._forward
 
 
 def run(args, todo, impls, controls) -> int:
@@ -316,46 +386,54 @@ def run(args, todo, impls, controls) -> int:
 
     lab = Lab(args)
     all_cases = cases(args)
-    facts = {}
-    if todo and lab.left_s() > 0:
-        facts = compile_all(todo, all_cases[0], args.jobs)
+    kinds = args.kinds.split(",")
     device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    for case in all_cases:
-        rows_here = todo + [(m, c, None) for m in args.kinds.split(",") for c in controls]
+    facts = compile_all(todo, all_cases, args, lab.t0 + args.budget_s) if todo else {}
+    rows = plan(todo, controls, kinds, all_cases)
+    watchdog = Watchdog(args.timeout_s, lambda r, rest: _hung(lab, r, rest, device_name, controls))
+    state = None
+    for i, (case, kind, name, cfg) in enumerate(rows):
+        row = dict(case=_label(case, kind), kind=kind, variant=name, device=device_name)
+        if cfg is not None:
+            row.update(config=str(cfg), **facts.get((kind, name, case.label()), {}))
         if lab.left_s() <= 0:
-            for kind, name, _ in rows_here:
-                lab.write(dict(case=_label(case, kind), kind=kind, variant=name, status="skipped",
-                               reason=f"budget of {args.budget_s:g} s spent"))  # fmt: skip
-            continue
-        inputs = _inputs(case)
-        truth = {"fwd": Truth(case, inputs, None)} if "fwd" in args.kinds else {}
-        if "bwd" in args.kinds:
-            truth["bwd"] = Truth(case, inputs, inputs.dout)
-        forward = run_variant("fwd", None, case, inputs) if "bwd" in args.kinds else None
-        for kind, name, cfg in todo:
-            row = dict(case=_label(case, kind), kind=kind, variant=name, config=str(cfg),
-                       device=device_name)  # fmt: skip
-            row.update(facts.get((kind, name, case.causal), {}))
-            if lab.left_s() <= 0:
-                row.update(status="skipped", reason=f"budget of {args.budget_s:g} s spent")
-            elif "error" in row:
-                row.update(status="failed", reason=f"compile: {row.pop('error')}")
-            else:
-                row.update(_measure(kind, cfg, case, inputs, forward, truth[kind], args))
-            lab.write(row)
-        for kind in args.kinds.split(","):
-            for name in controls:
-                row = dict(case=_label(case, kind), kind=kind, variant=name, device=device_name)
-                if lab.left_s() <= 0:
-                    row.update(status="skipped", reason=f"budget of {args.budget_s:g} s spent")
+            row.update(status="skipped", reason=f"budget of {args.budget_s:g} s spent")
+        elif _phase_verdict(row):
+            pass
+        else:
+            state = state if state is not None and state.case is case else CaseState(case)
+            with watchdog.watching(row, rows[i + 1 :]):
+                if cfg is None:
+                    row.update(_control(impls[name], case, kind, state.inputs, args))
                 else:
-                    row.update(_control(impls[name], case, kind, inputs, args))
-                lab.write(row)
-    _ratios(lab.rows, controls)
-    text = f"# Kernel lab: {device_name}, call {lab.call}\n\n" + lab.table()
-    (args.out / "kernel_lab.md").write_text(text)
-    print(text)
+                    row.update(_measure(kind, cfg, state, args))
+        lab.write(row)
+    lab.finish(device_name, controls)
     return 0
+
+
+def _phase_verdict(row: dict) -> bool:
+    """The compile phase's verdict on a variant's row, if it has one (the row is then not
+    timed): failed (it raised, or its process died), hang, skipped (the budget)."""
+    for key, status, prefix in (("error", "failed", "compile: "), ("hang", "hang", "compile: "),
+                                ("skipped", "skipped", "")):  # fmt: skip
+        if key in row:
+            row.update(status=status, reason=prefix + row.pop(key))
+            return True
+    return False
+
+
+def _hung(lab, row, rest, device_name, controls) -> None:
+    """The watchdog's end of the call: the hung row, the rows after it as skipped (a hung
+    kernel holds the GPU), the table; then the process ends at once."""
+    why = f"no result within {lab.args.timeout_s:g} s; the lab stopped"
+    lab.write({**row, "status": "hang", "reason": why})
+    for case, kind, name, _ in rest:
+        lab.write(dict(case=_label(case, kind), kind=kind, variant=name, device=device_name,
+                       status="skipped", reason=f"{row['variant']} hung before it "
+                       f"({row['case']})"))  # fmt: skip
+    lab.finish(device_name, controls)
+    os._exit(0)
 
 
 def _label(case, kind: str) -> str:
@@ -370,10 +448,15 @@ def _flops(case, kind: str) -> float:
     return replace(case, mode="fwd" if kind == "fwd" else "bwd").flops()
 
 
-def _measure(kind, cfg, case, inputs, forward, truth, args) -> dict:
+def _measure(kind, cfg, state: CaseState, args) -> dict:
+    case, inputs, forward = state.case, state.inputs, None
+    if kind == "bwd":
+        forward = state.forward()
+        if isinstance(forward, dict):  # the default forward failed: no input to run on
+            return forward
     try:
         got = run_variant(kind, cfg, case, inputs, forward)
-        bad = check(kind, got, truth, case.torch_dtype)
+        bad = check(kind, got, state.truth(kind), case.torch_dtype)
         if bad:
             return dict(status="disagrees", reason="; ".join(bad)[:400])
         return timed(lambda: run_variant(kind, cfg, case, inputs, forward), case, args.rep_ms,
