@@ -40,26 +40,22 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
 import os
 import sys
-import threading
-import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from kernel_lab_check import Truth, check, timed  # noqa: E402
 from kernel_lab_jobs import Watchdog, run_jobs  # noqa: E402
+from kernel_lab_table import Lab  # noqa: E402
 
 DRY = dict(tokens=64, heads=2, head_dim=32, seq_len="32", controls="sdpa",
            variants="fwd:ws,bwd:dq_tma", dtype="float16")  # fmt: skip
 RACE = dict(tokens=16384, heads=16, head_dim=128, seq_len="1024,4096,16384", variants="",
             controls="sdpa_cudnn,sdpa_flash,triton_flash_fa2", dtype="bfloat16")  # fmt: skip
-_COLUMNS = ("case", "kind", "variant", "status", "time_ms", "tflops", "x_best_control", "sm_mhz",
-            "regs", "spill_bytes", "smem", "warps", "reason")  # fmt: skip
 
 
 def _args(argv):
@@ -234,111 +230,7 @@ def default_forward(case, inputs):
                       tiles=tiles)  # fmt: skip
 
 
-class Truth:
-    """The float64 reference of one case: out, LSE, and the grads for ``dout``."""
-
-    def __init__(self, case, inputs, dout):
-        from attnbench.measure.reference import magnitude, reference
-
-        q, k, v = inputs.q, inputs.k, inputs.v
-        args = dict(causal=case.causal, scale=inputs.scale)
-        out, grads = reference(q, k, v, **args, dout=dout)
-        self.ref = {"out": out, **dict(zip(("dq", "dk", "dv"), grads or ()))}
-        mags = magnitude(q, k, v, **args, dout=dout)
-        self.mag = dict(zip(("out", "dq", "dk", "dv"), mags))
-        self.lse = lse_reference(q, k, inputs.scale, case.causal)
-
-
-def lse_reference(q, k, scale: float, causal: bool, rows: int = 1024):
-    """log-sum-exp of the scaled scores per query row, float64, ``rows`` query rows at a time:
-    (B, Hq, Sq). Top-left causal: query i sees keys j <= i."""
-    import torch
-
-    kk = k.double().repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, Hq, Skv, D)
-    parts = []
-    for i0 in range(0, q.shape[2], rows):
-        s = q[:, :, i0 : i0 + rows].double() @ kk.transpose(-1, -2) * scale
-        if causal:
-            i = torch.arange(i0, i0 + s.shape[2], device=q.device)[:, None]
-            j = torch.arange(k.shape[2], device=q.device)[None, :]
-            s = s.masked_fill(j > i, float("-inf"))
-        parts.append(s.logsumexp(-1))
-    return torch.cat(parts, dim=2)
-
-
-def check(kind: str, got, truth: Truth, dtype) -> list[str]:
-    """Disagreements of one variant's call with the reference; [] when it agrees."""
-    from attnbench.measure.agreement import rule, unit_roundoff
-
-    names = ["out"] if kind == "fwd" else ["dq", "dk", "dv"]
-    tensors = [got[0]] if kind == "fwd" else list(got)
-    verdict = rule(names, tensors, [truth.ref[n] for n in names],
-                   [truth.mag[n] for n in names], dtype)  # fmt: skip
-    bad = [] if verdict.agrees else list(verdict.notes)
-    if kind == "fwd":
-        lse, ref = got[1].detach().double(), truth.lse
-        seen = ref.isfinite()
-        err = float((lse[seen] - ref[seen]).abs().max()) if seen.any() else 0.0
-        if err > unit_roundoff(dtype) or not bool((lse[~seen] == ref[~seen]).all()):
-            bad.append(f"lse max-abs {err:.3g} > {unit_roundoff(dtype):.3g}")
-    return bad
-
-
-def timed(fn, case, rep_ms: float, kind: str) -> dict:
-    """The row's time: the harness's timer (median) on a GPU, with the median SM clock while it
-    ran (NVML; the rows of one call run at whatever clocks the power cap leaves them); on the
-    CPU (dry run) one call's wall time."""
-    from attnbench.measure.clocks import ClockSampler, summarize
-    from attnbench.measure.timing import TimerConfig, time_fn
-
-    with ClockSampler(case.device) as clocks:
-        if case.device == "cpu":
-            t0 = time.perf_counter()
-            fn()
-            ms = (time.perf_counter() - t0) * 1e3
-        else:
-            ms = time_fn(fn, "cuda", TimerConfig(rep_ms=rep_ms)).median_ms
-    mhz = summarize(clocks.samples)["sm_clock_mhz"]
-    return dict(status="ok", time_ms=ms, tflops=_flops(case, kind) / ms / 1e9, sm_mhz=mhz)
-
-
 # --------------------------------------------------------------------------------- rows
-
-
-class Lab:
-    def __init__(self, args):
-        self.args, self.t0 = args, time.monotonic()
-        self.call = uuid.uuid4().hex[:8]  # rows compare only within one call
-        self.rows: list[dict] = []
-        self.lock = threading.Lock()  # the watchdog writes from its own thread
-        args.out.mkdir(parents=True, exist_ok=True)
-        self.jsonl = (args.out / "kernel_lab.jsonl").open("a")
-
-    def left_s(self) -> float:
-        return self.args.budget_s - (time.monotonic() - self.t0)
-
-    def write(self, row: dict) -> None:
-        with self.lock:
-            row = {"call": self.call, **row}
-            self.rows.append(row)
-            self.jsonl.write(json.dumps(row, default=str) + "\n")
-            self.jsonl.flush()
-            shown = ("case", "variant", "status", "time_ms", "reason")
-            print(" ".join(f"{k}={row[k]}" for k in shown if row.get(k) is not None), flush=True)
-
-    def finish(self, device_name: str, controls: list[str]) -> None:
-        """x_best_control filled in, the table to OUT/kernel_lab.md and stdout."""
-        _ratios(self.rows, controls)
-        lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
-        for r in self.rows:
-            cells = []
-            for c in _COLUMNS:
-                v = r.get(c)
-                cells.append("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v))
-            lines.append("| " + " | ".join(cells) + " |")
-        text = f"# Kernel lab: {device_name}, call {self.call}\n\n" + "\n".join(lines) + "\n"
-        (self.args.out / "kernel_lab.md").write_text(text)
-        print(text, flush=True)
 
 
 def warp_specialized(cfg) -> bool:
@@ -442,12 +334,6 @@ def _label(case, kind: str) -> str:
     return replace(case, mode=kind).label()
 
 
-def _flops(case, kind: str) -> float:
-    from dataclasses import replace
-
-    return replace(case, mode="fwd" if kind == "fwd" else "bwd").flops()
-
-
 def _measure(kind, cfg, state: CaseState, args) -> dict:
     case, inputs, forward = state.case, state.inputs, None
     if kind == "bwd":
@@ -484,17 +370,6 @@ def _control(impl, case, kind, inputs, args) -> dict:
 
 def _failed(exc: Exception) -> dict:
     return dict(status="failed", reason=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
-
-
-def _ratios(rows: list[dict], controls: list[str]) -> None:
-    """x_best_control: the fastest control's time over the row's, per (case, kind); > 1:
-    faster than every control."""
-    for key in {(r["case"], r["kind"]) for r in rows}:
-        mine = [r for r in rows if (r["case"], r["kind"]) == key]
-        best = [r["time_ms"] for r in mine if r["variant"] in controls and r.get("time_ms")]
-        for r in mine:
-            if r.get("time_ms") and best:
-                r["x_best_control"] = min(best) / r["time_ms"]
 
 
 def main(argv=None) -> int:
