@@ -317,15 +317,17 @@ def _phase_verdict(row: dict) -> bool:
 
 def _hung(lab, row, rest, device_name, controls) -> None:
     """The watchdog's end of the call: the hung row, the rows after it as skipped (a hung
-    kernel holds the GPU), the table; then the process ends at once."""
+    kernel holds the GPU), the table; then the process ends at once. It holds the lab's lock
+    throughout: the timing pass writes nothing more."""
     why = f"no result within {lab.args.timeout_s:g} s; the lab stopped"
-    lab.write({**row, "status": "hang", "reason": why})
-    for case, kind, name, _ in rest:
-        lab.write(dict(case=_label(case, kind), kind=kind, variant=name, device=device_name,
-                       status="skipped", reason=f"{row['variant']} hung before it "
-                       f"({row['case']})"))  # fmt: skip
-    lab.finish(device_name, controls)
-    os._exit(0)
+    with lab.lock:
+        lab.write({**row, "status": "hang", "reason": why})
+        for case, kind, name, _ in rest:
+            lab.write(dict(case=_label(case, kind), kind=kind, variant=name, device=device_name,
+                           status="skipped", reason=f"{row['variant']} hung before it "
+                           f"({row['case']})"))  # fmt: skip
+        lab.finish(device_name, controls)
+        os._exit(0)
 
 
 def _label(case, kind: str) -> str:

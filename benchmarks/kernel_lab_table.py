@@ -18,7 +18,7 @@ class Lab:
         self.args, self.t0 = args, time.monotonic()
         self.call = uuid.uuid4().hex[:8]  # rows compare only within one call
         self.rows: list[dict] = []
-        self.lock = threading.Lock()  # the watchdog writes from its own thread
+        self.lock = threading.RLock()  # the watchdog writes from its own thread, holding it
         args.out.mkdir(parents=True, exist_ok=True)
         self.jsonl = (args.out / "kernel_lab.jsonl").open("a")
 

@@ -11,8 +11,8 @@
 # fidelity      a D64/D128 N4096 grid run twice with --profile, then `attnbench fidelity`
 # race          the race at D128: triton_flash vs sdpa_flash, sdpa_cudnn, sdpa_efficient
 # race-full     the whole race preset (D64 and D128, N 512..16k, xformers, triton_flash_fa2)
-# llama         Llama-3-8B prefill (2k-8k) and decode (4k-128k cache, batch 1 and 32), with
-#               transformers' own attention (hf_*)
+# llama         Llama-3-8B prefill (2k-8k), decode (4k-128k cache, batch 1 and 32) and train,
+#               with transformers' own attention (hf_*)
 # full          the gpu preset
 # scaling       the seed's question: naive (to its OOM), SDPA and its backends, triton_flash and
 #               xformers (where it can run) at B2 H16 D128 bf16, N 512..32k, causal both, fwd and
@@ -38,8 +38,8 @@
 # work folder first, from .lease/ (copy them there, and carry .lease) and from each --from
 # PATH (an archive or a folder of them); a sweep whose run already has rows continues it (same
 # run id, finished rows never run again). .lease/source (scripts/lease_stamp.sh) gives env.json
-# its git commit on a copy without .git. Wheels in .whl/ are installed first
-# (scripts/carry_wheels.sh). ATTNBENCH_WORK (default: the checkout): where results/, reports/,
+# its git commit on a copy without .git. Wheels in .whl/, if any, are installed first
+# (scripts/carry_wheels.sh; the plan carries none). ATTNBENCH_WORK (default: the checkout): where results/, reports/,
 # logs/ and .cache/ go. ATTNBENCH_DRY_RUN=1: every stage on the CPU with tiny grids.
 # ATTNBENCH_PLAN=1: print each stage's budget, expected seconds (EXPECT_S below) and every
 # command it would run ('plan:' lines), and run nothing.
