@@ -566,7 +566,7 @@ def test_every_executor_lost_at_start_up_is_one_line_exit_3_nothing_written(
 def _fake_actor(free: dict):
     """A RayActor on a fake Ray: its actor's step dies as on a lost node; the cluster has
     ``free`` resources."""
-    import ray
+    ray = pytest.importorskip("ray")  # the GPU image has none
 
     from attnbench.run.ray_executor import RayActor
 
@@ -611,7 +611,7 @@ def test_the_next_step_after_a_lost_actor_keeps_ray_s_reason_and_no_wait_without
 def test_an_actor_whose_node_dies_as_it_starts_is_left_out_and_the_others_start(
     monkeypatch, capsys
 ):
-    import ray
+    ray = pytest.importorskip("ray")  # the GPU image has none
 
     from attnbench.run import ray_executor
 
