@@ -192,7 +192,19 @@ def compile_all(todo, all_cases, args, deadline: float) -> dict:
     from dataclasses import asdict
 
     jobs = {(k, n, c.label()): (k, cfg, asdict(c)) for k, n, cfg in todo for c in all_cases}
-    return run_jobs(compile_job, jobs, args.jobs, args.timeout_s, deadline)
+    return run_jobs(compile_job, jobs, args.jobs, args.timeout_s, deadline, prepare_job)
+
+
+def prepare_job() -> None:
+    """A compile job's start-up, before its clock starts: the imports every job shares and
+    the device's context."""
+    import torch
+
+    from attnbench.impls.triton_flash import kernel  # noqa: F401 - imports triton
+    from attnbench.run import inputs  # noqa: F401
+
+    if torch.cuda.is_available():
+        torch.cuda.init()
 
 
 # ---------------------------------------------------------------------------- check, time

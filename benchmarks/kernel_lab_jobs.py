@@ -2,8 +2,10 @@
 its timing pass's watchdog.
 
 A job is a call of a picklable function in a fresh (spawned) process, which sends back one dict.
-Several run at once; each is bounded by ``timeout_s`` from its process's start: one that has
-sent nothing by then is killed and its answer is ``{"hang": reason}``; one whose process dies
+Several run at once; each is bounded by ``timeout_s`` from the moment its process is ready
+(``prepare`` done: the imports every job shares, which a busy host can make slow; at most
+``START_S`` for that): one with no answer by then is killed and its answer is
+``{"hang": reason}``; one whose process dies
 without an answer (a segfault, an abort, a CUDA error that ended it) is ``{"error": reason}``;
 one not started before ``deadline`` (time.monotonic) is ``{"skipped": reason}``, and one still
 running then is killed with the same answer. So a job that hangs or crashes costs its own
@@ -17,8 +19,13 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 
+START_S = 300.0  # a process not ready by then (its imports hung) is a hang too
 
-def _entry(conn, fn: Callable[..., dict], args: tuple) -> None:
+
+def _entry(conn, prepare: Callable[[], None] | None, fn: Callable[..., dict], args: tuple) -> None:
+    if prepare is not None:
+        prepare()
+    conn.send(None)  # ready: the job's own clock starts
     conn.send(fn(*args))
     conn.close()
 
@@ -29,9 +36,10 @@ def run_jobs(
     parallel: int,
     timeout_s: float,
     deadline: float,
+    prepare: Callable[[], None] | None = None,
 ) -> dict[Hashable, dict]:
     """key -> fn(*args)'s dict (or the hang/error/skipped answer above), jobs started in the
-    order given, at most ``parallel`` at once."""
+    order given, at most ``parallel`` at once; ``prepare()`` runs in each process first."""
     ctx = mp.get_context("spawn")  # a fresh CUDA context per job; fork would copy the parent's
     pending, running, answers = list(jobs), {}, {}
     while pending or running:
@@ -41,12 +49,12 @@ def run_jobs(
                 answers[key] = {"skipped": "the lab's budget was spent before it started"}
                 continue
             recv, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_entry, args=(send, fn, jobs[key]), daemon=True)
+            proc = ctx.Process(target=_entry, args=(send, prepare, fn, jobs[key]), daemon=True)
             proc.start()
             send.close()  # the child holds the only sending end: its death closes the pipe
-            running[key] = (proc, recv, time.monotonic())
-        for key, (proc, recv, started) in list(running.items()):
-            answer = _answer(proc, recv, started, timeout_s, deadline)
+            running[key] = (proc, recv, [time.monotonic(), None])  # started, ready
+        for key, (proc, recv, clock) in list(running.items()):
+            answer = _answer(proc, recv, clock, timeout_s, deadline)
             if answer is None:
                 continue
             answers[key] = answer
@@ -59,21 +67,27 @@ def run_jobs(
     return answers
 
 
-def _answer(proc, recv, started: float, timeout_s: float, deadline: float) -> dict | None:
-    """The job's answer if it has one now (sent, died, timed out, past the deadline)."""
-    if recv.poll():
+def _answer(proc, recv, clock: list, timeout_s: float, deadline: float) -> dict | None:
+    """The job's answer if it has one now (sent, died, timed out, past the deadline);
+    ``clock``: [started, ready or None], ready set here when the process says so."""
+    while recv.poll():
         try:
-            return recv.recv()
-        except (EOFError, OSError):  # died while sending
+            message = recv.recv()
+        except (EOFError, OSError):  # died (while sending, or before it could)
             proc.join(5)
             return {"error": f"its process died (exit code {proc.exitcode}) with no answer"}
+        if message is not None:
+            return message
+        clock[1] = time.monotonic()
     if not proc.is_alive():
         proc.join(5)
         if recv.poll():  # sent just before it ended
-            return _answer(proc, recv, started, timeout_s, deadline)
+            return _answer(proc, recv, clock, timeout_s, deadline)
         return {"error": f"its process died (exit code {proc.exitcode}) with no answer"}
     now = time.monotonic()
-    if now - started > timeout_s:
+    if clock[1] is None and now - clock[0] > START_S:
+        return {"hang": f"its process was not ready within {START_S:g} s (killed)"}
+    if clock[1] is not None and now - clock[1] > timeout_s:
         return {"hang": f"no answer within {timeout_s:g} s (its process was killed)"}
     if now >= deadline:
         return {"skipped": "the lab's budget ran out while it ran (its process was killed)"}

@@ -17,6 +17,7 @@ import torch
 
 BENCH = Path(__file__).resolve().parent
 SCRIPT = BENCH / "kernel_lab.py"
+sys.path.insert(0, str(BENCH))  # kernel_lab_jobs
 
 pytest.importorskip("triton")
 
@@ -220,3 +221,44 @@ def test_the_lab_on_a_gpu_compiles_checks_and_times_with_its_controls(tmp_path):
         assert got[key]["status"] == "ok" and got[key]["time_ms"] > 0, got[key]
     assert got[("fwd", "ws")]["warps"] == 12 and got[("fwd", "ws")]["regs"] > 0
     assert got[("bwd", "dq_tma")]["smem"] <= 232448
+
+
+JOB_FUNCTIONS = """
+import os, time
+
+
+def answers(x):
+    return {"x": x}
+
+
+def hangs(x):
+    time.sleep(3600)
+
+
+def dies(x):
+    os._exit(3)
+"""
+
+
+def test_a_job_that_hangs_or_dies_is_its_own_answer_and_the_others_finish(tmp_path, monkeypatch):
+    """The compile phase's runner, on plain functions: a hang is killed at its timeout, a dead
+    process is said with its exit code, a job not started before the deadline is skipped."""
+    from kernel_lab_jobs import run_jobs
+
+    (tmp_path / "job_functions.py").write_text(JOB_FUNCTIONS)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the spawned processes get this sys.path
+    import job_functions as f
+
+    jobs = {"a": (1,), "hang": (2,), "dies": (3,), "b": (4,)}
+    fns = {"a": f.answers, "hang": f.hangs, "dies": f.dies, "b": f.answers}
+    started = time.monotonic()
+    got = {
+        key: run_jobs(fns[key], {key: args}, 1, 10, time.monotonic() + 120)[key]
+        for key, args in jobs.items()
+    }
+    assert got["a"] == {"x": 1} and got["b"] == {"x": 4}
+    assert got["hang"] == {"hang": "no answer within 10 s (its process was killed)"}
+    assert got["dies"] == {"error": "its process died (exit code 3) with no answer"}
+    assert time.monotonic() - started < 100
+    late = run_jobs(f.answers, {"late": (5,)}, 1, 10, time.monotonic() - 1)
+    assert late == {"late": {"skipped": "the lab's budget was spent before it started"}}
