@@ -3,22 +3,28 @@
 A lease is short and may land on an H100 or an H200, so one call answers the kernels'
 questions with its own controls beside them: timings compare only inside one call.
 
-1. **compile**: each (variant, causal) is compiled in its own process, all at once, sharing
-   Triton's on-disk cache (the timing pass then finds them there); each reports the compiled
-   kernel's registers, spilled bytes, shared memory and warps as launched (12 where warp
-   specialization took).
+1. **compile**: every (variant, case) the timing pass will call (each batch size and causal
+   flag is a Triton specialization of its own) runs once in its own process, many at once,
+   sharing Triton's on-disk cache (the timing pass then finds them there), synchronized so that
+   a kernel that faults or hangs does so there; a job with no answer within ``--timeout-s`` is
+   killed and its row is ``hang``, one that raised or whose process died is ``failed``, each
+   with the reason, and is left out of timing. Each reports the compiled kernel's registers,
+   spilled bytes, shared memory and warps as launched (12 where warp specialization took).
 2. **check**: per case, the float64 reference (out, and dq, dk, dv for the backward) and its
    magnitudes; each variant's output is judged by the harness's rule (``measure.agreement``),
    its LSE to within one unit roundoff of the case's dtype (an LSE off by u scales every
    probability by 1 +- u: one rounding of the output).
-3. **time**: each variant that agrees (forward alone, or backward alone after an untimed
-   forward), then the controls (``--controls``, through the harness's ``Call``, the same mode),
-   with the harness's timer.
+3. **time**: per case each variant that agrees (forward alone, or backward alone after the
+   default forward, untimed: when that forward fails, the backward variants' rows say so and
+   the controls still run), then the controls (``--controls``, through the harness's ``Call``,
+   the same mode), with the harness's timer; the warp-specialized variants after every other
+   row. A row still running after ``--timeout-s`` is ``hang``: a hung kernel holds the GPU, so
+   the rows after it are written ``skipped`` with the reason, the table too, and the call ends.
 
 Each row is one JSON line in ``OUT/kernel_lab.jsonl`` as soon as it is known; the Markdown
 table goes to ``OUT/kernel_lab.md`` and stdout at the end. ``--budget-s``: rows not started
 in time are written as ``skipped`` with the reason. One variant's failure (compile, launch,
-disagreement) costs its row only.
+hang, disagreement) costs its rows only.
 
     python benchmarks/kernel_lab.py [--kinds fwd,bwd] [--variants today,fwd:ws,bwd:dq_tma]
         [--extra 'fwd:try=(128,128,4,3,False,(("ONE_LOOP",True),("WS",True)))']
@@ -34,23 +40,22 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
 import os
 import sys
-import time
-import uuid
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from kernel_lab_check import Truth, check, timed  # noqa: E402
+from kernel_lab_jobs import Watchdog, run_jobs  # noqa: E402
+from kernel_lab_table import Lab  # noqa: E402
 
 DRY = dict(tokens=64, heads=2, head_dim=32, seq_len="32", controls="sdpa",
            variants="fwd:ws,bwd:dq_tma", dtype="float16")  # fmt: skip
 RACE = dict(tokens=16384, heads=16, head_dim=128, seq_len="1024,4096,16384", variants="",
             controls="sdpa_cudnn,sdpa_flash,triton_flash_fa2", dtype="bfloat16")  # fmt: skip
-_COLUMNS = ("case", "kind", "variant", "status", "time_ms", "tflops", "x_best_control", "sm_mhz",
-            "regs", "spill_bytes", "smem", "warps", "reason")  # fmt: skip
 
 
 def _args(argv):
@@ -67,7 +72,18 @@ def _args(argv):
     p.add_argument("--controls", default=None, help="registered impls timed in the same call")
     p.add_argument("--budget-s", type=float, default=420.0)
     p.add_argument("--rep-ms", type=float, default=100.0, help="the timer's time per row")
-    p.add_argument("--jobs", type=int, default=8, help="compile processes")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=min(12, os.cpu_count() or 1),
+        help="compile processes at once (default: the host's cores, at most 12)",
+    )
+    p.add_argument(
+        "--timeout-s",
+        type=float,
+        default=120.0,
+        help="per compile job and per timed row: past it, the row is a hang",
+    )
     p.add_argument("--out", type=Path, default=Path("results/kernel_lab"))
     a = p.parse_args(argv)
     for key, value in (DRY if a.dry_run else RACE).items():
@@ -151,32 +167,44 @@ def _compiled_facts(kind: str) -> dict:
 
 
 def compile_job(kind: str, cfg: tuple, case_fields: dict) -> dict:
-    """In a fresh process: one call of the variant (which compiles it), then its facts."""
+    """In a fresh process: one call of the variant at one case (which compiles that
+    specialization into Triton's on-disk cache), synchronized so that a kernel that hangs or
+    faults does so here, then its facts."""
     try:
+        import torch
+
         from attnbench.case import Case
 
-        run_variant(kind, cfg, Case(**case_fields), _inputs(Case(**case_fields)))
+        case = Case(**case_fields)
+        run_variant(kind, cfg, case, _inputs(case))
+        if case.device == "cuda":
+            torch.cuda.synchronize()
         return _compiled_facts(kind)
     except Exception as exc:  # noqa: BLE001 - a failed compile is the variant's row
-        return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"}
+        return {"error": _failed(exc)["reason"]}
 
 
-def compile_all(todo, case, jobs: int) -> dict:
-    """(kind, name, causal) -> facts, compiled in parallel processes."""
+def compile_all(todo, all_cases, args, deadline: float) -> dict:
+    """(kind, name, case label) -> facts, or {"error"/"hang"/"skipped": reason}: every
+    specialization the timing pass will call (each case: its batch size and causal flag are
+    Triton specializations of their own), compiled in parallel processes, each bounded by
+    ``--timeout-s``."""
     from dataclasses import asdict
 
-    keys = [(k, n, c) for k, n, _ in todo for c in (False, True)]
-    fields = {c: {**asdict(case), "causal": c} for c in (False, True)}
-    cfgs = {(k, n): cfg for k, n, cfg in todo}
-    import multiprocessing as mp
+    jobs = {(k, n, c.label()): (k, cfg, asdict(c)) for k, n, cfg in todo for c in all_cases}
+    return run_jobs(compile_job, jobs, args.jobs, args.timeout_s, deadline, prepare_job)
 
-    with ProcessPoolExecutor(
-        max(1, min(jobs, len(keys))), mp_context=mp.get_context("spawn")
-    ) as ex:
-        futures = {
-            key: ex.submit(compile_job, key[0], cfgs[key[:2]], fields[key[2]]) for key in keys
-        }
-        return {key: f.result() for key, f in futures.items()}
+
+def prepare_job() -> None:
+    """A compile job's start-up, before its clock starts: the imports every job shares and
+    the device's context."""
+    import torch
+
+    from attnbench.impls.triton_flash import kernel  # noqa: F401 - imports triton
+    from attnbench.run import inputs  # noqa: F401
+
+    if torch.cuda.is_available():
+        torch.cuda.init()
 
 
 # ---------------------------------------------------------------------------- check, time
@@ -200,115 +228,61 @@ def run_variant(kind: str, cfg: tuple, case, inputs, forward=None):
     common = dict(causal=case.causal, scale=inputs.scale)
     if kind == "fwd":
         return tk.forward(q, k, v, **common, config=cfg)
-    o, lse = forward or tk.forward(q, k, v, **common, tiles=_default_tiles())
+    o, lse = forward or default_forward(case, inputs)
     return tk.backward(inputs.dout, q, k, v, o, lse, **common, config=cfg)
 
 
-def _default_tiles():
+def default_forward(case, inputs):
+    """(out, lse) of the kernel's default forward config: the backward variants' input."""
+    from attnbench.impls.triton_flash import kernel as tk
     from attnbench.impls.triton_flash import tuning
 
-    return tuning.INTERPRET_TILES if tuning.interpreting() else None
-
-
-class Truth:
-    """The float64 reference of one case: out, LSE, and the grads for ``dout``."""
-
-    def __init__(self, case, inputs, dout):
-        from attnbench.measure.reference import magnitude, reference
-
-        q, k, v = inputs.q, inputs.k, inputs.v
-        args = dict(causal=case.causal, scale=inputs.scale)
-        out, grads = reference(q, k, v, **args, dout=dout)
-        self.ref = {"out": out, **dict(zip(("dq", "dk", "dv"), grads or ()))}
-        mags = magnitude(q, k, v, **args, dout=dout)
-        self.mag = dict(zip(("out", "dq", "dk", "dv"), mags))
-        self.lse = lse_reference(q, k, inputs.scale, case.causal)
-
-
-def lse_reference(q, k, scale: float, causal: bool, rows: int = 1024):
-    """log-sum-exp of the scaled scores per query row, float64, ``rows`` query rows at a time:
-    (B, Hq, Sq). Top-left causal: query i sees keys j <= i."""
-    import torch
-
-    kk = k.double().repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, Hq, Skv, D)
-    parts = []
-    for i0 in range(0, q.shape[2], rows):
-        s = q[:, :, i0 : i0 + rows].double() @ kk.transpose(-1, -2) * scale
-        if causal:
-            i = torch.arange(i0, i0 + s.shape[2], device=q.device)[:, None]
-            j = torch.arange(k.shape[2], device=q.device)[None, :]
-            s = s.masked_fill(j > i, float("-inf"))
-        parts.append(s.logsumexp(-1))
-    return torch.cat(parts, dim=2)
-
-
-def check(kind: str, got, truth: Truth, dtype) -> list[str]:
-    """Disagreements of one variant's call with the reference; [] when it agrees."""
-    from attnbench.measure.agreement import rule, unit_roundoff
-
-    names = ["out"] if kind == "fwd" else ["dq", "dk", "dv"]
-    tensors = [got[0]] if kind == "fwd" else list(got)
-    verdict = rule(names, tensors, [truth.ref[n] for n in names],
-                   [truth.mag[n] for n in names], dtype)  # fmt: skip
-    bad = [] if verdict.agrees else list(verdict.notes)
-    if kind == "fwd":
-        lse, ref = got[1].double(), truth.lse
-        seen = ref.isfinite()
-        err = float((lse[seen] - ref[seen]).abs().max()) if seen.any() else 0.0
-        if err > unit_roundoff(dtype) or not bool((lse[~seen] == ref[~seen]).all()):
-            bad.append(f"lse max-abs {err:.3g} > {unit_roundoff(dtype):.3g}")
-    return bad
-
-
-def timed(fn, case, rep_ms: float, kind: str) -> dict:
-    """The row's time: the harness's timer (median) on a GPU, with the median SM clock while it
-    ran (NVML; the rows of one call run at whatever clocks the power cap leaves them); on the
-    CPU (dry run) one call's wall time."""
-    from attnbench.measure.clocks import ClockSampler, summarize
-    from attnbench.measure.timing import TimerConfig, time_fn
-
-    with ClockSampler(case.device) as clocks:
-        if case.device == "cpu":
-            t0 = time.perf_counter()
-            fn()
-            ms = (time.perf_counter() - t0) * 1e3
-        else:
-            ms = time_fn(fn, "cuda", TimerConfig(rep_ms=rep_ms)).median_ms
-    mhz = summarize(clocks.samples)["sm_clock_mhz"]
-    return dict(status="ok", time_ms=ms, tflops=_flops(case, kind) / ms / 1e9, sm_mhz=mhz)
+    tiles = tuning.INTERPRET_TILES if tuning.interpreting() else None
+    return tk.forward(inputs.q, inputs.k, inputs.v, causal=case.causal, scale=inputs.scale,
+                      tiles=tiles)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------- rows
 
 
-class Lab:
-    def __init__(self, args):
-        self.args, self.t0 = args, time.monotonic()
-        self.call = uuid.uuid4().hex[:8]  # rows compare only within one call
-        self.rows: list[dict] = []
-        args.out.mkdir(parents=True, exist_ok=True)
-        self.jsonl = (args.out / "kernel_lab.jsonl").open("a")
+def warp_specialized(cfg) -> bool:
+    return cfg is not None and ("WS", True) in (cfg[-1] if isinstance(cfg[-1], tuple) else ())
 
-    def left_s(self) -> float:
-        return self.args.budget_s - (time.monotonic() - self.t0)
 
-    def write(self, row: dict) -> None:
-        row = {"call": self.call, **row}
-        self.rows.append(row)
-        self.jsonl.write(json.dumps(row, default=str) + "\n")
-        self.jsonl.flush()
-        shown = ("case", "variant", "status", "time_ms", "reason")
-        print(" ".join(f"{k}={row[k]}" for k in shown if row.get(k) is not None), flush=True)
+def plan(todo, controls, kinds, all_cases) -> list[tuple]:
+    """The timing pass's rows in order, (case, kind, name, cfg; None for a control): per case
+    the variants, then the controls; the warp-specialized variants after every other row of
+    every case, so that a hang the compile phase did not catch can cost only their rows."""
+    first, last = [], []
+    for c in all_cases:
+        first += [(c, k, n, cfg) for k, n, cfg in todo if not warp_specialized(cfg)]
+        first += [(c, k, n, None) for k in kinds for n in controls]
+        last += [(c, k, n, cfg) for k, n, cfg in todo if warp_specialized(cfg)]
+    return first + last
 
-    def table(self) -> str:
-        lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
-        for r in self.rows:
-            cells = []
-            for c in _COLUMNS:
-                v = r.get(c)
-                cells.append("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v))
-            lines.append("| " + " | ".join(cells) + " |")
-        return "\n".join(lines) + "\n"
+
+class CaseState:
+    """One case's inputs, its float64 truth per kind, and the default forward (the backward
+    variants' input), each made when first needed; the forward's failure is kept, not raised."""
+
+    def __init__(self, case):
+        self.case, self.inputs, self.truths, self._forward = case, _inputs(case), {}, None
+
+    def truth(self, kind: str) -> Truth:
+        if kind not in self.truths:
+            dout = self.inputs.dout if kind == "bwd" else None
+            self.truths[kind] = Truth(self.case, self.inputs, dout)
+        return self.truths[kind]
+
+    def forward(self):
+        """(out, lse), or the row fields that say why the default forward failed."""
+        if self._forward is None:
+            try:
+                self._forward = default_forward(self.case, self.inputs)
+            except Exception as exc:  # noqa: BLE001 - it costs the backward variants' rows
+                why = _failed(exc)["reason"]
+                self._forward = dict(status="failed", reason=f"the default forward failed: {why}")
+        return self._forward
 
 
 def run(args, todo, impls, controls) -> int:
@@ -316,46 +290,56 @@ def run(args, todo, impls, controls) -> int:
 
     lab = Lab(args)
     all_cases = cases(args)
-    facts = {}
-    if todo and lab.left_s() > 0:
-        facts = compile_all(todo, all_cases[0], args.jobs)
+    kinds = args.kinds.split(",")
     device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    for case in all_cases:
-        rows_here = todo + [(m, c, None) for m in args.kinds.split(",") for c in controls]
+    facts = compile_all(todo, all_cases, args, lab.t0 + args.budget_s) if todo else {}
+    rows = plan(todo, controls, kinds, all_cases)
+    watchdog = Watchdog(args.timeout_s, lambda r, rest: _hung(lab, r, rest, device_name, controls))
+    state = None
+    for i, (case, kind, name, cfg) in enumerate(rows):
+        row = dict(case=_label(case, kind), kind=kind, variant=name, device=device_name)
+        if cfg is not None:
+            row.update(config=str(cfg), **facts.get((kind, name, case.label()), {}))
         if lab.left_s() <= 0:
-            for kind, name, _ in rows_here:
-                lab.write(dict(case=_label(case, kind), kind=kind, variant=name, status="skipped",
-                               reason=f"budget of {args.budget_s:g} s spent"))  # fmt: skip
-            continue
-        inputs = _inputs(case)
-        truth = {"fwd": Truth(case, inputs, None)} if "fwd" in args.kinds else {}
-        if "bwd" in args.kinds:
-            truth["bwd"] = Truth(case, inputs, inputs.dout)
-        forward = run_variant("fwd", None, case, inputs) if "bwd" in args.kinds else None
-        for kind, name, cfg in todo:
-            row = dict(case=_label(case, kind), kind=kind, variant=name, config=str(cfg),
-                       device=device_name)  # fmt: skip
-            row.update(facts.get((kind, name, case.causal), {}))
-            if lab.left_s() <= 0:
-                row.update(status="skipped", reason=f"budget of {args.budget_s:g} s spent")
-            elif "error" in row:
-                row.update(status="failed", reason=f"compile: {row.pop('error')}")
-            else:
-                row.update(_measure(kind, cfg, case, inputs, forward, truth[kind], args))
-            lab.write(row)
-        for kind in args.kinds.split(","):
-            for name in controls:
-                row = dict(case=_label(case, kind), kind=kind, variant=name, device=device_name)
-                if lab.left_s() <= 0:
-                    row.update(status="skipped", reason=f"budget of {args.budget_s:g} s spent")
+            row.update(status="skipped", reason=f"budget of {args.budget_s:g} s spent")
+        elif _phase_verdict(row):
+            pass
+        else:
+            state = state if state is not None and state.case is case else CaseState(case)
+            with watchdog.watching(row, rows[i + 1 :]):
+                if cfg is None:
+                    row.update(_control(impls[name], case, kind, state.inputs, args))
                 else:
-                    row.update(_control(impls[name], case, kind, inputs, args))
-                lab.write(row)
-    _ratios(lab.rows, controls)
-    text = f"# Kernel lab: {device_name}, call {lab.call}\n\n" + lab.table()
-    (args.out / "kernel_lab.md").write_text(text)
-    print(text)
+                    row.update(_measure(kind, cfg, state, args))
+        lab.write(row)
+    lab.finish(device_name, controls)
     return 0
+
+
+def _phase_verdict(row: dict) -> bool:
+    """The compile phase's verdict on a variant's row, if it has one (the row is then not
+    timed): failed (it raised, or its process died), hang, skipped (the budget)."""
+    for key, status, prefix in (("error", "failed", "compile: "), ("hang", "hang", "compile: "),
+                                ("skipped", "skipped", "")):  # fmt: skip
+        if key in row:
+            row.update(status=status, reason=prefix + row.pop(key))
+            return True
+    return False
+
+
+def _hung(lab, row, rest, device_name, controls) -> None:
+    """The watchdog's end of the call: the hung row, the rows after it as skipped (a hung
+    kernel holds the GPU), the table; then the process ends at once. It holds the lab's lock
+    throughout: the timing pass writes nothing more."""
+    why = f"no result within {lab.args.timeout_s:g} s; the lab stopped"
+    with lab.lock:
+        lab.write({**row, "status": "hang", "reason": why})
+        for case, kind, name, _ in rest:
+            lab.write(dict(case=_label(case, kind), kind=kind, variant=name, device=device_name,
+                           status="skipped", reason=f"{row['variant']} hung before it "
+                           f"({row['case']})"))  # fmt: skip
+        lab.finish(device_name, controls)
+        os._exit(0)
 
 
 def _label(case, kind: str) -> str:
@@ -364,16 +348,15 @@ def _label(case, kind: str) -> str:
     return replace(case, mode=kind).label()
 
 
-def _flops(case, kind: str) -> float:
-    from dataclasses import replace
-
-    return replace(case, mode="fwd" if kind == "fwd" else "bwd").flops()
-
-
-def _measure(kind, cfg, case, inputs, forward, truth, args) -> dict:
+def _measure(kind, cfg, state: CaseState, args) -> dict:
+    case, inputs, forward = state.case, state.inputs, None
+    if kind == "bwd":
+        forward = state.forward()
+        if isinstance(forward, dict):  # the default forward failed: no input to run on
+            return forward
     try:
         got = run_variant(kind, cfg, case, inputs, forward)
-        bad = check(kind, got, truth, case.torch_dtype)
+        bad = check(kind, got, state.truth(kind), case.torch_dtype)
         if bad:
             return dict(status="disagrees", reason="; ".join(bad)[:400])
         return timed(lambda: run_variant(kind, cfg, case, inputs, forward), case, args.rep_ms,
@@ -401,17 +384,6 @@ def _control(impl, case, kind, inputs, args) -> dict:
 
 def _failed(exc: Exception) -> dict:
     return dict(status="failed", reason=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
-
-
-def _ratios(rows: list[dict], controls: list[str]) -> None:
-    """x_best_control: the fastest control's time over the row's, per (case, kind); > 1:
-    faster than every control."""
-    for key in {(r["case"], r["kind"]) for r in rows}:
-        mine = [r for r in rows if (r["case"], r["kind"]) == key]
-        best = [r["time_ms"] for r in mine if r["variant"] in controls and r.get("time_ms")]
-        for r in mine:
-            if r.get("time_ms") and best:
-                r["x_best_control"] = min(best) / r["time_ms"]
 
 
 def main(argv=None) -> int:

@@ -61,7 +61,9 @@ def test_env_json_has_every_field_blank_where_it_does_not_apply(profiled_run):
     for gpu_only in ("gpu_name", "gpu_sm_count", "gpu_l2_mib", "driver", "cudnn"):
         assert env[gpu_only] is None
     assert env["cpu_name"] and env["torch"] and env["seed"] == 0
-    # the versions of what the run's impls require: xformers (installed by the test extra)
+    # the versions of what the run's impls require: xformers (installed by the test extra;
+    # the GPU image has none)
+    pytest.importorskip("xformers")
     assert env["packages"] == {"xformers": importlib.metadata.version("xformers")}
     assert env["xformers_kernels"]["version"] == env["packages"]["xformers"]
 

@@ -598,7 +598,7 @@ def test_a_loss_in_a_cpu_round_taken_in_turns_is_said_at_once_with_its_cause_and
 def _fake_actor(free: dict):
     """A RayActor on a fake Ray: its actor's step dies as on a lost node; the cluster has
     ``free`` resources."""
-    import ray
+    ray = pytest.importorskip("ray")  # the GPU image has none
 
     from attnbench.run.executing.ray_executor import RayActor
 
@@ -643,7 +643,7 @@ def test_the_next_step_after_a_lost_actor_keeps_ray_s_reason_and_no_wait_without
 def _starting(monkeypatch, dying: set, actors: int) -> None:
     """ray_start.start on a fake Ray whose ``actors`` actors start, but those in ``dying``,
     whose node dies as they start (Ray's error names the node's address)."""
-    import ray
+    ray = pytest.importorskip("ray")  # the GPU image has none
 
     from attnbench.run.executing import ray_start
 

@@ -80,89 +80,55 @@ def test_quiet_keeps_xformers_log_records_off_the_terminal(capfd):
     assert (logger.handlers, logger.propagate) == (handlers, propagate)  # put back
 
 
-FAKE_CPP_LIB = """
-import logging
+IMAGE_RECORD = {"cuda": 1208, "hip": None, "torch": "2.10.0+cu128", "python": "3.10.19"}
 
-logging.getLogger("xformers").warning("WARNING[XFORMERS]: six lines of advice")
-_cpp_library_load_exception = OSError(
-    "xFormers can't load C++/CUDA extensions. xFormers was built for:\\n"
-    "    PyTorch 2.10.0+cu128 with CUDA 1208 (you have 2.13.0+cpu)\\n"
-    "    Python  3.10.19 (you have 3.11.7)\\n"
-    "  Please reinstall xformers (see https://github.com/facebookresearch/xformers)\\n"
-    "  Memory-efficient attention, SwiGLU, sparse and more won't be available."
+
+@pytest.mark.parametrize(
+    "record,torch_version,cuda,refused",
+    [
+        (IMAGE_RECORD, "2.11.0+cu130", "13.0", True),  # the GPU image: xformers 0.0.35
+        (IMAGE_RECORD, "2.11.0+cu128", "12.8", True),  # another torch minor: another ABI
+        (IMAGE_RECORD, "2.10.0+cu130", "13.0", True),  # another CUDA major: no cudart 12
+        (IMAGE_RECORD, "2.13.0+cpu", None, True),  # a CPU torch: no CUDA at all
+        (IMAGE_RECORD, "2.10.1+cu126", "12.6", False),  # the same minor and CUDA major
+        ({**IMAGE_RECORD, "cuda": None, "hip": 60200}, "2.11.0", None, False),  # ROCm build
+        (None, "2.11.0+cu130", "13.0", False),  # not installed, or no record
+    ],
 )
-"""
-
-
-@pytest.mark.parametrize("cuda", ["12.8", None], ids=["cuda-torch", "cpu-torch"])
-def test_an_extension_that_does_not_load_is_one_line_with_the_fix(
-    tmp_path, monkeypatch, capfd, cuda
+def test_build_mismatch_reads_xformers_own_build_record(
+    monkeypatch, record, torch_version, cuda, refused
 ):
-    """xformers' own check, run on its own (a stand-in package here), its warning kept off the
-    terminal and said in one line instead: with a CUDA build of torch the reinstall command;
-    with a CPU build, which no xformers build would load in, that it is CUDA only."""
-    import sys
-
-    import torch
-
-    monkeypatch.setattr(torch.version, "cuda", cuda)
-
-    (tmp_path / "xformers").mkdir()
-    (tmp_path / "xformers" / "__init__.py").write_text("raise ImportError('never imported')\n")
-    (tmp_path / "xformers" / "_cpp_lib.py").write_text(FAKE_CPP_LIB)
-    (tmp_path / "xformers-0.0.99.dist-info").mkdir()
-    (tmp_path / "xformers-0.0.99.dist-info" / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: xformers\nVersion: 0.0.99\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "xformers", raising=False)
-    why = xk.extension_failure.__wrapped__()  # not the cached answer of this machine
-    built = (
-        "(xFormers was built for: PyTorch 2.10.0+cu128 with CUDA 1208 (you have 2.13.0+cpu) "
-        "Python 3.10.19 (you have 3.11.7))"
-    )
-    if cuda is None:
-        assert why == (
-            f"CUDA only: xformers has no CPU operator, and torch {torch.__version__} has no "
-            f"CUDA, so xformers 0.0.99's C++/CUDA extension cannot load here {built}"
+    monkeypatch.setattr(xk, "_build_record", lambda: record)
+    monkeypatch.setattr(xk.torch, "__version__", torch_version)
+    monkeypatch.setattr(xk.torch.version, "cuda", cuda)
+    monkeypatch.setattr(xk.importlib.metadata, "version", lambda name: "0.0.35")
+    why = xk.build_mismatch()
+    assert (why is not None) == refused, why
+    if refused and torch_version == "2.11.0+cu130":
+        assert why.startswith(
+            "xformers 0.0.35's CUDA kernels were built for torch 2.10.0+cu128; this torch is "
+            "2.11.0+cu130: xformers refuses every operator"
         )
-        return
-    assert why.startswith(
-        "xformers 0.0.99 cannot load its C++/CUDA extension (xFormers was built for: PyTorch "
-        "2.10.0+cu128 with CUDA 1208 (you have 2.13.0+cpu) Python 3.10.19 (you have 3.11.7)), "
-        "so its calls would run PyTorch's own kernels, not its own (install an xformers built "
-        "for torch "
-    )
-    assert why.endswith(f"{xk.INSTALL})") and "\n" not in why and "Please" not in why
-    assert capfd.readouterr().err == ""
-    (tmp_path / "xformers" / "_cpp_lib.py").write_text("_cpp_library_load_exception = None\n")
-    assert xk.extension_failure.__wrapped__() is None  # it loads: nothing to say
+        assert "built for torch 2.11: pip install" in why and "\n" not in why
 
 
-def test_the_impl_is_available_wherever_xformers_imports_its_extension_or_not(impls):
-    import importlib.util
+def test_the_build_record_is_read_from_the_package_folder_without_importing_it(
+    tmp_path, monkeypatch
+):
+    folder = tmp_path / "xformers"
+    folder.mkdir()
+    (folder / "cpp_lib.json").write_text('{"version": {"cuda": 1208, "torch": "2.10.0+cu128"}}')
+    spec = types.SimpleNamespace(submodule_search_locations=[str(folder)])
+    monkeypatch.setattr(xk.importlib.util, "find_spec", lambda name: spec)
+    assert xk._build_record() == {"cuda": 1208, "torch": "2.10.0+cu128"}
+    (folder / "cpp_lib.json").write_text("{not json")
+    assert xk._build_record() is None  # a record we cannot read decides nothing
+    monkeypatch.setattr(xk.importlib.util, "find_spec", lambda name: None)
+    assert xk._build_record() is None
 
-    impl = impls["xformers"]
-    if importlib.util.find_spec("xformers") is None:
-        assert impl.unavailable.startswith("needs xformers, which is not installed")
-    else:  # its dispatcher decides per call; the backend column names whose kernels ran
-        assert impl.available and impl.unavailable is None
 
-
-def test_a_case_no_operator_takes_is_unsupported_with_the_dispatchers_reasons(impls, capfd):
-    """xformers' own dispatcher, not its extension, decides: CPU tensors, which none of its
-    operators takes, give its per-operator not-supported reasons as the row's reason, on one
-    line, with its extension's warning kept off the terminal."""
-    pytest.importorskip("xformers")
-    import torch
-
-    from attnbench.masks import Mask
-    from attnbench.registry import Unsupported
-
-    q = torch.randn(1, 8, 2, 64)  # (B, S, H, D)
-    with pytest.raises(Unsupported) as caught:
-        impls["xformers"].fn(q, q, q, causal=True, scale=0.125, mask=Mask())
-    why = str(caught.value)
-    assert "No operator found for `memory_efficient_attention_forward`" in why, why
-    assert "device=cpu (supported: {'cuda'})" in why and "\n" not in why
-    assert "WARNING[XFORMERS]" not in capfd.readouterr().err
+def test_xformers_is_unavailable_before_any_call_where_its_build_record_says_so(impls):
+    why = xk.build_mismatch()
+    if why is None:
+        pytest.skip("xformers is not installed here, or was built for this torch")
+    assert impls["xformers"].unavailable == why  # said by attnbench list, every row's reason

@@ -1,24 +1,20 @@
-"""Whose kernels ``xformers`` runs: its own, or PyTorch's.
+"""Whose kernels ``xformers`` runs: its own, or PyTorch's; and whether it can run at all.
 
 xformers.ops.memory_efficient_attention dispatches each call to one of its operators. Some are
 xformers' own builds (FlashAttention-3 ``fa3F``/``fa3B`` and the split-K kernels, from its
 C++/CUDA extension or its Triton code), or the flash-attn package it wraps (``fa2F@<version>``).
 Others only call PyTorch's own kernels: their names end in ``-pt`` (``cutlassF-pt`` is
-``aten::_efficient_attention_forward``, ``fa2F@<version>-pt`` is PyTorch's flash kernel). When
-the C++/CUDA extension does not load (built for another torch or CUDA: xformers 0.0.35, the
-newest that installs beside torch 2.11, was built for torch 2.10 and CUDA 12), only the
-``-pt`` operators are left, and an ``xformers`` row would measure PyTorch's kernels, the same
-ones as ``sdpa_flash`` or ``sdpa_efficient``.
+``aten::_efficient_attention_forward``, ``fa2F@<version>-pt`` is PyTorch's flash kernel).
 
-``extension_failure()`` says, in one line, why the extension does not load (env.json's
-record; the impl stays available: xformers' dispatcher decides per call, and its own Triton
-split-K kernel needs no extension), and xformers' own 6-line ``WARNING[XFORMERS]`` log block is
-kept off the terminal (``quiet``).
-``xformers_kernels()`` is env.json's record of that; ``dispatched(run)`` names the operators
-that one call used, which becomes the row's ``backend``: ``pytorch:flash`` /
-``pytorch:efficient`` for PyTorch's kernels (which xformers may pick with its extension
-loaded too), ``xformers:<operator>`` for the others (lower case, without the version and the
-F/B direction: ``xformers:triton_splitk``, ``xformers:fa3``).
+``build_mismatch()`` says, in one line and before any call, why no xformers operator can run
+under this torch (its build record names another torch: the extension does not load, and then
+xformers' own check refuses every operator, those that need no extension too); the impl is
+registered unavailable with that reason. ``xformers_kernels()`` is env.json's record of what
+loaded; ``dispatched(run)`` names the operators that one call used, which becomes the row's
+``backend``: ``pytorch:flash`` / ``pytorch:efficient`` for PyTorch's kernels,
+``xformers:<operator>`` for the others (lower case, without the version and the F/B direction:
+``xformers:triton_splitk``, ``xformers:fa3``). xformers' own 6-line ``WARNING[XFORMERS]`` log
+block is kept off the terminal (``quiet``).
 
 No registration here (importing this module has no side effect on the registry)."""
 
@@ -28,7 +24,9 @@ import contextlib
 import functools
 import importlib.metadata
 import importlib.util
+import json
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,43 +54,59 @@ def quiet():
         logger.propagate = propagate
 
 
-@functools.cache
-def extension_failure() -> str | None:
-    """Why xformers' C++/CUDA extension does not load here, in one line with the fix; None
-    where it loads or xformers is not installed. Runs xformers' own check (its ``_cpp_lib``
-    module, which loads the extension) on its own: importing the package takes seconds
-    (scipy, torch._dynamo), and this runs wherever the impls are registered."""
-    spec = importlib.util.find_spec("xformers")
-    folders = (spec.submodule_search_locations or []) if spec else []
-    path = Path(folders[0]) / "_cpp_lib.py" if folders else None
-    if path is None or not path.is_file():
+def build_mismatch() -> str | None:
+    """Why no xformers attention can run under this torch, in one line, read from xformers' own
+    build record (``cpp_lib.json``, written when its wheel was built) without importing it or
+    touching a GPU; None where xformers is not installed, has no record, or was built for this
+    torch's minor version and CUDA major.
+
+    The rule, from xformers' source: its C++/CUDA extension links against the libtorch and the
+    CUDA runtime it was built with, so it loads only under that torch minor version and CUDA
+    major. Without it ``_cpp_lib._built_with_cuda`` is False, and the base check every
+    attention operator runs (``AttentionOpBase.not_supported_reasons``) adds "xFormers wasn't
+    build with CUDA support" on CUDA inputs: the dispatcher and an explicit ``op=`` both refuse
+    every operator, the Triton split-K and the PyTorch-backed ``-pt`` ones included."""
+    record = _build_record()
+    if record is None:
         return None
-    probe = importlib.util.spec_from_file_location("attnbench_xformers_probe", path)
-    module = importlib.util.module_from_spec(probe)
-    try:
-        with quiet():
-            probe.loader.exec_module(module)
-    except Exception:  # noqa: BLE001 - a check we cannot run decides nothing
+    built, cuda = record.get("torch"), record.get("cuda")
+    if not built or cuda is None:  # a ROCm or CPU build: the dispatcher decides
         return None
-    failure = getattr(module, "_cpp_library_load_exception", None)
-    if failure is None:
+    have_cuda = torch.version.cuda
+    same = _minor(built) == _minor(torch.__version__) and (
+        have_cuda is not None and int(have_cuda.split(".")[0]) == cuda // 100
+    )
+    if same:
         return None
-    why = one_line(failure).split(" Please ")[0]  # before its reinstall advice
-    why = why.removeprefix("xFormers can't load C++/CUDA extensions. ")
     try:
         version = f" {importlib.metadata.version('xformers')}"
     except importlib.metadata.PackageNotFoundError:  # importable without its metadata
         version = ""
-    if torch.version.cuda is None:  # a CPU build of torch: no xformers build would load
-        return (
-            f"CUDA only: xformers has no CPU operator, and torch {torch.__version__} has no "
-            f"CUDA, so xformers{version}'s C++/CUDA extension cannot load here ({why})"
-        )
     return (
-        f"xformers{version} cannot load its C++/CUDA extension "
-        f"({why}), so its calls would run PyTorch's own kernels, not its own (install an "
-        f"xformers built for torch {torch.__version__}: {INSTALL})"
+        f"xformers{version}'s CUDA kernels were built for torch {built}; this torch is "
+        f"{torch.__version__}: xformers refuses every operator (its extension loads only under "
+        f"the torch it was built for; install an xformers built for torch "
+        f"{'.'.join(map(str, _minor(torch.__version__)))}: {INSTALL})"
     )
+
+
+def _build_record() -> dict | None:
+    """xformers' ``cpp_lib.json`` "version" entry ({"cuda": 1208, "torch": "2.10.0+cu128",
+    ...}), found without importing xformers (seconds: scipy, torch._dynamo)."""
+    spec = importlib.util.find_spec("xformers")
+    folders = (spec.submodule_search_locations or []) if spec else []
+    path = Path(folders[0]) / "cpp_lib.json" if folders else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())["version"]
+    except (OSError, ValueError, KeyError, TypeError):  # a record we cannot read decides nothing
+        return None
+
+
+def _minor(version: str) -> tuple[int, ...]:
+    """(major, minor) of a torch version: '2.10.0+cu128' -> (2, 10)."""
+    return tuple(int(x) for x in re.findall(r"\d+", version)[:2])
 
 
 def label(op_name: str) -> str:

@@ -10,15 +10,17 @@ the case, or says why none does (each operator's not-supported reasons: the row 
 ``pytorch:efficient``) and its own (``xformers:triton_splitk``, its Triton split-K decode
 kernel; ``xformers:fa3`` and the like from its C++/CUDA extension): the row's ``backend`` names
 those it used (``xformers_kernels.py``) and the report marks PyTorch's as no independent
-baseline. Its C++/CUDA extension (which in xformers 0.0.35 holds only 2:4-sparsity kernels
-besides FlashAttention-3) need not load: env.json's ``xformers_kernels`` records whether it
-did."""
+baseline.
+
+Where xformers was built for another torch (its build record, ``build_mismatch``), the impl is
+unavailable, said before any call: its extension does not load, and then xformers' own check
+refuses every operator on CUDA inputs, those that need no extension too."""
 
 import functools
 
 from attnbench.case import Case
 from attnbench.errors import one_line
-from attnbench.impls.xformers_kernels import INSTALL, dispatched, quiet
+from attnbench.impls.xformers_kernels import INSTALL, build_mismatch, dispatched, quiet
 from attnbench.masks import ALIGNS
 from attnbench.registry import Unsupported, register
 
@@ -58,6 +60,7 @@ def _ops():
     devices=("cuda",),
     layout="bshd",
     requires={"xformers": INSTALL},
+    unavailable=build_mismatch(),
     causal_align=ALIGNS,
     check=_gqa_backward,
     masks=("document",),
