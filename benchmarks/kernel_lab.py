@@ -201,7 +201,7 @@ def prepare_job() -> None:
     import torch
 
     from attnbench.impls.triton_flash import kernel  # noqa: F401 - imports triton
-    from attnbench.run import inputs  # noqa: F401
+    from attnbench.run.measuring import inputs  # noqa: F401
 
     if torch.cuda.is_available():
         torch.cuda.init()
