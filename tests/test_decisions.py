@@ -48,6 +48,25 @@ def test_a_kernel_competes_with_its_fastest_row():
     assert w["runner_up"] == "sdpa_math"
 
 
+def test_a_kernels_wins_in_a_family_are_counted_under_one_name():
+    # sdpa and sdpa_flash ran flash: sdpa was fastest at N 128 and 512, sdpa_flash at 256;
+    # one kernel, so one entry with 3/3 wins, not "sdpa 2/3; sdpa_flash 1/3"
+    rows = []
+    for n, fast in ((128, "sdpa"), (256, "sdpa_flash"), (512, "sdpa")):
+        case = Case(1, 4, 4, n, n, 64, causal=True)
+        rows += [
+            {**ok_row("r", impl, case, t, 1.0), "backend": b}
+            for impl, b, t in (
+                ("sdpa", "flash", 1.0 if fast == "sdpa" else 1.1),
+                ("sdpa_flash", "flash", 1.0 if fast == "sdpa_flash" else 1.1),
+                ("naive", None, 3.0),
+            )
+        ]
+    wins = verdicts.wins_by_family(verdicts.fastest_agreeing(pd.DataFrame(rows)))
+    assert list(wins["impl"]) == ["sdpa"] and list(wins["wins"]) == [3]
+    assert list(wins["same_kernel"]) == ["sdpa_flash"]
+
+
 def neighbour_rows():
     """Decode at B=32, Sq 1, cache 4096 / 32768 / 131072: 'paged' wins the two shorter
     caches and fails at 131072 (Inductor's int32 index), 'dense' wins there."""
@@ -136,7 +155,7 @@ def test_staleness_names_the_commits_ahead_and_whether_measuring_code_changed(tm
     (tmp_path / "README.md").write_text("b\n")
     git(tmp_path, "commit", "-qam", "docs")
     line = staleness_line({"git_sha": sha}, tmp_path)
-    assert f"Measured at {sha[:7]}" in line and "1 commits later" in line
+    assert f"Measured at {sha[:7]}" in line and "1 commit later" in line
     assert "measuring code (attnbench/run, measure, impls) is unchanged" in line
     (tmp_path / "attnbench" / "run" / "row.py").write_text("x = 1\n")
     git(tmp_path, "add", ".")

@@ -50,7 +50,7 @@ def staleness_line(env: dict, repo: Path | None = None) -> str:
     if ahead == "0":
         return f"{said}, the commit this report was rendered at."
     changed = _git(repo, "diff", "--name-only", sha, "HEAD", "--", *MEASURING)
-    moved = f"{said}; rendered at {head}, {ahead} commits later"
+    moved = f"{said}; rendered at {head}, {ahead} commit{'' if ahead == '1' else 's'} later"
     if changed:
         n = len(changed.splitlines())
         return (

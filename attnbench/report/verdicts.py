@@ -6,6 +6,7 @@ become numbers (analysis.py)."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pandas as pd
 
@@ -204,6 +205,27 @@ def seq_spans(won, lengths) -> str:
 AXIS_NAME = {"seq_q": "N", "seq_kv": "Skv"}  # a length as the report's tables name it
 
 
+def _one_name_per_kernel(won: pd.DataFrame) -> pd.DataFrame:
+    """Each win under one name per kernel and family: of the impls that ran it (``impl`` and
+    its ``same_kernel``), the one that won the most of the family's cases (then the first by
+    name), the others its ``same_kernel``. A kernel's win goes to whichever alias was fastest
+    in that case (contestants.py), so without this one kernel's wins in a family would be
+    split between its names (sdpa 4/5; sdpa_flash 1/5)."""
+    groups = [
+        frozenset({i, *(a for a in str(s).split(", ") if a)})
+        for i, s in zip(won["impl"], won["same_kernel"].fillna(""))
+    ]
+    keys = list(zip(won["family"], groups))
+    counts = Counter(zip(keys, won["impl"]))
+    name = {
+        k: min(k[1], key=lambda i, k=k: (-counts.get((k, i), 0), i)) for k in dict.fromkeys(keys)
+    }
+    return won.assign(
+        impl=[name[k] for k in keys],
+        same_kernel=[", ".join(sorted(k[1] - {name[k]})) for k in keys],
+    )
+
+
 def wins_by_family(winners: pd.DataFrame) -> pd.DataFrame:
     """From fastest_agreeing: per family and winning impl, the cases won, the family's case
     count, the seq_q range of the wins, the lengths won as spans of the family's lengths
@@ -214,7 +236,7 @@ def wins_by_family(winners: pd.DataFrame) -> pd.DataFrame:
     if winners.empty:
         return pd.DataFrame(columns=columns)
     cases = winners.groupby("family").size().rename("cases")
-    won = winners.dropna(subset=["impl"]).astype({"tie": bool})
+    won = _one_name_per_kernel(winners.dropna(subset=["impl"]).astype({"tie": bool}))
     won = won.assign(_marked=~won["tie"] & won["caveat"].fillna("").astype(bool))
     agg = (
         won.groupby(["family", "impl"])
