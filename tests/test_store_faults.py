@@ -1,6 +1,8 @@
 """What the run folder's store refuses or survives: --resume reads what it continues before it
 writes (a damaged results.csv or env.json is one line naming the file, exit 2, and the run
-folder exactly as it was); a full disk and a run id no folder can have are one line, exit 2."""
+folder exactly as it was); a full disk and a run id no folder can have are one line, exit 2;
+a report reads no torn last line as a row and refuses a results.csv with no rows or no
+time_ms in one line."""
 
 import errno
 import os
@@ -110,3 +112,40 @@ def test_a_run_id_no_folder_can_have_is_one_line(tmp_path, capsys, run_id, needl
     lines = _said(capsys)
     assert len(lines) == 1 and needle in lines[0], lines
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "damage, needle",
+    [
+        ("drop time_ms", "lacks columns time_ms"),  # no number, yet "all ok rows agree"
+        ("header only", "has no rows, only its header"),
+    ],
+)
+def test_a_report_on_results_it_cannot_read_as_measured_is_one_line(
+    tmp_path, capsys, finished, damage, needle
+):
+    header, *rows = finished["results.csv"].decode().splitlines(keepends=True)
+    if damage == "header only":
+        text = header
+    else:
+        i = header.rstrip("\n").split(",").index("time_ms")
+        text = "".join(
+            ",".join(c for j, c in enumerate(line.rstrip("\n").split(",")) if j != i) + "\n"
+            for line in (header, *rows)
+        )
+    run = _damage(tmp_path, finished, "results.csv", text.encode())
+    capsys.readouterr()
+    assert main(["report", str(run), "--reports-dir", str(tmp_path / "rep")]) == 2
+    lines = _said(capsys)
+    assert len(lines) == 1 and needle in lines[0], lines
+    assert not (tmp_path / "rep").exists()
+
+
+def test_a_torn_last_line_is_no_row_of_the_report(tmp_path, finished):
+    from attnbench.store.results import read_results
+
+    whole = finished["results.csv"]
+    torn = whole + whole.splitlines(keepends=True)[1][:40]  # a row cut off by a kill
+    run = _damage(tmp_path, finished, "results.csv", torn)
+    assert len(read_results(run)) == len(whole.splitlines()) - 1
+    assert (run / "results.csv").read_bytes() == torn  # reading never writes

@@ -5,6 +5,7 @@ the columns are in store/schema.py, the file names in store/rundir.py."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from pathlib import Path
@@ -26,6 +27,7 @@ from attnbench.store.schema import (
 
 # the columns a results.csv must have to be one (load_run names those it lacks)
 REQUIRED = tuple(c for c in (*CASE_KEY, "status") if c not in LATER_KEYS)
+MEASURED = ("time_ms",)  # every results.csv ever written has it: a file without it is not one
 
 
 def _fmt(value) -> str:
@@ -202,9 +204,12 @@ def read_results(path: Path) -> pd.DataFrame:
     path = Path(path)
     if path.is_dir():
         path = RunDir(path).results
-    df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
+    text = path.read_text(encoding="utf-8")
+    if not text.endswith("\n"):  # a torn last line (a write cut off by a kill) is no row
+        text = text[: text.rfind("\n") + 1]
+    df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_values=[""])
     for name, (dtype, _) in COLUMNS.items():
-        if name not in df and (name in LATER_KEYS or name not in REQUIRED):
+        if name not in df and (name in LATER_KEYS or name not in (*REQUIRED, *MEASURED)):
             df[name] = LATER_KEYS.get(name) or pd.NA  # rows written before the column existed
         if name not in df:
             continue
@@ -240,11 +245,16 @@ def load_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
         raise RunError(
             f"{csv_path} cannot be read as attnbench results ({exc}); regenerate it with a sweep"
         ) from exc
-    missing = [c for c in REQUIRED if c not in df.columns]
+    missing = [c for c in (*REQUIRED, *MEASURED) if c not in df.columns]
     if missing:
         raise RunError(
             f"{csv_path} lacks columns {', '.join(missing)}; it was not written by "
             f"attnbench.store.results (regenerate it with a sweep)"
+        )
+    if df.empty:
+        raise RunError(
+            f"{csv_path} has no rows, only its header: the sweep finished none; run it "
+            f"again, or continue it with --resume"
         )
     env = {}
     if run.env.is_file():
