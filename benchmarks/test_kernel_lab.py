@@ -133,6 +133,8 @@ def test_rows_past_the_budget_are_skipped_with_the_reason(tmp_path):
     assert all(r["status"] == "skipped" and "budget of 0 s" in r["reason"] for r in got)
 
 
+@pytest.mark.slow  # about 40 s: a compile job's timeout spent waiting (the job runner's own
+# hang test below runs in the default suite)
 def test_a_variant_that_hangs_in_the_compile_phase_costs_only_its_rows(tmp_path, interpreter):
     """Its compile job has no answer within --timeout-s: killed, its rows are ``hang`` with
     the reason and are not timed; every other row is measured."""
