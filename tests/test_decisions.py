@@ -383,3 +383,14 @@ def test_picks_equal_in_worst_loss_are_told_apart_by_their_median_loss_not_their
 def test_a_loss_of_exactly_the_tolerance_keeps_one_pick():
     rec = recommendations(two_case_rows({"a": (1.1, 1.0), "b": (1.0, 2.0)}))
     assert list(rec["impl"]) == ["a"] and rec.loc[0, "worst_loss"] == 1.1
+
+
+def test_a_long_table_is_folded_below_the_first_screen():
+    from attnbench.report.markdown import FOLD_ROWS, fold_long
+
+    assert fold_long("t", ["| a |"], FOLD_ROWS) == ["| a |", ""]
+    long = fold_long("The fits per series", ["| a |"], FOLD_ROWS + 1)
+    assert long[0] == "<details>" and f"({FOLD_ROWS + 1} rows)" in long[1]
+    text = (ROOT / "reports" / "cpu-preset-2core-xeon" / "report.md").read_text()
+    waste = text.split("# Wasted work")[1].split("\n### ")[0]
+    assert "<summary>Useful and work GFLOP per case and impl" in waste

@@ -11,7 +11,7 @@ from attnbench.measure.roofline import over_ceiling_note
 from attnbench.measure.timing import NOISY_SPREAD, PAGE_FAULTS_FLAG
 from attnbench.report import derived
 from attnbench.report.header import case_label
-from attnbench.report.markdown import table
+from attnbench.report.markdown import fold_long, table
 from attnbench.report.reasons import short_reason
 
 FAILURE_ORDER = {
@@ -260,28 +260,36 @@ def _flagged_table(ok: pd.DataFrame, checks: dict[str, pd.DataFrame]) -> list[st
         f"{len(flagged)} ok row(s) flagged by the checks above ({counts}), each once, with "
         "what flagged it:",
         "",
-        table(
-            flagged,
-            {
-                "impl": "impl",
-                "case": "case",
-                "flagged": "flagged",
-                "throttle": "throttle",
-                "time_ms": "time_ms",
-                "profiler_ms": "profiler_ms",
-                "gap_pct": "time / profiler - 1",
-                "page_faults": "faults/call",
-                "cpu_share": "cpu_share",
-            },
-            formats={
-                "time_ms": ".4g",
-                "profiler_ms": ".4g",
-                "gap_pct": lambda p: f"{p:+.0f}%",
-                "page_faults": ".0f",
-                "cpu_share": ".2f",
-            },
+        *fold_long(
+            "The flagged rows",
+            [_flagged_rows(flagged)],
+            len(flagged),
         ),
     ]
+
+
+def _flagged_rows(flagged: pd.DataFrame) -> str:
+    return table(
+        flagged,
+        {
+            "impl": "impl",
+            "case": "case",
+            "flagged": "flagged",
+            "throttle": "throttle",
+            "time_ms": "time_ms",
+            "profiler_ms": "profiler_ms",
+            "gap_pct": "time / profiler - 1",
+            "page_faults": "faults/call",
+            "cpu_share": "cpu_share",
+        },
+        formats={
+            "time_ms": ".4g",
+            "profiler_ms": ".4g",
+            "gap_pct": lambda p: f"{p:+.0f}%",
+            "page_faults": ".0f",
+            "cpu_share": ".2f",
+        },
+    )
 
 
 def _cross_check_lines(ok: pd.DataFrame) -> list[str]:

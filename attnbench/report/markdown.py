@@ -83,6 +83,17 @@ def folded(summary: str, lines: list[str]) -> list[str]:
     return ["<details>", f"<summary>{summary}</summary>", "", *lines, "", "</details>", ""]
 
 
+FOLD_ROWS = 20  # a table longer than this is folded: it would push what follows off the screen
+
+
+def fold_long(summary: str, lines: list[str], n_rows: int) -> list[str]:
+    """``lines`` (a table of ``n_rows`` rows) as they are, or folded under ``summary`` when
+    longer than FOLD_ROWS rows."""
+    if n_rows <= FOLD_ROWS:
+        return [*lines, ""]
+    return folded(f"{summary} ({n_rows} rows)", lines)
+
+
 def wrapped(lines: list[str]) -> list[str]:
     """The report's lines with every paragraph over MAX_LINE characters broken between its
     sentences (or clauses) into lines of at most MAX_LINE where it can: markdown renders

@@ -22,7 +22,7 @@ import pandas as pd
 
 from attnbench.case import Case
 from attnbench.report import derived
-from attnbench.report.markdown import MISSING, table
+from attnbench.report.markdown import MISSING, fold_long, table
 
 FLAT = 2.0  # a series whose time grows less than this over its lengths: overhead only
 TOL = 0.2  # how far the time-vs-pairs exponent may lie from a prediction (1, or 2/a)
@@ -119,18 +119,24 @@ def sections(a, level: str = "##") -> list[str]:
         "padded matrix per document for sdpa_padded; docs/method.md). useful % = flops / "
         f"work_flops; {MISSING} where an impl declares no work.",
         "",
-        table(
-            waste.assign(flops=waste["flops"] / 1e9, work_flops=waste["work_flops"] / 1e9),
-            {
-                "case": "case",
-                "impl": "impl",
-                "flops": "useful GFLOP",
-                "work_flops": "work GFLOP",
-                "useful_pct": "useful %",
-                "time_ms": "time ms",
-                "agrees": "agrees",
-            },
-            formats={"useful_pct": ".1f"},
+        *fold_long(
+            "Useful and work GFLOP per case and impl",
+            [
+                table(
+                    waste.assign(flops=waste["flops"] / 1e9, work_flops=waste["work_flops"] / 1e9),
+                    {
+                        "case": "case",
+                        "impl": "impl",
+                        "flops": "useful GFLOP",
+                        "work_flops": "work GFLOP",
+                        "useful_pct": "useful %",
+                        "time_ms": "time ms",
+                        "agrees": "agrees",
+                    },
+                    formats={"useful_pct": ".1f"},
+                )
+            ],
+            len(waste),
         ),
     ]
     lines += [
@@ -143,18 +149,24 @@ def sections(a, level: str = "##") -> list[str]:
         f"{TOL:g}); anything else, or a series where 1 and 2/a lie within {2 * TOL:g} of each "
         "other, is cannot tell.",
         "",
-        table(
-            fits,
-            {
-                "impl": "impl",
-                "series": "series (N varies)",
-                "pairs_exp": "kept pairs ∝ N^",
-                "time_vs_n": "time ∝ N^",
-                "time_vs_pairs": "time ∝ pairs^",
-                "n_points": "points",
-                "verdict": "verdict",
-            },
-            formats={"pairs_exp": ".2f", "time_vs_n": ".2f", "time_vs_pairs": ".2f"},
+        *fold_long(
+            "The fits per series",
+            [
+                table(
+                    fits,
+                    {
+                        "impl": "impl",
+                        "series": "series (N varies)",
+                        "pairs_exp": "kept pairs ∝ N^",
+                        "time_vs_n": "time ∝ N^",
+                        "time_vs_pairs": "time ∝ pairs^",
+                        "n_points": "points",
+                        "verdict": "verdict",
+                    },
+                    formats={"pairs_exp": ".2f", "time_vs_n": ".2f", "time_vs_pairs": ".2f"},
+                )
+            ],
+            len(fits),
         ),
     ]
     return lines

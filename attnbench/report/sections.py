@@ -10,7 +10,7 @@ from attnbench.measure import precision
 from attnbench.report import derived
 from attnbench.report.derived import DTYPE_BYTES
 from attnbench.report.header import borrowed_kernels, case_label
-from attnbench.report.markdown import MISSING, folded, table
+from attnbench.report.markdown import MISSING, fold_long, folded, table
 from attnbench.report.verdicts import AXIS_NAME
 
 
@@ -285,7 +285,8 @@ def exponents_section(fits: pd.DataFrame) -> list[str]:
             }
         )
     if rows:
-        lines.append(_exponents_table(pd.DataFrame(rows)))
+        table_text = _exponents_table(pd.DataFrame(rows))
+        lines += fold_long("Exponents per series", [table_text], len(rows))
     return lines + _unfitted_line(unfit)
 
 
