@@ -20,7 +20,7 @@ import pandas as pd
 from attnbench import plugins as run_plugins
 from attnbench.errors import ClusterLost, UsageError, did_you_mean
 from attnbench.options import OPTIONS, flag, load_config, parse_value
-from attnbench.report.terminal import list_impls, models_table, summary_table
+from attnbench.report.render.terminal import list_impls, models_table, summary_table
 from attnbench.repro import repro_command
 from attnbench.run.executing import executors
 from attnbench.run.executing.environment import version_line
@@ -417,7 +417,7 @@ def _tolerance(text: str) -> float:
 
 
 def _tolerance_argument(p: argparse.ArgumentParser) -> None:
-    from attnbench.report.recommend import TOLERANCE
+    from attnbench.report.decide.recommend import TOLERANCE
 
     p.add_argument(
         "--tolerance",
@@ -493,7 +493,7 @@ def fidelity(argv: list[str]) -> int:
         help="folder for fidelity.csv and fidelity.txt (default: reports/fidelity/<A>_vs_<B>)",
     )
     args = p.parse_args(argv)
-    from attnbench.report.fidelity import check_runs, write_fidelity
+    from attnbench.report.compare.compare.fidelity import check_runs, write_fidelity
 
     runs = _load_runs(args.run_a, args.run_b)
     check_runs([(path, df, env) for path, (_, df, env) in zip((args.run_a, args.run_b), runs)])
@@ -574,7 +574,12 @@ def compare(argv: list[str]) -> int:
     runs = _load_runs(args.run_a, args.run_b)
     out = args.out or Path("reports") / "compare" / f"{runs[0][0]}_vs_{runs[1][0]}"
     _check_folders(("--out", out))
-    from attnbench.report.compare import cannot_judge, gate_fails, summary_lines, write_compare
+    from attnbench.report.compare.compare.compare import (
+        cannot_judge,
+        gate_fails,
+        summary_lines,
+        write_compare,
+    )
 
     cmp, path = write_compare(runs[0], runs[1], out, args.fail_above, (args.run_a, args.run_b))
     for line in summary_lines(cmp, args.fail_above):

@@ -33,9 +33,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from attnbench.report import derived, verdicts  # noqa: E402
-from attnbench.report.compare import cannot_judge, regressions, write_compare  # noqa: E402
-from attnbench.report.rounds import Rounds, anchor_path  # noqa: E402
+from attnbench.report.analyse import derived  # noqa: E402
+from attnbench.report.analyse.rounds import Rounds, anchor_path  # noqa: E402
+from attnbench.report.compare.compare import cannot_judge, regressions, write_compare  # noqa: E402
+from attnbench.report.decide import verdicts  # noqa: E402
 from attnbench.store.results import load_run  # noqa: E402
 from attnbench.store.rundir import RunDir  # noqa: E402
 

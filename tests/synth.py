@@ -246,7 +246,7 @@ def write_timing(run_dir: Path, samples, anchor) -> None:
     """samples.csv (through the real writer) and anchor.csv of a synthetic run."""
     import csv
 
-    from attnbench.report.rounds import anchor_path
+    from attnbench.report.analyse.rounds import anchor_path
     from attnbench.store.results import samples_writer
 
     with samples_writer(run_dir) as w:

@@ -6,7 +6,8 @@ import pytest
 from synth import failed_row, ok_row, write_run
 
 from attnbench.case import Case
-from attnbench.report import derived, verdicts
+from attnbench.report.analyse import derived
+from attnbench.report.decide import verdicts
 from attnbench.store.results import read_results
 
 SEQS = (64, 128, 256, 512, 1024, 2048, 4096)
@@ -175,7 +176,7 @@ def test_nothing_fitted_from_status_not_ok():
 
 def test_wins_are_spans_of_the_lengths_won_and_ties_are_marked(tmp_path):
     from attnbench.report.analysis import analyse_device
-    from attnbench.report.sections import winners_section
+    from attnbench.report.render.sections import winners_section
 
     times = {64: (1.0, 2.0), 128: (1.0, 2.0), 256: (2.0, 1.0), 512: (1.0, 1.02)}  # (a, b)
     rows = []

@@ -2,7 +2,7 @@ import pytest
 from synth import smoke_rows, write_run
 
 from attnbench.cli import main
-from attnbench.report.compare import compare_runs, regressions
+from attnbench.report.compare.compare import compare_runs, regressions
 from attnbench.store.results import read_results
 
 SEQS = (64, 128, 256)

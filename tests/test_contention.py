@@ -16,8 +16,8 @@ from attnbench.measure import ceilings, contention, timing
 from attnbench.measure.contention import Contention, Usage, between
 from attnbench.measure.timing import TimerConfig
 from attnbench.report.analysis import analyse
-from attnbench.report.checks import checks_section
-from attnbench.report.header import header_lines
+from attnbench.report.render.checks import checks_section
+from attnbench.report.render.header import header_lines
 from attnbench.run.measuring.row import Settings
 from attnbench.store.results import read_results
 from attnbench.testing import run_row

@@ -12,10 +12,10 @@ import pytest
 from synth import ok_row
 
 from attnbench.case import Case
-from attnbench.report import verdicts
-from attnbench.report.opening import staleness_line
-from attnbench.report.picks import lead_text, picks_table, use_text, verdict_lines
-from attnbench.report.recommend import _runner_up, recommendations
+from attnbench.report.decide import verdicts
+from attnbench.report.decide.recommend import _runner_up, recommendations
+from attnbench.report.render.opening import staleness_line
+from attnbench.report.render.picks import lead_text, picks_table, use_text, verdict_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA_H100 = ROOT / "results" / "llama3-8b-nvidia-h100-80gb-hbm3"
@@ -191,7 +191,7 @@ def frame(rows, tmp=None) -> pd.DataFrame:
 
 def test_the_lowest_cpu_share_is_said_of_the_contended_rows():
     from attnbench.report.analysis import analyse
-    from attnbench.report.checks import checks_section
+    from attnbench.report.render.checks import checks_section
 
     case = Case(1, 4, 4, 256, 256, 64)
     rows = [
@@ -205,7 +205,7 @@ def test_the_lowest_cpu_share_is_said_of_the_contended_rows():
 
 def test_the_profiler_gap_is_time_over_profiler_minus_one():
     from attnbench.report.analysis import analyse
-    from attnbench.report.checks import checks_section
+    from attnbench.report.render.checks import checks_section
 
     case = Case(1, 4, 4, 256, 256, 64, device="cuda", dtype="bfloat16")
     rows = [{**ok_row("r", "a", case, 1.79, 1.0), "profiler_ms": 1.0}]
@@ -215,7 +215,7 @@ def test_the_profiler_gap_is_time_over_profiler_minus_one():
 
 def test_no_n_squared_buffer_is_claimed_for_a_decode_series():
     from attnbench.report.analysis import analyse_device
-    from attnbench.report.sections import score_memory_lines
+    from attnbench.report.render.sections import score_memory_lines
 
     rows = []
     for skv in (1024, 2048, 4096):  # a decode series: its peak is a K/V copy, not scores
@@ -229,7 +229,7 @@ def test_no_n_squared_buffer_is_claimed_for_a_decode_series():
 
 
 def test_a_negative_or_noise_only_exponent_is_no_lower_bound():
-    from attnbench.report.derived import bound_mark
+    from attnbench.report.analyse.derived import bound_mark
 
     fit = {"overhead_limited": True, "slope": 1.6, "slope_se": 0.1}
     assert bound_mark(fit) == "≥"
@@ -239,8 +239,8 @@ def test_a_negative_or_noise_only_exponent_is_no_lower_bound():
 
 
 def test_the_agreement_bound_sits_at_the_cache_length_on_a_decode_panel():
-    from attnbench.report import plots
-    from attnbench.report.derived import with_series
+    from attnbench.report.analyse.derived import with_series
+    from attnbench.report.plot import plots
 
     rows = [
         {**ok_row("r", "sdpa", decode(1, 1, skv), 1.0, 1.0), "err_bound": 1e-2}
@@ -254,7 +254,7 @@ def test_the_agreement_bound_sits_at_the_cache_length_on_a_decode_panel():
 
 
 def test_speed_over_time_is_on_a_log_axis():
-    from attnbench.report import plots
+    from attnbench.report.plot import plots
 
     series = pd.DataFrame(
         {
@@ -295,7 +295,7 @@ RUNS = [  # the Llama H100 run in every suite, the others with -m slow (seconds 
 @pytest.fixture
 def text_only(monkeypatch):
     """Reports without drawing (seconds per figure): the text is what these tests read."""
-    from attnbench.report import plots
+    from attnbench.report.plot import plots
 
     for name in dir(plots):
         if name.startswith("plot_"):
@@ -318,8 +318,8 @@ def test_every_committed_run_renders_its_decision_on_the_first_screen(run, tmp_p
 
 
 def test_memory_panels_carry_o_n_and_o_n_squared_guides():
-    from attnbench.report import plots
-    from attnbench.report.derived import with_series
+    from attnbench.report.analyse.derived import with_series
+    from attnbench.report.plot import plots
 
     rows = [ok_row("r", "naive", Case(1, 4, 4, n, n, 64), 1.0, n * n / 1e4) for n in (256, 1024)]
     fig = plots.plot_memory_vs_seq(with_series(frame(rows)))
@@ -331,9 +331,9 @@ def test_memory_panels_carry_o_n_and_o_n_squared_guides():
 
 
 def test_decode_panels_show_bandwidth_against_the_hbm_peak():
-    from attnbench.report import plots
     from attnbench.report.analysis import analyse_device
-    from attnbench.report.figures import FIGURES
+    from attnbench.report.plot import plots
+    from attnbench.report.plot.figures import FIGURES
 
     rows = [
         {**ok_row("r", "sdpa", decode(1, 1, s), 0.1, 1.0), "gbps": s / 50} for s in (4096, 8192)
@@ -386,7 +386,7 @@ def test_a_loss_of_exactly_the_tolerance_keeps_one_pick():
 
 
 def test_a_long_table_is_folded_below_the_first_screen():
-    from attnbench.report.markdown import FOLD_ROWS, fold_long
+    from attnbench.report.render.markdown import FOLD_ROWS, fold_long
 
     assert fold_long("t", ["| a |"], FOLD_ROWS) == ["| a |", ""]
     long = fold_long("The fits per series", ["| a |"], FOLD_ROWS + 1)

@@ -246,7 +246,7 @@ def test_bad_document_flags_are_one_line_exit_2_nothing_written(tmp_path, capsys
 
 def test_results_written_before_the_pattern_columns_still_read(tmp_path):
     from attnbench.report.analysis import analyse_device
-    from attnbench.report.patterns import sections
+    from attnbench.report.render.patterns import sections
     from attnbench.store.results import read_results, row_key
     from attnbench.store.schema import COLUMNS
 

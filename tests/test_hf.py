@@ -115,7 +115,7 @@ def test_a_sweep_puts_transformers_next_to_naive_and_sdpa(tmp_path):
 def test_recommendations_name_the_attn_implementation_from_the_hf_rows():
     from synth import ok_row
 
-    from attnbench.report.recommend import recommendations
+    from attnbench.report.decide.recommend import recommendations
 
     def llama(seq_kv):
         return Case(1, 32, 8, 1, seq_kv, 128, causal=True, causal_align="bottom_right",

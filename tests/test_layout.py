@@ -478,6 +478,124 @@ def test_run_folders_import_downward():
     assert not run_arrows_up()
 
 
+# report/'s steps, as the data flows: rows read into an analysis, decisions from it, then
+# rendered as text or drawn; report/ itself ("") assembles one analysis and writes a report;
+# compare/ sets two runs side by side. Each step imports only the steps below it.
+REPORT_FLOORS = (("analyse",), ("decide",), ("render", "plot"), ("",), ("compare",))
+
+
+def report_step(module: str) -> int:
+    """attnbench.report.plot.plots (or .plot) -> the floor of plot/ in REPORT_FLOORS; a module
+    of report/ itself (attnbench.report.analysis) -> the floor of ""."""
+    step = (module.split(".") + [""])[2]
+    floors = [i for i, floor in enumerate(REPORT_FLOORS) if step in floor]
+    return floors[0] if floors else REPORT_FLOORS.index(("",))
+
+
+def report_arrows_up(code: Code | None = None) -> list[str]:
+    """report/'s steps import one another only downward (REPORT_FLOORS)."""
+    return [  # (a step's own package, attnbench.report.plot, is the step itself)
+        f"{module} imports {dep}: a later step of the report"
+        for module, deps in imports(code).items()
+        if room(module) == "report"
+        for dep in deps
+        if room(dep) == "report" and report_step(dep) > report_step(module)
+    ]
+
+
+def test_report_steps_import_downward():
+    folders = {p.parent.name for p in (PACKAGE / "report").rglob("*.py")} - {"report"}
+    assert folders == {s for floor in REPORT_FLOORS for s in floor} - {""}, folders
+    assert not report_arrows_up()
+
+
+# what derives a table from a frame: grouping, filtering, joining, ranking (render/ and plot/
+# show what the analysis derived, they derive nothing themselves)
+FRAME_VERBS = frozenset(
+    "groupby query filter where mask drop_duplicates pivot pivot_table value_counts merge "
+    "dropna nlargest nsmallest idxmax idxmin".split()
+)
+MASK_VERBS = frozenset("isin eq ne gt lt ge le between notna isna notnull isnull".split())
+ROW_READERS = ("ok_rows", "is_ok", "agreeing", "noisy", "contended", "with_series")
+SHOWING = ("report/render/", "report/plot/")
+# modules whose derivations are still to move into the analysis (emptied, then removed)
+STILL_DERIVING = {
+    "report/plot/plots.py",
+    "report/plot/layout.py",
+    "report/plot/figures.py",
+    "report/render/sections.py",
+    "report/render/checks.py",
+    "report/render/header.py",
+    "report/render/terminal.py",
+    "report/render/opening.py",
+    "report/render/picks.py",
+}
+
+
+def _a_mask(node: ast.AST) -> bool:
+    """Whether an index expression selects rows by a condition (x[a > b], x[~m], x[m1 & m2],
+    x[s.isin(...)], x.loc[s.eq(...), "c"])."""
+    if isinstance(node, ast.Tuple):
+        return any(_a_mask(e) for e in node.elts)
+    if isinstance(node, (ast.Compare, ast.BoolOp)):
+        return True
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Invert, ast.Not)):
+        return True
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.BitAnd, ast.BitOr, ast.BitXor)):
+        return True
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in MASK_VERBS
+    )
+
+
+def _annotations(tree: ast.Module) -> list[ast.AST]:
+    """Every type annotation of a module (arguments, returns, annotated assignments)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and node.annotation:
+            out.append(node.annotation)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns:
+            out.append(node.returns)
+        elif isinstance(node, ast.AnnAssign):
+            out.append(node.annotation)
+    return out
+
+
+def frames_derived_when_shown(code: Code | None = None) -> list[str]:
+    """Where render/ or plot/ groups, filters, joins or ranks a frame, or reads rows by
+    derived's rules (ok rows, series, contended, ...): that belongs in the analysis."""
+    code = code or sources()
+    out = []
+    for where, text in code.items():
+        if not where.startswith(SHOWING) or where in STILL_DERIVING:
+            continue
+        readers = {
+            a
+            for n in ROW_READERS
+            for a in aliases(where, text, "attnbench.report.analyse.derived", n)
+        }
+        tree = parse(text)
+        hints = {id(n) for a in _annotations(tree) for n in ast.walk(a)}
+        for node in ast.walk(tree):
+            if id(node) in hints:  # dict[str, str | None] is a type, not a mask
+                continue
+            line = f"{where}:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if node.func.attr in FRAME_VERBS:
+                    out.append(f"{line} .{node.func.attr}()")
+            if isinstance(node, ast.Call) and refers(node.func, readers):
+                out.append(f"{line} {ast.unparse(node.func)}()")
+            if isinstance(node, ast.Subscript) and _a_mask(node.slice):
+                out.append(f"{line} [{ast.unparse(node.slice)[:40]}]")
+    return out
+
+
+def test_render_and_plot_derive_nothing():
+    assert not frames_derived_when_shown(), "\n".join(frames_derived_when_shown())
+
+
 CLI_MAY_IMPORT = (
     "attnbench.run",
     "attnbench.report",
@@ -626,6 +744,7 @@ def _attributes_set(cls: ast.ClassDef) -> set[str]:
 LAYOUT_MAP = PACKAGE.parent / "docs" / "layout.md"
 SUBFOLDERS = ("run", "store", "measure", "report", "masks", "impls")  # each has its heading
 SUBFOLDERS += tuple(f"run/{f}" for f in ("planning", "executing", "measuring"))
+SUBFOLDERS += tuple(f"report/{f}" for f in ("analyse", "decide", "render", "plot", "compare"))
 
 
 def test_the_layout_map_names_every_module():
@@ -780,6 +899,39 @@ PLANTED = {
     "the worker importing the plan": (
         run_arrows_up,
         ("run/executing/worker.py", "", "\nfrom attnbench.run.planning.plan import Plan\n"),
+    ),
+    "a render module filtering rows by a comparison": (
+        frames_derived_when_shown,
+        ("report/render/markdown.py", "", '\n\ndef _planted(df):\n    return df[df["x"] == 1]\n'),
+    ),
+    "a figure grouping the frame": (
+        frames_derived_when_shown,
+        ("report/plot/drawing.py", "", '\n\ndef _planted(df):\n    return df.groupby("x")\n'),
+    ),
+    "a figure filtering through .loc and isin": (
+        frames_derived_when_shown,
+        (
+            "report/plot/drawing.py",
+            "",
+            '\n\ndef _planted(df):\n    return df.loc[df["x"].isin([1]), "y"]\n',
+        ),
+    ),
+    "ok rows read in render under an alias": (
+        frames_derived_when_shown,
+        (
+            "report/render/markdown.py",
+            "",
+            "\nfrom attnbench.report.analyse.derived import ok_rows as good\n\n\n"
+            "def _planted(df):\n    return good(df)\n",
+        ),
+    ),
+    "the analysis importing a render module": (
+        report_arrows_up,
+        ("report/analyse/derived.py", "", "\nfrom attnbench.report.render import markdown\n"),
+    ),
+    "a decision importing the report relatively": (
+        report_arrows_up,
+        ("report/decide/verdicts.py", "", "\nfrom .. import report\n"),
     ),
     "a row changed through dict(row, ...)": (
         rows_filled_elsewhere,

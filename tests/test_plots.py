@@ -9,7 +9,7 @@ import pandas as pd
 from synth import env, ok_row, smoke_rows
 
 from attnbench.case import Case
-from attnbench.report import plots
+from attnbench.report.plot import plots
 
 SEQS = (64, 128, 256, 512)
 
@@ -59,7 +59,7 @@ def test_every_figure_colours_an_impl_alike(tmp_path):
 
 
 def test_compare_figure_uses_the_runs_colours(tmp_path):
-    from attnbench.report.compare import write_compare
+    from attnbench.report.compare.compare import write_compare
 
     rows = smoke_rows("a", seqs=SEQS)
     run_env = env()

@@ -19,7 +19,7 @@ from attnbench.masks import KINDS, MODS, Layout, MaskKind, ScoreMod, canonical_m
 from attnbench.masks.contract import ContractError
 from attnbench.masks.kind import register_kind, try_kind
 from attnbench.measure import agreement
-from attnbench.report.terminal import masks_table
+from attnbench.report.render.terminal import masks_table
 from attnbench.run.measuring.call import Call
 from attnbench.run.measuring.inputs import make_inputs
 from attnbench.run.measuring.row import ground_truth

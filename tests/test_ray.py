@@ -444,7 +444,7 @@ def test_actors_cancelled_by_a_cluster_without_tokens_name_the_cause(monkeypatch
 def test_an_executor_slower_than_its_peers_is_flagged():
     import pandas as pd
 
-    from attnbench.report.checks import slow_peer_lines
+    from attnbench.report.render.checks import slow_peer_lines
 
     speeds = {("a", 0): 1.0, ("a", 1): 0.98, ("b", 2): 0.7, ("c", 3): 0.5}  # c: alone
     ok = pd.DataFrame(

@@ -11,8 +11,8 @@ import pytest
 from synth import ok_row
 
 from attnbench.case import Case
-from attnbench.report import verdicts
-from attnbench.report.recommend import TOLERANCE, recommendations
+from attnbench.report.decide import verdicts
+from attnbench.report.decide.recommend import TOLERANCE, recommendations
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 

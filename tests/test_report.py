@@ -4,8 +4,10 @@ import pytest
 from synth import env, smoke_rows, write_run
 
 from attnbench.cli import main
-from attnbench.report import checks, plots, report
+from attnbench.report import report
 from attnbench.report.analysis import analyse
+from attnbench.report.plot import plots
+from attnbench.report.render import checks
 from attnbench.store.results import read_results
 
 
@@ -361,7 +363,7 @@ def test_flagged_rows_say_which_check_flagged_them(tmp_path):
 
 
 def test_the_header_names_the_preset_impls_a_command_left_out():
-    from attnbench.report.header import preset_left_out
+    from attnbench.report.render.header import preset_left_out
 
     env = {"command": "attnbench race --head-dim 128 --impls triton_flash,sdpa_flash"}
     left = preset_left_out(env)
@@ -374,7 +376,7 @@ def test_a_peak_of_several_score_matrices_is_said_in_score_matrices(tmp_path):
 
     from attnbench.case import Case
     from attnbench.report.analysis import analyse_device
-    from attnbench.report.sections import score_memory_lines
+    from attnbench.report.render.sections import score_memory_lines
 
     rows = []
     for n in (1024, 2048, 4096):
@@ -393,7 +395,7 @@ def test_a_row_whose_precision_is_below_an_fp32_accumulating_kernel_is_listed(tm
 
     from attnbench.case import Case
     from attnbench.report.analysis import analyse_device
-    from attnbench.report.sections import disagreement_section
+    from attnbench.report.render.sections import disagreement_section
 
     rows = []
     for impl, ratio in (("half_acc", 9.5), ("sdpa", 1.1)):

@@ -9,12 +9,12 @@ from synth import env, ok_row, smoke_rows, write_rounds_run, write_run
 
 from attnbench.case import Case
 from attnbench.cli import main
-from attnbench.report import verdicts
-from attnbench.report.compare import RULE_ANCHOR, RULE_OVERLAP, RULE_ROUNDS, compare_runs
-from attnbench.report.judge import NOISE_MIN_CASES
-from attnbench.report.recommend import recommendations
-from attnbench.report.rounds import AnchorRounds, Rounds
-from attnbench.report.terminal import summary_table
+from attnbench.report.analyse.rounds import AnchorRounds, Rounds
+from attnbench.report.compare.compare import RULE_ANCHOR, RULE_OVERLAP, RULE_ROUNDS, compare_runs
+from attnbench.report.compare.judge import NOISE_MIN_CASES
+from attnbench.report.decide import verdicts
+from attnbench.report.decide.recommend import recommendations
+from attnbench.report.render.terminal import summary_table
 from attnbench.store.results import read_results
 
 SEQS = (256, 512, 1024)
@@ -210,7 +210,7 @@ def test_recommendations_mark_a_tie(tmp_path):
     run = write_rounds_run(tmp_path, "m", rows, baseline="hf_sdpa", noise=0.05)
     rec = recommendations(read_results(run), Rounds.read(run)).iloc[0]
     assert rec["ties"] == rec["wins"] and rec["attn_implementation"] in ("eager", "sdpa")
-    from attnbench.report.picks import picks_table
+    from attnbench.report.render.picks import picks_table
 
     text = "\n".join(picks_table(recommendations(read_results(run), Rounds.read(run)), {}))
     assert "(tie)" in text
@@ -259,7 +259,7 @@ def test_the_report_shows_intervals_and_the_speed_over_time(tmp_path, monkeypatc
     "bound, resource", [("compute", "compute"), ("memory", "memory"), (None, "both")]
 )
 def test_the_anchor_resource_follows_the_rows_bound(bound, resource):
-    from attnbench.report.judge import _resource
+    from attnbench.report.compare.judge import _resource
 
     assert _resource({"bound_a": bound, "bound_b": None}) == resource
 

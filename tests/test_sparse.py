@@ -14,7 +14,7 @@ from attnbench.case import Case, CaseError
 from attnbench.cli import main
 from attnbench.masks import Mask
 from attnbench.measure import reference
-from attnbench.report.patterns import sparsity_fits
+from attnbench.report.analyse.patterns import sparsity_fits
 from attnbench.run.measuring.inputs import make_inputs
 from attnbench.spec import Spec
 from attnbench.store.results import read_results

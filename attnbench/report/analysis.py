@@ -8,11 +8,12 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from attnbench.report import derived, patterns, verdicts
-from attnbench.report.header import busy_machine, device_title
-from attnbench.report.layout import run_colors
-from attnbench.report.recommend import TOLERANCE, recommendations
-from attnbench.report.rounds import AnchorRounds, Rounds
+from attnbench.report.analyse import derived, patterns
+from attnbench.report.analyse.rounds import AnchorRounds, Rounds
+from attnbench.report.decide import verdicts
+from attnbench.report.decide.recommend import TOLERANCE, recommendations
+from attnbench.report.plot.layout import run_colors
+from attnbench.report.render.header import busy_machine, device_title
 
 
 @dataclass(frozen=True)

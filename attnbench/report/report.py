@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.report import checks, sections
+from attnbench.report.analyse.rounds import AnchorRounds, Rounds
 from attnbench.report.analysis import DeviceAnalysis, RunAnalysis, analyse
-from attnbench.report.drawing import Job, draw_all
-from attnbench.report.figures import FIGURES, RUN_FIGURES, one_n
-from attnbench.report.header import borrowed_lines, counts_line, header_lines
-from attnbench.report.markdown import wrapped
-from attnbench.report.opening import first_screen
-from attnbench.report.patterns import sections as pattern_sections
-from attnbench.report.recommend import TOLERANCE
-from attnbench.report.rounds import AnchorRounds, Rounds
+from attnbench.report.decide.recommend import TOLERANCE
+from attnbench.report.plot.drawing import Job, draw_all
+from attnbench.report.plot.figures import FIGURES, RUN_FIGURES, one_n
+from attnbench.report.render import checks, sections
+from attnbench.report.render.header import borrowed_lines, counts_line, header_lines
+from attnbench.report.render.markdown import wrapped
+from attnbench.report.render.opening import first_screen
+from attnbench.report.render.patterns import sections as pattern_sections
 from attnbench.store.atomic import atomic_dir
 from attnbench.store.results import load_run
 from attnbench.store.rundir import RunDir

@@ -9,10 +9,10 @@ from attnbench.measure.profiling import CROSS_CHECK_EVERY, MISMATCH_PCT
 from attnbench.measure.published import published
 from attnbench.measure.roofline import over_ceiling_note
 from attnbench.measure.timing import NOISY_SPREAD, PAGE_FAULTS_FLAG
-from attnbench.report import derived
-from attnbench.report.header import case_label
-from attnbench.report.markdown import fold_long, table
-from attnbench.report.reasons import short_reason
+from attnbench.report.analyse import derived
+from attnbench.report.analyse.reasons import short_reason
+from attnbench.report.render.header import case_label
+from attnbench.report.render.markdown import fold_long, table
 
 FAILURE_ORDER = {
     s: i for i, s in enumerate(("crash", "lost", "error", "timeout", "oom", "unsupported"))

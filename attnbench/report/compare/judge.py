@@ -1,4 +1,4 @@
-"""How a case compared between two runs is judged (report/compare.py builds the table):
+"""How a case compared between two runs is judged (report/compare/compare.py builds the table):
 the ratio of its per-round times, normalised by the speed anchor where both runs have it, its
 bootstrap interval, the run-to-run noise of all compared cases, and the verdict."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 
 from attnbench.measure import paired
-from attnbench.report import derived
-from attnbench.report.rounds import RESOURCES
+from attnbench.report.analyse import derived
+from attnbench.report.analyse.rounds import RESOURCES
 
 WITHIN_NOISE = "unchanged (within noise)"
 CONTENDED = "contended (not judged)"  # another process held a CPU while a run timed the row

@@ -13,7 +13,7 @@ from attnbench.case import DEVICES, DTYPES, Case
 from attnbench.masks import ANY, KINDS, MASKS, MODS
 from attnbench.masks.contract import defined_in
 from attnbench.models import models_table
-from attnbench.report import derived
+from attnbench.report.analyse import derived
 from attnbench.store.schema import CASE_KEY
 
 __all__ = ["list_impls", "models_table", "summary_table"]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.report.header import preset_left_out
-from attnbench.report.picks import picks_table, verdict_lines
+from attnbench.report.render.header import preset_left_out
+from attnbench.report.render.picks import picks_table, verdict_lines
 from attnbench.store.env import code_version
 
 # the code that decides a row's numbers: a change here since a run means its rows may differ

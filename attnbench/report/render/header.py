@@ -7,8 +7,8 @@ import pandas as pd
 
 from attnbench.case import Case, CaseError
 from attnbench.measure.backends import PYTORCH_PREFIX
-from attnbench.report import derived
-from attnbench.report.markdown import MISSING, table
+from attnbench.report.analyse import derived
+from attnbench.report.render.markdown import MISSING, table
 from attnbench.spec import PRESETS
 from attnbench.store.env import code_version
 from attnbench.store.schema import STATUSES

@@ -13,7 +13,7 @@ import pandas as pd
 
 from attnbench.measure import paired
 from attnbench.measure.anchor import RESOURCES  # the anchor's workloads: a matmul and a copy
-from attnbench.report.derived import CASE_COLUMNS
+from attnbench.report.analyse.derived import CASE_COLUMNS
 from attnbench.store.rundir import RunDir
 from attnbench.store.schema import CASE_KEY, LATER_KEYS
 

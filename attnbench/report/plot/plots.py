@@ -11,8 +11,10 @@ import seaborn as sns
 from matplotlib.ticker import FuncFormatter
 
 from attnbench.measure.published import published
-from attnbench.report import derived, layout, verdicts
-from attnbench.report.layout import impl_style, plt, run_colors, save_figure  # noqa: F401
+from attnbench.report.analyse import derived
+from attnbench.report.decide import verdicts
+from attnbench.report.plot import layout
+from attnbench.report.plot.layout import impl_style, plt, run_colors, save_figure  # noqa: F401
 from attnbench.store.schema import STATUSES
 
 

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
-from attnbench.report import plots
+from attnbench.report.plot import plots
 
 
 class Job(NamedTuple):

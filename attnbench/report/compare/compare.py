@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from attnbench.report import derived, plots
-from attnbench.report.header import busy_machine, case_label, device_title
-from attnbench.report.judge import (
+from attnbench.report.analyse import derived
+from attnbench.report.analyse.rounds import RESOURCES, AnchorRounds, Rounds
+from attnbench.report.compare.judge import (
     CONTENDED,
     MIN_EFFECT_PCT,
     NOISE_MIN_CASES,
@@ -48,8 +48,9 @@ from attnbench.report.judge import (
     judge_rounds,
     judge_rows,
 )
-from attnbench.report.markdown import MISSING, table
-from attnbench.report.rounds import RESOURCES, AnchorRounds, Rounds
+from attnbench.report.plot import plots
+from attnbench.report.render.header import busy_machine, case_label, device_title
+from attnbench.report.render.markdown import MISSING, table
 from attnbench.store.atomic import atomic_dir
 from attnbench.store.env import COMPARE_FIELDS, code_version
 from attnbench.store.schema import CASE_KEY

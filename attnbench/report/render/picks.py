@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from attnbench.measure.published import published
-from attnbench.report.markdown import table
+from attnbench.report.render.markdown import table
 
 # backend column -> the kernel's name as its users say it
 KERNEL_NAMES = {"cudnn": "cuDNN", "flash": "flash", "efficient": "mem-efficient", "math": "math"}

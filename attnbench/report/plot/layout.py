@@ -30,7 +30,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullForma
 
 from attnbench.dims import DIMS, SPEC_COLUMNS  # noqa: E402
 from attnbench.measure.timing import NOISY_SPREAD  # noqa: E402
-from attnbench.report import derived  # noqa: E402
+from attnbench.report.analyse import derived  # noqa: E402
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "*", "p")
 FACET_COLUMNS = ("mode", "causal")

@@ -19,11 +19,11 @@ import pandas as pd
 
 from attnbench.dims import DIM
 from attnbench.models import ATTN_IMPLEMENTATIONS
-from attnbench.report.contestants import kernel_of
-from attnbench.report.derived import CASE_COLUMNS, agreeing, kv_cache_mib
-from attnbench.report.reasons import short_reason
-from attnbench.report.rounds import Rounds
-from attnbench.report.verdicts import fastest_agreeing, seq_spans
+from attnbench.report.analyse.derived import CASE_COLUMNS, agreeing, kv_cache_mib
+from attnbench.report.analyse.reasons import short_reason
+from attnbench.report.analyse.rounds import Rounds
+from attnbench.report.decide.contestants import kernel_of
+from attnbench.report.decide.verdicts import fastest_agreeing, seq_spans
 
 TOLERANCE = 1.10  # a pick may be at most this much slower than the best in any case of its group
 DECODE = "decode"

@@ -9,7 +9,8 @@ from typing import NamedTuple
 
 import pandas as pd
 
-from attnbench.report import derived, plots
+from attnbench.report.analyse import derived
+from attnbench.report.plot import plots
 
 
 class Figure(NamedTuple):

@@ -10,8 +10,7 @@ from collections import Counter
 
 import pandas as pd
 
-from attnbench.report.contestants import contestants, kernel_of
-from attnbench.report.derived import (
+from attnbench.report.analyse.derived import (
     CASE_COLUMNS,
     agreeing,
     case_family,
@@ -21,7 +20,8 @@ from attnbench.report.derived import (
     noisy,
     ok_rows,
 )
-from attnbench.report.rounds import Rounds
+from attnbench.report.analyse.rounds import Rounds
+from attnbench.report.decide.contestants import contestants, kernel_of
 
 
 def speedups(

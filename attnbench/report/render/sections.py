@@ -7,11 +7,11 @@ from __future__ import annotations
 import pandas as pd
 
 from attnbench.measure import precision
-from attnbench.report import derived
-from attnbench.report.derived import DTYPE_BYTES
-from attnbench.report.header import borrowed_kernels, case_label
-from attnbench.report.markdown import MISSING, fold_long, folded, table
-from attnbench.report.verdicts import AXIS_NAME
+from attnbench.report.analyse import derived
+from attnbench.report.analyse.derived import DTYPE_BYTES
+from attnbench.report.decide.verdicts import AXIS_NAME
+from attnbench.report.render.header import borrowed_kernels, case_label
+from attnbench.report.render.markdown import MISSING, fold_long, folded, table
 
 
 def winners_section(a) -> list[str]:
