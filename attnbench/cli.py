@@ -574,7 +574,7 @@ def compare(argv: list[str]) -> int:
     runs = _load_runs(args.run_a, args.run_b)
     out = args.out or Path("reports") / "compare" / f"{runs[0][0]}_vs_{runs[1][0]}"
     _check_folders(("--out", out))
-    from attnbench.report.compare.compare.compare import (
+    from attnbench.report.compare.compare import (
         cannot_judge,
         gate_fails,
         summary_lines,
