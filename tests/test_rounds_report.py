@@ -4,14 +4,21 @@ where they are stated."""
 
 import shutil
 
+import pandas as pd
 import pytest
 from synth import env, ok_row, smoke_rows, write_rounds_run, write_run
 
 from attnbench.case import Case
 from attnbench.cli import main
-from attnbench.report.analyse.rounds import AnchorRounds, Rounds
-from attnbench.report.compare.compare import RULE_ANCHOR, RULE_OVERLAP, RULE_ROUNDS, compare_runs
-from attnbench.report.compare.judge import NOISE_MIN_CASES
+from attnbench.report.analyse.rounds import AnchorRounds, Rounds, anchor_path
+from attnbench.report.compare.compare import compare_runs
+from attnbench.report.compare.judge import (
+    NOISE_MIN_CASES,
+    RULE_ANCHOR,
+    RULE_OVERLAP,
+    RULE_ROUNDS,
+    RULE_WILD_ANCHOR,
+)
 from attnbench.report.decide import verdicts
 from attnbench.report.decide.recommend import recommendations
 from attnbench.report.render.terminal import summary_table
@@ -95,6 +102,23 @@ def test_identical_code_on_a_machine_that_drifts_30_percent_gives_no_verdict(tmp
     unanchored = compared(a, bare)
     assert unanchored["rule"].dropna().eq(RULE_ROUNDS).all()
     assert unanchored["noise_pct"].max() > 2 * cmp["noise_pct"].max()
+
+
+def test_an_anchor_that_changed_forty_fold_divides_no_ratio_and_is_said(tmp_path, capsys):
+    """Identical code; B's speed anchor took 40x as long (its small workload waited for a
+    scheduler's time slice on a shared CPU): that is no machine drift. Divided by it, every
+    case would be called 40x faster in B; not divided, every case is unchanged."""
+    a = write_rounds_run(tmp_path, "a", smoke_rows("a", seqs=SEQS), seed=1)
+    b = write_rounds_run(tmp_path, "b", smoke_rows("a", seqs=SEQS), seed=2)
+    anchor = pd.read_csv(anchor_path(b))
+    anchor.assign(time_ms=anchor["time_ms"] * 40).to_csv(anchor_path(b), index=False)
+    cmp = compared(a, b)
+    judged = cmp[cmp["ratio"].notna()]
+    assert len(judged) and judged["rule"].eq(RULE_WILD_ANCHOR).all()
+    assert judged["verdict"].eq("unchanged (within noise)").all(), judged["ratio"].describe()
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "changed more than 3x between the runs in" in out and "machine speed in B" not in out
 
 
 def test_whole_cases_moving_between_identical_runs_raise_the_smallest_change_called(
@@ -315,7 +339,7 @@ def test_noise_not_measured_says_how_many_cases_contention_left_out(tmp_path, ca
             for r in rows]  # fmt: skip
     b = write_rounds_run(tmp_path, "b", held, seed=2)
     cmp = compared(a, b)
-    timed = int(cmp["rule"].isin([RULE_ANCHOR, RULE_ROUNDS]).sum())
+    timed = int(cmp["rule"].isin([RULE_ANCHOR, RULE_ROUNDS, RULE_WILD_ANCHOR]).sum())
     out = int(cmp["verdict"].eq("contended (not judged)").sum())
     assert timed - out < NOISE_MIN_CASES <= timed  # enough cases, too few uncontended
     assert main(["compare", str(a), str(b), "--out", str(tmp_path / "o")]) == 0

@@ -38,12 +38,14 @@ from attnbench.report.analyse import derived
 from attnbench.report.analyse.rounds import RESOURCES, AnchorRounds, Rounds
 from attnbench.report.compare.judge import (
     CONTENDED,
+    MAX_MACHINE_CHANGE,
     MIN_EFFECT_PCT,
     NOISE_MIN_CASES,
     NOISE_Z,
-    RULE_ANCHOR,
+    ROUND_RULES,
     RULE_OVERLAP,
     RULE_ROUNDS,
+    RULE_WILD_ANCHOR,
     WITHIN_NOISE,
     judge_rounds,
     judge_rows,
@@ -268,6 +270,17 @@ def machine_lines(cmp: pd.DataFrame) -> list[str]:
     judged = cmp[cmp["rule"].notna()]
     lines = []
     speed = {res: 1 / judged[f"machine_{res}"].dropna().astype(float) for res in RESOURCES}
+    wild = int(judged["rule"].eq(RULE_WILD_ANCHOR).sum())
+    if wild:
+        lines.append(
+            f"the speed anchor's time changed more than {MAX_MACHINE_CHANGE:g}x between the "
+            f"runs in {wild} of {len(judged)} compared case(s): that is not the machine's "
+            "drift but contention or another device, so those ratios are not divided by it "
+            "and the runs are as comparable as their raw times (re-run both on a quiet machine)"
+        )
+        speed = {
+            res: v[judged.loc[v.index, "rule"].ne(RULE_WILD_ANCHOR)] for res, v in speed.items()
+        }
     if any(len(v) for v in speed.values()):
         parts = [f"{res} {v.median():.3f}x" for res, v in speed.items() if len(v)]
         lines.append(
@@ -298,7 +311,7 @@ def _noise_lines(cmp: pd.DataFrame) -> list[str]:
         return []
     floor = float(cmp["min_change_pct"].dropna().iloc[0])
     noise = cmp["noise_pct"].dropna()
-    rounds = int(cmp["rule"].isin([RULE_ANCHOR, RULE_ROUNDS]).sum())
+    rounds = int(cmp["rule"].isin(ROUND_RULES).sum())
     if len(noise):
         lines = [
             f"run-to-run noise: the ratios of the {rounds} cases timed in rounds spread by "
@@ -307,7 +320,7 @@ def _noise_lines(cmp: pd.DataFrame) -> list[str]:
             f"smaller effects time both versions in one run (A/B, docs/reports.md)"
         ]
     else:
-        timed = cmp["rule"].isin([RULE_ANCHOR, RULE_ROUNDS])
+        timed = cmp["rule"].isin(ROUND_RULES)
         out = int((timed & cmp["verdict"].eq(CONTENDED)).sum())  # left out of the spread
         left = f", {out} of them contended in a run and left out, {rounds - out} left"
         left = left if out else ""

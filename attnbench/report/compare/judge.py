@@ -24,6 +24,13 @@ NOISE_MIN_CASES = 10
 RULE_ANCHOR = "rounds, anchor-normalised"
 RULE_ROUNDS = "rounds (no anchor)"
 RULE_OVERLAP = "p20–p80 overlap (no rounds)"
+RULE_WILD_ANCHOR = "rounds (anchor not used: it changed past MAX_MACHINE_CHANGE)"
+# The anchor is the same small workload on the same kind of device in both runs: clocks and a
+# busy machine move it by percents to tens of percents. Past this factor either way it timed
+# something else (a scheduler's time slice on a shared CPU, another device), not the machine's
+# drift, and dividing the impls' times by it would put that into every ratio.
+MAX_MACHINE_CHANGE = 3.0
+ROUND_RULES = (RULE_ANCHOR, RULE_ROUNDS, RULE_WILD_ANCHOR)  # the cases timed in rounds
 MACHINE = ("machine", "machine_compute", "machine_memory")  # the anchor's B/A, per resource
 
 
@@ -90,16 +97,23 @@ def judge_rounds(cmp: pd.DataFrame, rounds: tuple, anchors: tuple) -> dict[int, 
         speeds = {res: _change(r, anchors, res) for res in (*RESOURCES, "both")}
         resource = _resource(r)
         machine = speeds[resource][0]
-        if machine is not None:
+        rule = RULE_ROUNDS if machine is None else RULE_ANCHOR
+        if machine is not None and not plausible_change(machine):
+            rule = RULE_WILD_ANCHOR
+        if rule == RULE_ANCHOR:
             pair = speeds[resource][1]
             times = [{k: t[k] / s[k] for k in t if k in s} or t for t, s in zip(times, pair)]
         va, vb = (np.array(list(t.values())) for t in times)
         value = float(np.median(vb) / np.median(va))
         lo, hi = _ratio_interval(va, vb)
-        rule = RULE_ANCHOR if machine is not None else RULE_ROUNDS
         by_resource = tuple(speeds[res][0] for res in RESOURCES)
         out[i] = (value, lo, hi, machine, *by_resource, rule)
     return out
+
+
+def plausible_change(machine: float) -> bool:
+    """Whether the anchor's B/A time could be the machine's drift (MAX_MACHINE_CHANGE)."""
+    return 1 / MAX_MACHINE_CHANGE <= machine <= MAX_MACHINE_CHANGE
 
 
 def _change(row, anchors, resource: str) -> tuple[float | None, tuple]:
