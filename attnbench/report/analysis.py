@@ -148,7 +148,7 @@ def analyse(
         coverage=coverage(df, env, run_id),
         checks=measurement_checks(df, env),
         failures=failures(df),
-        across_devices=across_devices(df, names) if len(names) > 1 else pd.DataFrame(),
+        across_devices=across_devices(df, names),
         top_kernels=None if kernels is None or kernels.empty else derived.kernel_table(kernels),
     )
 

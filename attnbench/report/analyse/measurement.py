@@ -35,12 +35,12 @@ class MeasurementChecks:
     top_tflops: dict  # dtype -> the fastest ok row's TFLOP/s
     top_gbps: float  # the fastest ok row's GB/s (NA: none)
     most_faults: float | None  # most page faults per timed call; None: no row counted them
-    cpu_share: bool  # whether any row measured its CPU share
+    cpu_share_measured: bool  # whether any row measured its CPU share
     lowest_contended_share: float | None  # the lowest cpu_share of the contended rows
     cross_checked: int  # ok rows the profiler cross-checked (profiler_ms)
     cuda_rows: int  # ok CUDA rows
     largest_gap: float | None  # the largest |time / profiler - 1| of those
-    checked_cases: pd.DataFrame  # impl, cases (a tuple of case labels) it cross-checked
+    checked_cases: pd.DataFrame  # impl, cases it cross-checked; empty where it checked all
     slow_peers: pd.DataFrame  # slow_peers: executors slower than their peers
     clock_mhz: tuple | None  # (lowest, highest) row-median SM clock; None: not read
     clock_reasons: tuple  # (NVML clock-event reason, rows that met it), by name
@@ -150,7 +150,7 @@ def _cross_check(ok: pd.DataFrame) -> dict:
         "cross_checked": len(checked),
         "cuda_rows": cuda,
         "largest_gap": None if checked.empty else float(gap),
-        "checked_cases": cross_checked_cases(checked if partly else checked.iloc[:0]),
+        "checked_cases": cross_checked_cases(checked) if partly else pd.DataFrame(),
     }
 
 
@@ -173,7 +173,7 @@ def measurement_checks(df: pd.DataFrame, env: dict) -> MeasurementChecks:
         top_tflops=ok.groupby("dtype")["tflops"].max().dropna().to_dict(),
         top_gbps=ok["gbps"].max(),
         most_faults=faults,
-        cpu_share=bool(ok["cpu_share"].notna().any()),
+        cpu_share_measured=bool(ok["cpu_share"].notna().any()),
         lowest_contended_share=(
             float(contended["cpu_share"].min()) if contended["cpu_share"].notna().any() else None
         ),

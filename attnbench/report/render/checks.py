@@ -8,7 +8,7 @@ import pandas as pd
 from attnbench.measure.profiling import CROSS_CHECK_EVERY, MISMATCH_PCT
 from attnbench.measure.roofline import over_ceiling_note
 from attnbench.measure.timing import NOISY_SPREAD, PAGE_FAULTS_FLAG
-from attnbench.report.analyse.measurement import CLOCK_DROP, POWER_CAP
+from attnbench.report.analyse.measurement import CLOCK_DROP, POWER_CAP, MeasurementChecks
 from attnbench.report.render.markdown import fold_long, table
 
 
@@ -82,7 +82,7 @@ def checks_section(run) -> list[str]:
             f"{PAGE_FAULTS_FLAG:g} or more would be flagged).",
             "",
         ]
-    if c.cpu_share:
+    if c.cpu_share_measured:
         lowest = (  # of the rows this line counts, not of a row the flag let pass
             f"; their lowest cpu_share {c.lowest_contended_share:.2f}"
             if c.lowest_contended_share is not None
@@ -100,7 +100,7 @@ def checks_section(run) -> list[str]:
     return lines + _flagged_table(c)
 
 
-def _ceiling_lines(c, ceilings: dict) -> list[str]:
+def _ceiling_lines(c: MeasurementChecks, ceilings: dict) -> list[str]:
     """Rows above a measured ceiling, by which roof (measure/roofline.over_ceiling_note), and
     the run's ceilings and its fastest rows against the device's published peaks, which do
     not move from run to run as measured ceilings do."""
@@ -136,7 +136,7 @@ def _ceiling_lines(c, ceilings: dict) -> list[str]:
     ]
 
 
-def _clock_lines(c) -> list[str]:
+def _clock_lines(c: MeasurementChecks) -> list[str]:
     """The SM clock range, how many rows met each clock-event reason, and the rows listed."""
     if c.clock_mhz is None:
         return []
@@ -170,7 +170,7 @@ def slow_peer_lines(peers: pd.DataFrame) -> list[str]:
     return [*lines, ""] if lines else []
 
 
-def _flagged_table(c) -> list[str]:
+def _flagged_table(c: MeasurementChecks) -> list[str]:
     """Every ok row some check flagged, once, with the checks that flagged it."""
     if c.flagged.empty:
         return ["No row was flagged.", ""]
@@ -207,7 +207,7 @@ def _flagged_rows(flagged: pd.DataFrame) -> str:
     )
 
 
-def _cross_check_lines(c) -> list[str]:
+def _cross_check_lines(c: MeasurementChecks) -> list[str]:
     """Which ok rows the profiler cross-checked (``profiler_ms``), and the largest gap."""
     if not c.cross_checked:
         return [
