@@ -145,12 +145,21 @@ def analyse(
         kernels=kernels,
         anchor=anchor,
         tolerance=tolerance,
-        coverage=coverage(df, env, run_id),
-        checks=measurement_checks(df, env),
-        failures=failures(df),
-        across_devices=across_devices(df, names),
-        top_kernels=None if kernels is None or kernels.empty else derived.kernel_table(kernels),
+        **_stated(df, env, run_id, names, kernels),
     )
+
+
+def _stated(df: pd.DataFrame, env: dict, run_id: str, names: list, kernels) -> dict:
+    """RunAnalysis's fields that the first screen, header, summary and closing sections
+    state, over every row of the run (its ok rows read once)."""
+    ok = derived.ok_rows(df)
+    return {
+        "coverage": coverage(df, ok, env, run_id),
+        "checks": measurement_checks(ok, env),
+        "failures": failures(df),
+        "across_devices": across_devices(ok, names),
+        "top_kernels": None if kernels is None or kernels.empty else derived.kernel_table(kernels),
+    }
 
 
 def _ceilings(env: dict, name: str):

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 import pandas as pd
 
 from attnbench.measure.backends import PYTORCH_PREFIX
-from attnbench.report.analyse import derived
 from attnbench.report.analyse.machine import device_title
 from attnbench.store.schema import STATUSES
 
@@ -57,11 +56,11 @@ def borrowed_impls(ok: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["impl", "rows", "of", "backends"])
 
 
-def coverage(df: pd.DataFrame, env: dict, run_id: str) -> Coverage:
-    """What ``df`` (every row of run ``run_id``, with its env.json) covers."""
+def coverage(df: pd.DataFrame, ok: pd.DataFrame, env: dict, run_id: str) -> Coverage:
+    """What ``df`` (every row of run ``run_id``; ``ok``: its ok rows; ``env``: its env.json)
+    covers."""
     counts = df["status"].fillna("missing").value_counts()
     order = {s: i for i, s in enumerate((*STATUSES, "missing"))}
-    ok = derived.ok_rows(df)
     not_run = env.get("not_run") or {}
     not_run = not_run if isinstance(not_run, dict) else {}
     missing = sorted(i for i, why in not_run.items() if "not installed" in str(why))

@@ -7,11 +7,10 @@ import pandas as pd
 from attnbench.report.analyse import derived
 
 
-def across_devices(df: pd.DataFrame, names: list[str]) -> pd.DataFrame:
-    """Median time_ms of each (case, impl) of ``df``'s ok rows on each device name of
+def across_devices(ok: pd.DataFrame, names: list[str]) -> pd.DataFrame:
+    """Median time_ms of each (case, impl) of a run's ok rows on each device name of
     ``names`` (a column each, in that order; NA: not run there, or not ok); empty for fewer
     than two names or without ok rows."""
-    ok = derived.ok_rows(df)
     if len(names) < 2 or ok.empty:
         return pd.DataFrame()
     ok = ok.assign(case=ok.apply(derived.case_label, axis=1))

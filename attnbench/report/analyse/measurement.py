@@ -154,9 +154,8 @@ def _cross_check(ok: pd.DataFrame) -> dict:
     }
 
 
-def measurement_checks(df: pd.DataFrame, env: dict) -> MeasurementChecks:
-    """The checks over the ok rows of ``df`` (every row of a run, with its env.json)."""
-    ok = derived.ok_rows(df)
+def measurement_checks(ok: pd.DataFrame, env: dict) -> MeasurementChecks:
+    """The checks over a run's ok rows (``ok``, with the run's env.json)."""
     for name in ("cpu_share", "contended"):  # runs made before these columns existed
         if name not in ok:
             ok = ok.assign(**{name: pd.NA})

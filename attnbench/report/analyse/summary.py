@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from attnbench.case import Case
 from attnbench.report.analyse import derived
 from attnbench.store.schema import CASE_KEY
 
@@ -42,7 +41,7 @@ def summary(df: pd.DataFrame, impls: list[str] | None = None) -> Summary:
     busy, shaky = derived.contended(rows), derived.noisy(rows)
     cells = pd.DataFrame(
         {
-            "case": [Case.from_row(r).label() for _, r in rows.iterrows()],
+            "case": [derived.case_label(r) for _, r in rows.iterrows()],
             "impl": rows["impl"].to_numpy(),
             "cell": [cell(r, bool(busy[i]), bool(shaky[i])) for i, r in rows.iterrows()],
         }
