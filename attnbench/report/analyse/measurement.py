@@ -52,7 +52,7 @@ def _reasons(ok: pd.DataFrame) -> pd.Series:
     return text.map(lambda t: set() if t == "none" else set(t.split(",")))
 
 
-def slowed_clocks(ok: pd.DataFrame) -> pd.Series:
+def _slowed_clocks(ok: pd.DataFrame) -> pd.Series:
     """GPU rows whose clocks were held back while they were timed: any reason but the power
     cap (thermal, a hardware slowdown or power brake), or a median SM clock more than
     1 - CLOCK_DROP under the run's highest."""
@@ -62,10 +62,10 @@ def slowed_clocks(ok: pd.DataFrame) -> pd.Series:
     return (other | (low & reasons.map(bool))).astype(bool)
 
 
-def flags(ok: pd.DataFrame) -> dict[str, pd.Series]:
+def _flags(ok: pd.DataFrame) -> dict[str, pd.Series]:
     """Each check's name and the ok rows it flags (a bool mask), in the table's order."""
     return {
-        "clocks held back": slowed_clocks(ok),
+        "clocks held back": _slowed_clocks(ok),
         "timer vs profiler": (
             ok["reason"].fillna("").str.contains("profiler kernel time").astype(bool)
         ),
@@ -76,7 +76,7 @@ def flags(ok: pd.DataFrame) -> dict[str, pd.Series]:
     }
 
 
-def flagged_rows(ok: pd.DataFrame, masks: dict[str, pd.Series]) -> pd.DataFrame:
+def _flagged_rows(ok: pd.DataFrame, masks: dict[str, pd.Series]) -> pd.DataFrame:
     """Every ok row some check flagged, once: its case, the checks that flagged it
     (``flagged``) and its time over the profiler's kernel time, in % (``gap_pct``)."""
     said = {i: [name for name, m in masks.items() if m[i]] for i in ok.index}
@@ -88,7 +88,7 @@ def flagged_rows(ok: pd.DataFrame, masks: dict[str, pd.Series]) -> pd.DataFrame:
     )
 
 
-def over_ceiling(over: pd.DataFrame, ceilings: dict) -> tuple:
+def _over_ceiling(over: pd.DataFrame, ceilings: dict) -> tuple:
     """Rows over 100% of a measured ceiling, by the roof they are nearer (the larger share of
     the copy or the matmul rate): (roof, rows, highest pct_peak) per roof that has rows."""
     copy = ceilings.get("copy_gb_s")
@@ -122,7 +122,7 @@ def slow_peers(ok: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
-def cross_checked_cases(checked: pd.DataFrame) -> pd.DataFrame:
+def _cross_checked_cases(checked: pd.DataFrame) -> pd.DataFrame:
     """Per impl (by name), the cases the profiler cross-checked (``cases``, a tuple)."""
     cases = checked.assign(case=[derived.case_label(r) for _, r in checked.iterrows()])
     per_impl = cases.groupby("impl", sort=True)["case"].agg(tuple)
@@ -150,7 +150,7 @@ def _cross_check(ok: pd.DataFrame) -> dict:
         "cross_checked": len(checked),
         "cuda_rows": cuda,
         "largest_gap": None if checked.empty else float(gap),
-        "checked_cases": cross_checked_cases(checked) if partly else pd.DataFrame(),
+        "checked_cases": _cross_checked_cases(checked) if partly else pd.DataFrame(),
     }
 
 
@@ -159,15 +159,15 @@ def measurement_checks(ok: pd.DataFrame, env: dict) -> MeasurementChecks:
     for name in ("cpu_share", "contended"):  # runs made before these columns existed
         if name not in ok:
             ok = ok.assign(**{name: pd.NA})
-    masks = flags(ok)
+    masks = _flags(ok)
     contended = ok[masks["contended"]]
     faults = ok["page_faults"].max() if ok["page_faults"].notna().any() else None
     clock_mhz, clock_reasons = _clock(ok)
     return MeasurementChecks(
         ok=len(ok),
         flag_counts={name: int(m.sum()) for name, m in masks.items()},
-        flagged=flagged_rows(ok, masks),
-        over_ceiling=over_ceiling(ok[masks["over the ceiling"]], env.get("ceilings") or {}),
+        flagged=_flagged_rows(ok, masks),
+        over_ceiling=_over_ceiling(ok[masks["over the ceiling"]], env.get("ceilings") or {}),
         peak=published(env.get("gpu_name")),
         top_tflops=ok.groupby("dtype")["tflops"].max().dropna().to_dict(),
         top_gbps=ok["gbps"].max(),
