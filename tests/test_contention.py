@@ -92,6 +92,20 @@ def test_a_contended_row_records_its_share_and_says_so(monkeypatch):
     assert "contended: over the timed loop the process got 30%" in row["reason"]
 
 
+def test_a_noisy_row_blames_another_process_only_where_the_loop_measured_one():
+    """A short GPU call's spread alone is no evidence of another process (no CPU contention
+    is measured there); a contended CPU loop is."""
+    spread = (0.028, 0.030, 0.030, 0.031, 0.045)  # ms: a 30 µs call, p20-p80 over 10%
+    gpu = timing.Timing(spread).notes()
+    assert len(gpu) == 1 and gpu[0].startswith("noisy: the p20-p80 spread")
+    assert "another process" not in gpu[0]
+    quiet = timing.Timing(spread, contention=Contention(0.95, 0.01, 2)).notes()
+    assert not any("another process" in n for n in quiet)
+    busy = timing.Timing(spread, contention=Contention(0.3, 0.6, 2)).notes()
+    assert [n.split(":")[0] for n in busy] == ["noisy", "contended"]
+    assert "another process was using the CPU" in busy[1]
+
+
 def test_the_report_counts_and_lists_contended_rows(tmp_path):
     case = Case(batch=1, heads=2, kv_heads=2, seq_q=64, seq_kv=64, head_dim=16)
     rows = [

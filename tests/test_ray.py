@@ -444,6 +444,7 @@ def test_actors_cancelled_by_a_cluster_without_tokens_name_the_cause(monkeypatch
 def test_an_executor_slower_than_its_peers_is_flagged():
     import pandas as pd
 
+    from attnbench.report.analyse.measurement import slow_peers
     from attnbench.report.render.checks import slow_peer_lines
 
     speeds = {("a", 0): 1.0, ("a", 1): 0.98, ("b", 2): 0.7, ("c", 3): 0.5}  # c: alone
@@ -459,7 +460,7 @@ def test_an_executor_slower_than_its_peers_is_flagged():
             for _ in range(3)
         ]
     )
-    lines = slow_peer_lines(ok)
+    lines = slow_peer_lines(slow_peers(ok))
     assert len(lines) == 2 and lines[0].startswith("H at b 2 is slower than its peers")
 
 

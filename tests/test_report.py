@@ -407,3 +407,26 @@ def test_a_row_whose_precision_is_below_an_fp32_accumulating_kernel_is_listed(tm
     assert "1 ok row(s) have a precision below an fp32-accumulating kernel's" in text
     assert "| half_acc | B1 H4 S2048 D64 bfloat16 full fwd | 9.50 |" in text
     assert "| sdpa |" not in text
+
+
+def test_the_same_cases_across_devices_are_side_by_side_on_a_busy_machine_too(tmp_path):
+    """A run over two kinds of device (a Ray run): each case's median time on each, by the
+    rows' device names, also where the machine was busy (the device parts are then titled
+    'BUSY', the table's columns are still the rows' device names)."""
+    from synth import ok_row
+
+    from attnbench.case import Case
+
+    case = Case(1, 2, 2, 64, 64, 16)
+    rows = [
+        {**ok_row("x", "sdpa", case, t, 1.0), "device_name": name}
+        for name, times in (("CPU A", (1.0, 3.0, 2.0)), ("CPU B", (5.0,)))
+        for t in times
+    ]
+    busy = {**env(load_avg_1m=9.0), "cpu_count": 2}
+    df = read_results(write_run(tmp_path, "x", rows, env_data=busy))
+    run = analyse(df, busy, "x")
+    assert all("BUSY" in part.name for part in run.devices)
+    text = "\n".join(checks.across_devices_section(run))
+    assert "| case | impl | CPU A | CPU B |" in text
+    assert "| B1 H2 S64 D16 float32 full fwd | sdpa | 2 | 5 |" in text

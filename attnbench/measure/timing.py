@@ -104,13 +104,16 @@ class Timing:
 
     def notes(self) -> list[str]:
         """What flags the pass in the row's reason (docs/method.md): samples spread over
-        NOISY_SPREAD, PAGE_FAULTS_FLAG page faults per call or more, a CPU the loop waited for."""
+        NOISY_SPREAD, PAGE_FAULTS_FLAG page faults per call or more, a CPU the loop waited for.
+        A cause is named only where the loop measured it: a spread alone does not say that
+        another process was running (a GPU call of a few µs spreads on its own), the CPU
+        contention measured over the loop does."""
         out = []
         if self.spread > NOISY_SPREAD:
             out.append(
                 f"noisy: the p20-p80 spread of the samples is {100 * self.spread:.0f}% of "
                 f"the median (over {100 * NOISY_SPREAD:.0f}%), so time_ms may move between "
-                f"identical runs; another process may be using the device"
+                f"identical runs"
             )
         if self.page_faults is not None and self.page_faults >= PAGE_FAULTS_FLAG:
             out.append(

@@ -9,11 +9,15 @@ from dataclasses import dataclass
 import pandas as pd
 
 from attnbench.report.analyse import derived, patterns
+from attnbench.report.analyse.coverage import Coverage, coverage
+from attnbench.report.analyse.devices import across_devices
+from attnbench.report.analyse.failures import Failures, failures
+from attnbench.report.analyse.machine import busy_machine, device_title
+from attnbench.report.analyse.measurement import MeasurementChecks, measurement_checks
 from attnbench.report.analyse.rounds import AnchorRounds, Rounds
 from attnbench.report.decide import verdicts
 from attnbench.report.decide.recommend import TOLERANCE, recommendations
 from attnbench.report.plot.layout import run_colors
-from attnbench.report.render.header import busy_machine, device_title
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,13 @@ class RunAnalysis:
     kernels: pd.DataFrame | None  # kernels.csv (--profile), or None
     anchor: AnchorRounds | None = None  # the speed anchor (anchor.csv), or None
     tolerance: float = TOLERANCE  # the most a pick may lose in a case of its workload
+    # what the first screen, header, summary and closing sections state (analyse/coverage,
+    # measurement, failures, devices); analyse() fills every one
+    coverage: Coverage | None = None  # rows per status, impls and phases not run, rounds
+    checks: MeasurementChecks | None = None  # the ok rows whose measurement is in doubt
+    failures: Failures | None = None  # the non-ok rows by cause
+    across_devices: pd.DataFrame | None = None  # median time per case, impl and device
+    top_kernels: pd.DataFrame | None = None  # derived.kernel_table of kernels.csv (--profile)
 
 
 def analyse_device(
@@ -134,7 +145,21 @@ def analyse(
         kernels=kernels,
         anchor=anchor,
         tolerance=tolerance,
+        **_stated(df, env, run_id, names, kernels),
     )
+
+
+def _stated(df: pd.DataFrame, env: dict, run_id: str, names: list, kernels) -> dict:
+    """RunAnalysis's fields that the first screen, header, summary and closing sections
+    state, over every row of the run (its ok rows read once)."""
+    ok = derived.ok_rows(df)
+    return {
+        "coverage": coverage(df, ok, env, run_id),
+        "checks": measurement_checks(ok, env),
+        "failures": failures(df),
+        "across_devices": across_devices(ok, names),
+        "top_kernels": None if kernels is None or kernels.empty else derived.kernel_table(kernels),
+    }
 
 
 def _ceilings(env: dict, name: str):

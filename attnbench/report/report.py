@@ -47,7 +47,7 @@ def render(run: RunAnalysis, out_dir: Path, svg: bool = False) -> str:
 
 def _closing(run: RunAnalysis) -> list[str]:
     lines = checks.checks_section(run)
-    lines += checks.kernels_section(run.kernels)
+    lines += checks.kernels_section(run.top_kernels)
     return lines + checks.failures_section(run)
 
 

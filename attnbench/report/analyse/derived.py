@@ -200,6 +200,15 @@ def case_labels(df: pd.DataFrame) -> pd.Series:
     return pd.Series(labels, index=df.index, dtype="string")
 
 
+def case_label(row) -> str:
+    """One row's whole case ('llama3-8b decode B1 H32/8 S1x4096 D128 bfloat16 causal fwd'), or
+    its case columns as they are where they do not make a case."""
+    try:
+        return Case.from_row(row).label()
+    except (CaseError, TypeError, ValueError, KeyError):
+        return " ".join(f"{k}={row[k]}" for k in CASE_COLUMNS)
+
+
 def case_family(df: pd.DataFrame) -> pd.Series:
     """A readable family label per row: each dimension's family part (dims.py: mode, dtype,
     causal/full, head dim, the mask, gqa and cross when they apply, the device where the

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.report.analyse import derived
+from attnbench.report.analyse.machine import busy_machine, device_title
 from attnbench.report.analyse.rounds import RESOURCES, AnchorRounds, Rounds
 from attnbench.report.compare.judge import (
     CONTENDED,
@@ -51,7 +52,6 @@ from attnbench.report.compare.judge import (
     judge_rows,
 )
 from attnbench.report.plot import plots
-from attnbench.report.render.header import busy_machine, case_label, device_title
 from attnbench.report.render.markdown import MISSING, table
 from attnbench.store.atomic import atomic_dir
 from attnbench.store.env import COMPARE_FIELDS, code_version
@@ -189,7 +189,7 @@ def env_differences(env_a: dict, env_b: dict) -> list[tuple[str, str, str]]:
 
 
 def describe_case(row) -> str:
-    return f"{row['impl']}: {case_label(row)}"
+    return f"{row['impl']}: {derived.case_label(row)}"
 
 
 def render(
@@ -426,7 +426,7 @@ def _tables(cmp: pd.DataFrame, names: tuple[str, str]) -> list[str]:
 
 def _case_table(rows: pd.DataFrame) -> str:
     rows = rows.assign(
-        case=[case_label(r) for _, r in rows.iterrows()],
+        case=[derived.case_label(r) for _, r in rows.iterrows()],
         interval=[_interval(r) for _, r in rows.iterrows()],
     )
     return table(

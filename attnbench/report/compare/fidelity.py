@@ -20,7 +20,7 @@ import pandas as pd
 from attnbench.errors import UsageError
 from attnbench.measure.backends import PYTORCH_PREFIX, backends_in
 from attnbench.report.analyse.derived import CASE_COLUMNS, ok_rows
-from attnbench.report.render.header import device_title
+from attnbench.report.analyse.machine import device_title
 from attnbench.store.atomic import atomic_dir
 from attnbench.store.rundir import RunDir
 from attnbench.store.schema import CASE_KEY, LATER_KEYS

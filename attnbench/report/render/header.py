@@ -5,35 +5,18 @@ from __future__ import annotations
 
 import pandas as pd
 
-from attnbench.case import Case, CaseError
-from attnbench.measure.backends import PYTORCH_PREFIX
-from attnbench.report.analyse import derived
+# sections.py reads these two from here
+from attnbench.report.analyse.coverage import borrowed_kernels  # noqa: F401
+from attnbench.report.analyse.derived import case_label  # noqa: F401
+from attnbench.report.analyse.machine import busy_machine
 from attnbench.report.render.markdown import MISSING, table
 from attnbench.spec import PRESETS
 from attnbench.store.env import code_version
-from attnbench.store.schema import STATUSES
-
-
-def device_title(env: dict, df: pd.DataFrame) -> str:
-    device = env.get("device") or ", ".join(sorted(map(str, df["device"].dropna().unique())))
-    if env.get("gpu_name") and str(device).startswith("cuda"):
-        return f"{env['gpu_name']} ({device})"
-    if env.get("cpu_name"):
-        threads = f", {env['cpu_threads']} threads" if env.get("cpu_threads") else ""
-        return f"{env['cpu_name']} ({device}{threads})"
-    return str(device) or "unknown device"
-
-
-def case_label(row) -> str:
-    try:
-        return Case.from_row(row).label()
-    except (CaseError, TypeError, ValueError, KeyError):
-        return " ".join(f"{k}={row[k]}" for k in derived.CASE_COLUMNS)
 
 
 def header_lines(run) -> list[str]:
     """The run's header (a RunAnalysis): device, date, command, versions, ceilings."""
-    run_id, df, env = run.run_id, run.frame, run.env
+    env, cover = run.env, run.coverage
 
     def v(key):
         value = env.get(key)
@@ -51,7 +34,7 @@ def header_lines(run) -> list[str]:
         f"{k} {v(k)}" for k in ("python", "torch", "cuda", "cudnn", "triton", "xformers")
     )
     rows = [
-        ("device", device_title(env, df)),
+        ("device", cover.device),
         ("date (UTC)", v("time_utc")),
         ("command", f"`{v('command')}`"),
         ("git", git),
@@ -92,9 +75,9 @@ def header_lines(run) -> list[str]:
     left = preset_left_out(env)
     if left:
         rows.append(("impls", left))
-    other_ids = sorted(set(df["run_id"].dropna()) - {run_id}) if "run_id" in df else []
-    if other_ids:
-        rows.append(("note", f"results.csv also holds rows of run ids {', '.join(other_ids)}"))
+    if cover.other_run_ids:
+        ids = ", ".join(cover.other_run_ids)
+        rows.append(("note", f"results.csv also holds rows of run ids {ids}"))
     fields = pd.DataFrame(rows, columns=["field", "value"])
     lines.append(table(fields, {"field": "", "value": ""}, max_cell=None))  # the command whole
     if busy_machine(env):
@@ -121,42 +104,30 @@ def preset_left_out(env: dict) -> str:
     return f"the {preset} preset's {', '.join(left)} left out by --impls" if left else ""
 
 
-def busy_machine(env: dict) -> bool:
-    """A CPU run whose 1-minute load average at start exceeded half the cores."""
-    load, cores = env.get("load_avg_1m"), env.get("cpu_count")
-    cpu = not str(env.get("device", "cpu")).startswith("cuda")
-    return bool(cpu and load is not None and cores and load > 0.5 * cores)
-
-
 def counts_line(run) -> str:
     """Rows per status, and how many ok rows disagree (a RunAnalysis)."""
-    df = run.frame
-    counts = df["status"].fillna("missing").value_counts()
-    order = {s: i for i, s in enumerate((*STATUSES, "missing"))}
-    parts = [f"{counts[s]} {s}" for s in sorted(counts.index, key=lambda s: order.get(s, 99))]
-    ok = derived.ok_rows(df)
-    n_bad = int((~ok["agrees"].eq(True).fillna(False)).sum())
-    verb = "does" if n_bad == 1 else "do"
+    cover = run.coverage
+    parts = [f"{n} {s}" for s, n in cover.statuses]
+    verb = "does" if cover.disagreeing == 1 else "do"
     agree = (
-        f"all {len(ok)} ok rows agree with the float64 reference"
-        if n_bad == 0
-        else f"**{n_bad} of {len(ok)} ok rows {verb} not agree with the float64 reference**"
+        f"all {cover.ok} ok rows agree with the float64 reference"
+        if cover.disagreeing == 0
+        else f"**{cover.disagreeing} of {cover.ok} ok rows {verb} not agree with the float64 "
+        "reference**"
     )
-    return f"{len(df)} rows: {', '.join(parts) or 'none'}; {agree}."
+    return f"{cover.rows} rows: {', '.join(parts) or 'none'}; {agree}."
 
 
 def borrowed_lines(run) -> list[str]:
     """Impls whose ok rows ran PyTorch's own kernels (backend pytorch:*, e.g. xformers
     without its C++/CUDA extension): said once, up front, so that no table below reads as an
     independent comparison."""
-    ok = derived.ok_rows(run.frame)
-    borrowed = ok[borrowed_kernels(ok)]
+    borrowed = run.coverage.borrowed
     if borrowed.empty:
         return []
     parts = [
-        f"`{impl}` in {len(g)} of {int((ok['impl'] == impl).sum())} ok rows "
-        f"({', '.join(sorted(set(g['backend'])))})"
-        for impl, g in borrowed.groupby("impl", sort=True)
+        f"`{r.impl}` in {r.rows} of {r.of} ok rows ({', '.join(r.backends)})"
+        for r in borrowed.itertuples()
     ]
     return [
         f"> **Not an independent baseline**: {'; '.join(parts)} ran PyTorch's own kernels, "
@@ -165,7 +136,3 @@ def borrowed_lines(run) -> list[str]:
         f"measure PyTorch's SDPA kernels again, under another name.",
         "",
     ]
-
-
-def borrowed_kernels(df: pd.DataFrame) -> pd.Series:
-    return df["backend"].fillna("").astype(str).str.startswith(PYTORCH_PREFIX)

@@ -7,8 +7,6 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import pandas as pd
-
 from attnbench.report.render.header import preset_left_out
 from attnbench.report.render.picks import picks_table, verdict_lines
 from attnbench.store.env import code_version
@@ -60,45 +58,32 @@ def staleness_line(env: dict, repo: Path | None = None) -> str:
     return f"{moved}; the measuring code (attnbench/run, measure, impls) is unchanged."
 
 
-def not_covered(df: pd.DataFrame, env: dict) -> list[str]:
-    """What the run leaves out, one item each: impls not run and why, phases with no rows,
-    missing precision columns, and the rounds each interval rests on."""
-    items = []
-    not_run = env.get("not_run") or {}
-    if isinstance(not_run, dict) and not_run:
-        missing = sorted(i for i, why in not_run.items() if "not installed" in str(why))
-        other = sorted(i for i in not_run if i not in missing)
-        if missing:
-            items.append(f"not installed: {', '.join(missing)}")
-        if other:
-            items.append(f"left out for this device or grid: {', '.join(other)} (env.json not_run)")
-    left = preset_left_out(env)
+def not_covered(run) -> list[str]:
+    """What the run (a RunAnalysis) leaves out, one item each: impls not run and why, phases
+    with no rows, missing precision columns, and the rounds each interval rests on."""
+    cover, items = run.coverage, []
+    if cover.not_installed:
+        items.append(f"not installed: {', '.join(cover.not_installed)}")
+    if cover.not_run:
+        items.append(
+            f"left out for this device or grid: {', '.join(cover.not_run)} (env.json not_run)"
+        )
+    left = preset_left_out(run.env)
     if left:
         items.append(left)
-    models = df["model"].fillna("").astype(str) != "" if "model" in df else None
-    if models is not None and models.any():
-        phases = set(df.loc[models, "phase"].dropna())
-        lacking = [p for p in ("prefill", "decode", "train") if p not in phases]
-        if lacking:
-            items.append(f"no {', '.join(lacking)} rows (--phase)")
-    if "precision_low" not in df:
+    if cover.lacking_phases:
+        items.append(f"no {', '.join(cover.lacking_phases)} rows (--phase)")
+    if not cover.precision:
         items.append("no precision columns (rows measured before they were recorded)")
-    rounds = df["rounds"].dropna() if "rounds" in df else pd.Series(dtype=float)
-    if rounds.empty:
+    if cover.rounds is None:
         items.append("no rounds: intervals are p20–p80 ranges, not paired per round")
     else:
-        items.append(f"{_span(rounds)} rounds per paired interval")
-    statuses = df["status"].value_counts()
-    failed = {s: int(n) for s, n in statuses.items() if s != "ok"}
-    if failed:
-        said = ", ".join(f"{n} {s}" for s, n in failed.items())
+        lo, hi = cover.rounds
+        items.append(f"{lo if lo == hi else f'{lo}–{hi}'} rounds per paired interval")
+    if cover.failed:
+        said = ", ".join(f"{n} {s}" for s, n in cover.failed)
         items.append(f"rows without a number: {said} (Failures, below)")
     return [f"- {i}" for i in items]
-
-
-def _span(values: pd.Series) -> str:
-    lo, hi = int(values.min()), int(values.max())
-    return str(lo) if lo == hi else f"{lo}–{hi}"
 
 
 def first_screen(run) -> list[str]:
@@ -115,5 +100,5 @@ def first_screen(run) -> list[str]:
             "docs/reports.md.",
             "",
         ]
-    lines += ["## Not covered", "", *not_covered(run.frame, env), ""]
+    lines += ["## Not covered", "", *not_covered(run), ""]
     return lines

@@ -9,12 +9,11 @@ import textwrap
 import pandas as pd
 
 from attnbench import plugins
-from attnbench.case import DEVICES, DTYPES, Case
+from attnbench.case import DEVICES, DTYPES
 from attnbench.masks import ANY, KINDS, MASKS, MODS
 from attnbench.masks.contract import defined_in
 from attnbench.models import models_table
-from attnbench.report.analyse import derived
-from attnbench.store.schema import CASE_KEY
+from attnbench.report.analyse.summary import summary
 
 __all__ = ["list_impls", "models_table", "summary_table"]
 
@@ -190,44 +189,17 @@ def _mod_syntax(mod) -> str:
 
 
 def summary_table(df: pd.DataFrame, impls: list[str] | None = None) -> str:
-    """Median ms per case (rows) and impl (columns) over the whole run (a resumed run too);
-    a status word where there is no time, '!' after a time whose output disagrees with the
-    reference, 'c' after one timed while contended, '~' after a noisy one or one whose
-    paired speedup has a wide interval (derived.caveat). Impls that are unsupported in
-    every case are named below, not tabulated."""
+    """Median ms per case (rows) and impl (columns) over the whole run (a resumed run too):
+    analyse/summary.py's cells; impls that are unsupported in every case are named below,
+    not tabulated."""
     if df.empty:
         return "no rows were run"
-    rows = df.drop_duplicates([c for c in CASE_KEY if c in df], keep="last")
-    busy, shaky = derived.contended(rows), derived.noisy(rows)
-
-    def cell(r):
-        if r["status"] != "ok":
-            return r["status"]
-        lo, hi = r.get("speedup_lo"), r.get("speedup_hi")
-        note = derived.caveat(False, lo, hi, bool(shaky[r.name]))
-        return (
-            f"{r['time_ms']:.3g}"
-            + ("" if r["agrees"] is not False else " !")
-            + (" c" if busy[r.name] else "")
-            + (" ~" if note else "")
-        )
-
-    cells = pd.DataFrame(
-        {
-            "case": [Case.from_row(r).label() for _, r in rows.iterrows()],
-            "impl": rows["impl"].to_numpy(),
-            "cell": [cell(r) for _, r in rows.iterrows()],
-        }
-    )
-    table = cells.pivot(index="case", columns="impl", values="cell").fillna("")
-    order = [i for i in (impls or []) if i in table.columns] or list(dict.fromkeys(cells["impl"]))
-    table = table.loc[list(dict.fromkeys(cells["case"])), order]
-    never = [c for c in table.columns if (table[c] == "unsupported").all()]
+    table = summary(df, impls)
     text = (
         "time_ms (median; '!' = disagrees with the reference; 'c' = contended: the CPU was "
         "busy; '~' = noisy or a wide speedup interval)\n"
     )
-    text += table.drop(columns=never).to_string() if len(never) < len(order) else ""
-    if never:
-        text += f"\nunsupported in every case (reasons in the report): {', '.join(never)}"
+    text += table.cells.to_string() if len(table.cells.columns) else ""
+    if table.never:
+        text += f"\nunsupported in every case (reasons in the report): {', '.join(table.never)}"
     return text
