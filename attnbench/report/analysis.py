@@ -11,7 +11,9 @@ import pandas as pd
 from attnbench.report.analyse import derived, patterns
 from attnbench.report.analyse.rounds import AnchorRounds, Rounds
 from attnbench.report.decide import verdicts
-from attnbench.report.decide.recommend import TOLERANCE, recommendations
+from attnbench.report.decide.parts import part_verdicts
+from attnbench.report.decide.recommend import recommendations
+from attnbench.report.decide.tolerance import TOLERANCE
 from attnbench.report.plot.layout import run_colors
 from attnbench.report.render.header import busy_machine, device_title
 
@@ -47,7 +49,9 @@ class RunAnalysis:
     devices: tuple  # DeviceAnalysis per kind of device (one unless a Ray run mixed them)
     kernels: pd.DataFrame | None  # kernels.csv (--profile), or None
     anchor: AnchorRounds | None = None  # the speed anchor (anchor.csv), or None
-    tolerance: float = TOLERANCE  # the most a pick may lose in a case of its workload
+    tolerance: float = TOLERANCE  # the cap on what a pick may lose in a case (tolerance.py)
+    # the verdict lines: the recommendations per model and part (parts.part_verdicts)
+    verdicts: tuple = ()
 
 
 def analyse_device(
@@ -124,16 +128,20 @@ def analyse(
             )
             for name in names
         )
+    # the picks decide from the winners computed once; a run mixing devices picks over all rows
+    winners = devices[0].winners if len(devices) == 1 else None
+    rec = recommendations(df, rounds, tolerance, winners)
     return RunAnalysis(
         run_id=run_id,
         env=env,
         frame=df,
         baseline=baseline,
-        recommendations=recommendations(df, rounds, tolerance),
+        recommendations=rec,
         devices=devices,
         kernels=kernels,
         anchor=anchor,
         tolerance=tolerance,
+        verdicts=part_verdicts(rec),
     )
 
 

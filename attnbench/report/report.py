@@ -9,7 +9,7 @@ import pandas as pd
 
 from attnbench.report.analyse.rounds import AnchorRounds, Rounds
 from attnbench.report.analysis import DeviceAnalysis, RunAnalysis, analyse
-from attnbench.report.decide.recommend import TOLERANCE
+from attnbench.report.decide.tolerance import TOLERANCE
 from attnbench.report.plot.drawing import Job, draw_all
 from attnbench.report.plot.figures import FIGURES, RUN_FIGURES, one_n
 from attnbench.report.render import checks, sections
