@@ -523,12 +523,10 @@ STILL_DERIVING = {
     "report/plot/plots.py",
     "report/plot/layout.py",
     "report/plot/figures.py",
-    "report/render/sections.py",
     "report/render/checks.py",
     "report/render/header.py",
     "report/render/terminal.py",
     "report/render/opening.py",
-    "report/render/picks.py",
 }
 
 

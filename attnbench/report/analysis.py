@@ -4,18 +4,22 @@ series, fits, families, winners, speedups, recommendations; one part per kind of
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
 from attnbench.report.analyse import derived, patterns
+from attnbench.report.analyse.agreement import Agreement, agreement
+from attnbench.report.analyse.exponents import Exponents, exponent_table
 from attnbench.report.analyse.rounds import AnchorRounds, Rounds
+from attnbench.report.analyse.score_memory import score_peaks
 from attnbench.report.decide import verdicts
+from attnbench.report.decide.by_family import SpeedupTable, speedup_table, who_wins
 from attnbench.report.decide.parts import part_verdicts
 from attnbench.report.decide.recommend import recommendations
 from attnbench.report.decide.tolerance import TOLERANCE
 from attnbench.report.plot.layout import run_colors
-from attnbench.report.render.header import busy_machine, device_title
+from attnbench.report.render.header import borrowed_kernels, busy_machine, device_title
 
 
 @dataclass(frozen=True)
@@ -34,9 +38,14 @@ class DeviceAnalysis:
     wins: pd.DataFrame  # verdicts.wins_by_family
     speedups: pd.DataFrame | None  # verdicts.speedups; None without a baseline with ok rows
     rounds: Rounds | None  # the run's per-round medians (None: a run without rounds)
-    disagreements: pd.DataFrame  # ok rows that disagree or were not checked
     waste: pd.DataFrame  # patterns.wasted_work (empty without pattern masks)
     sparsity: pd.DataFrame  # patterns.sparsity_fits, with each series' label
+    # what the analysis sections (render/sections.py) show, each derived here once
+    who_wins: tuple = ()  # by_family.FamilyWins per case family, in family order
+    speedup_table: SpeedupTable | None = None  # by_family.speedup_table of speedups
+    exponents: Exponents | None = None  # exponents.exponent_table of fits
+    score_peaks: pd.DataFrame | None = None  # score_memory.score_peaks: N² buffers held
+    agreement: Agreement | None = None  # agreement.agreement: rows that disagree, precision
 
 
 @dataclass(frozen=True)
@@ -75,7 +84,7 @@ def analyse_device(
     sparsity = sparsity.assign(series=derived.series_labels(sparsity, always=("mask", "pattern")))
     winners = verdicts.fastest_agreeing(frame, rounds)
     recorded = baseline == env.get("baseline")  # the rows' own speedups are against it
-    return DeviceAnalysis(
+    a = DeviceAnalysis(
         name=name,
         suffix=suffix,
         env=env,
@@ -88,10 +97,26 @@ def analyse_device(
         wins=verdicts.wins_by_family(winners),
         speedups=verdicts.speedups(frame, baseline, rounds, recorded) if has_base else None,
         rounds=rounds,
-        disagreements=derived.disagreements(frame),
         waste=patterns.wasted_work(frame),
         sparsity=sparsity,
     )
+    return replace(a, **_shown(a))
+
+
+def _shown(a: DeviceAnalysis) -> dict:
+    """The fields of a DeviceAnalysis that its analysis sections (render/sections.py) show."""
+    # impls that ran PyTorch's kernels, said where they win (a frame without backends: none)
+    borrowed = (
+        set(a.frame.loc[borrowed_kernels(a.frame), "impl"]) if "backend" in a.frame else set()
+    )
+    impls = tuple(sorted(a.frame["impl"].dropna().unique()))
+    return {
+        "who_wins": who_wins(a.winners, a.wins, a.families, borrowed),
+        "speedup_table": speedup_table(a.speedups, a.baseline, a.families, impls),
+        "exponents": exponent_table(a.fits),
+        "score_peaks": score_peaks(a.frame),
+        "agreement": agreement(a.frame),
+    }
 
 
 def device_names(df: pd.DataFrame) -> list[str]:

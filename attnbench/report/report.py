@@ -69,7 +69,7 @@ def _device_part(
     (figure files named <figure><suffix>.png, appended to ``jobs`` to be drawn)."""
     lines = sections.winners_section(a)
     lines += sections.speedup_section(a)
-    lines += sections.exponents_section(a.fits)
+    lines += sections.exponents_section(a.exponents)
     lines += sections.score_memory_lines(a)
     lines += pattern_sections(a, level)
     lines += sections.disagreement_section(a)

@@ -189,6 +189,15 @@ def dim_text(name: str, value) -> str:
     return f"{DIM[name].title_prefix}{value}" if name in DIM else f"{name}={value}"
 
 
+def case_label(row) -> str:
+    """One row's whole case, as Case.label says it (its columns one by one where they do not
+    make a Case)."""
+    try:
+        return Case.from_row(row).label()
+    except (CaseError, TypeError, ValueError, KeyError):
+        return " ".join(f"{k}={row[k]}" for k in CASE_COLUMNS)
+
+
 def case_labels(df: pd.DataFrame) -> pd.Series:
     """Each row's case by the case dimensions that vary among the rows of ``df`` (the cases
     one table lists), e.g. 'B=1 Sq=4 Skv=4096': two cases of one table never share a label,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pandas as pd
 
-from attnbench.case import Case, CaseError
 from attnbench.measure.backends import PYTORCH_PREFIX
 from attnbench.report.analyse import derived
 from attnbench.report.render.markdown import MISSING, table
@@ -24,11 +23,7 @@ def device_title(env: dict, df: pd.DataFrame) -> str:
     return str(device) or "unknown device"
 
 
-def case_label(row) -> str:
-    try:
-        return Case.from_row(row).label()
-    except (CaseError, TypeError, ValueError, KeyError):
-        return " ".join(f"{k}={row[k]}" for k in derived.CASE_COLUMNS)
+case_label = derived.case_label  # declared once, in analyse/derived.py
 
 
 def header_lines(run) -> list[str]:
