@@ -14,7 +14,8 @@ from attnbench.case import Case
 from attnbench.report.decide import verdicts
 from attnbench.report.decide.recommend import TOLERANCE, recommendations
 
-REPORTS = Path(__file__).resolve().parent.parent / "reports"
+ROOT = Path(__file__).resolve().parent.parent
+REPORTS = ROOT / "reports"
 
 
 def decode(batch, new_tokens, cache):
@@ -252,3 +253,17 @@ def test_a_pick_resting_on_contended_rows_says_so_and_its_verdict_is_no_fact():
     # the rival's row counts too: contended where "a" wins, only "b"'s row
     rows.loc[(rows["seq_kv"] == 4096) & (rows["impl"] == "b"), "contended"] = True
     assert recommendations(rows).loc[0, "contended"] == 2
+
+
+@pytest.mark.skipif(not (ROOT / "results" / "llama3-8b-cpu-2core-xeon").exists(), reason="no run")
+def test_the_picks_reuse_the_analysis_winners_and_decide_the_same():
+    from attnbench.report.analyse.rounds import Rounds
+    from attnbench.report.analysis import analyse
+    from attnbench.store.results import load_run
+
+    run = ROOT / "results" / "llama3-8b-cpu-2core-xeon"
+    df, env = load_run(run)
+    rounds = Rounds.read(run)
+    a = analyse(df, env, "r", rounds=rounds)
+    pd.testing.assert_frame_equal(a.recommendations, recommendations(df, rounds))
+    assert [v.label for v in a.verdicts] == ["prefill", "1-token decode", "4-token decode"]

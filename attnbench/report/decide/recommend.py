@@ -100,7 +100,7 @@ def recommendations(
         df = df[_of_models(df)]
         winners = fastest_agreeing(df, rounds)
     df = df.assign(_case=df.groupby(list(CASE_COLUMNS), dropna=False, sort=True).ngroup())
-    if len(winners) != df["_case"].nunique():
+    if len(winners) != df["_case"].nunique():  # fastest_agreeing gives one row per case
         raise ValueError("winners are not those of these rows (one per case, in case order)")
     allowed = case_tolerance(winners, tolerance)  # case id -> the most a pick may lose there
     out = []

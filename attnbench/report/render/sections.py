@@ -1,6 +1,6 @@
 """The report's analysis sections of one device's rows, rendered from its analysis
-(analysis.DeviceAnalysis): recommendations, who wins where, speedups, scaling exponents and
-numerical agreement."""
+(analysis.DeviceAnalysis): who wins where, speedups, scaling exponents, the score matrices
+a peak holds and numerical agreement. They derive nothing: every table is the analysis's."""
 
 from __future__ import annotations
 
