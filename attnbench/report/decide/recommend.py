@@ -11,7 +11,7 @@ needs the fewest groups. Each pick states its worst loss and where, the kernel i
 time and decode bandwidth per case (ranges: the cases are unlike), its compile time, its
 failures in or next to its group, the tolerance it was held to, and in how many cases its
 deciding rows (its own, and the fastest other kernel's it is measured against) were contended:
-such a pick is measured, not shown, to be the one to use."""
+the report then doubts the pick rather than stating it."""
 
 from __future__ import annotations
 
@@ -172,8 +172,8 @@ def _phase_rows(g: pd.DataFrame, model, phase: str, winners, allowed) -> list[di
             row["workload"] = workload(p.cases, idx, p.named)
             row["where"] = where(p.cases, idx, ids, p.vary)
             row.update(single=single.impl, single_loss=single.worst)
-            allowed = p.allowed.loc[idx]
-            row.update(tolerance_min=float(allowed.min()), tolerance_max=float(allowed.max()))
+            held = p.allowed.loc[idx]  # the tolerance of each of its cases
+            row.update(tolerance_min=float(held.min()), tolerance_max=float(held.max()))
             if pick.impl is not None:
                 row.update(_about(pick, p, idx, winners.loc[idx]))
             attn = _pick(sub[hf], p.kernels.loc[idx, hf]) if hf else None

@@ -143,8 +143,9 @@ def _use_cell(r) -> str:
         notes.append("tie" if ties == wins else f"{int(ties)} of {int(wins)} wins ties")
     if isinstance(r["marks"], str) and r["marks"]:
         notes.append(r["marks"])
-    if contended_text(r):
-        notes.append(contended_text(r))
+    doubt = contended_text(r)
+    if doubt:
+        notes.append(doubt)
     said = f"**{use_text(r['impl'], r['kernel'])}**"
     return said + (f" ({'; '.join(notes)})" if notes else "")
 
