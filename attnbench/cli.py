@@ -417,14 +417,15 @@ def _tolerance(text: str) -> float:
 
 
 def _tolerance_argument(p: argparse.ArgumentParser) -> None:
-    from attnbench.report.decide.recommend import TOLERANCE
+    from attnbench.report.decide.tolerance import TOLERANCE
 
     p.add_argument(
         "--tolerance",
         type=_tolerance,
         default=TOLERANCE,
         help="the most a recommended impl may be slower than the fastest agreeing kernel in "
-        f"any case of its workload, as a ratio; a phase is split where one pick would lose "
+        "any case of its workload, as a ratio (where the run's measured noise in a case is "
+        "smaller, the noise is the limit there); a phase is split where one pick would lose "
         f"more (default: {TOLERANCE:g})",
     )
 

@@ -13,6 +13,7 @@ from synth import ok_row
 
 from attnbench.case import Case
 from attnbench.report.decide import verdicts
+from attnbench.report.decide.parts import part_verdicts
 from attnbench.report.decide.recommend import _runner_up, recommendations
 from attnbench.report.render.opening import staleness_line
 from attnbench.report.render.picks import lead_text, picks_table, use_text, verdict_lines
@@ -126,7 +127,7 @@ def test_the_llama_h100_verdicts_read_as_a_person_would_say_them():
 
     df, _ = load_run(LLAMA_H100)
     rec = recommendations(df)
-    lines = verdict_lines(rec)
+    lines = verdict_lines(part_verdicts(rec))
     assert lines[0] == "- **prefill**: sdpa → cuDNN, fastest everywhere, 1.51x over triton_flash"
     # one new token: sdpa (flash) within 1.03x at B=1, cuDNN at B=32; sdpa alone within 1.15x
     assert lines[1].startswith("- **1-token decode**: sdpa → flash at B=1; sdpa_cudnn at B=32")

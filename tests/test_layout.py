@@ -523,8 +523,6 @@ STILL_DERIVING = {
     "report/plot/plots.py",
     "report/plot/layout.py",
     "report/plot/figures.py",
-    "report/render/sections.py",
-    "report/render/picks.py",
 }
 
 

@@ -14,7 +14,8 @@ from attnbench.case import Case
 from attnbench.report.decide import verdicts
 from attnbench.report.decide.recommend import TOLERANCE, recommendations
 
-REPORTS = Path(__file__).resolve().parent.parent / "reports"
+ROOT = Path(__file__).resolve().parent.parent
+REPORTS = ROOT / "reports"
 
 
 def decode(batch, new_tokens, cache):
@@ -179,3 +180,90 @@ def test_a_pick_whose_precision_is_below_fp32_accumulation_is_marked():
     rec = recommendations(rows).iloc[0]
     assert rec["impl"] == "sdpa" and "precision below fp32 accumulation in 1 case" in rec["marks"]
     assert "precision" not in recommendations(alias_rows()).iloc[0]["marks"]
+
+
+def losing_rows(contended_at=None):
+    """Two decode cases: "a" is 2x faster at Skv=4096 and 1.06x slower than "b" at 32768;
+    ``contended_at``: the cache length whose rows were contended."""
+    rows = []
+    for skv, (ta, tb) in ((4096, (1.0, 2.0)), (32768, (1.06, 1.0))):
+        c = decode(1, 1, skv)
+        busy = {"contended": skv == contended_at}
+        rows += [{**ok_row("r", i, c, t, 1.0), **busy} for i, t in (("a", ta), ("b", tb))]
+    return pd.DataFrame(rows)
+
+
+def with_noise(winners: pd.DataFrame, noise: float) -> pd.DataFrame:
+    """The winners with each margin's paired interval ``noise`` either way."""
+    margin = winners["margin"].astype(float)
+    return winners.assign(margin_lo=margin / noise, margin_hi=margin * noise)
+
+
+def test_a_pick_may_lose_only_what_the_noise_cannot_tell_from_no_loss():
+    # "a" loses 6% at Skv=32768: under the 1.10x cap, so one pick without a measured noise;
+    # where the noise is 1% the run tells that 6% apart and the part is split, where it is
+    # 8% it cannot, and "a" stays the one pick
+    rows = losing_rows()
+    winners = verdicts.fastest_agreeing(rows)
+    capped = recommendations(rows, winners=winners)
+    assert list(capped["impl"]) == ["a"] and capped.loc[0, "worst_loss"] == pytest.approx(1.06)
+    assert capped.loc[0, "tolerance_max"] == pytest.approx(TOLERANCE)
+    quiet = recommendations(rows, winners=with_noise(winners, 1.01))
+    assert list(quiet["impl"]) == ["a", "b"] and (quiet["worst_loss"] == 1.0).all()
+    assert list(quiet["tolerance_max"]) == pytest.approx([1.01, 1.01])
+    loud = recommendations(rows, winners=with_noise(winners, 1.08))
+    assert list(loud["impl"]) == ["a"] and loud.loc[0, "tolerance_min"] == pytest.approx(1.08)
+    # a noise over the cap is held to the cap, and --tolerance still sets the cap
+    assert recommendations(rows, winners=with_noise(winners, 1.3)).loc[0, "tolerance_max"] == 1.1
+    strict = recommendations(rows, tolerance=1.02, winners=with_noise(winners, 1.08))
+    assert list(strict["impl"]) == ["a", "b"]
+
+
+def test_the_noise_is_read_from_the_rounds_and_the_table_says_the_tolerance(tmp_path):
+    from synth import write_rounds_run
+
+    from attnbench.report.analyse.rounds import Rounds
+    from attnbench.report.render.picks import picks_table
+    from attnbench.store.results import read_results
+
+    run = write_rounds_run(tmp_path, "q", losing_rows().to_dict("records"), baseline="a",
+                           noise=0.01)  # fmt: skip
+    rec = recommendations(read_results(run), Rounds.read(run))
+    assert list(rec["impl"]) == ["a", "b"]  # 1% noise: the 6% loss is told apart
+    assert (rec["tolerance_max"] < 1.03).all()
+    text = "\n".join(picks_table(rec, {}))
+    assert "tolerance (the noise, ≤ cap)" in text and "| 1.01x |" in text
+
+
+def test_a_pick_resting_on_contended_rows_says_so_and_its_verdict_is_no_fact():
+    from attnbench.report.decide.parts import part_verdicts
+    from attnbench.report.render.picks import picks_table, verdict_lines
+
+    rows = losing_rows(contended_at=32768)  # "a" loses 6% (under the cap) on contended rows
+    rec = recommendations(rows)
+    assert list(rec["impl"]) == ["a"] and rec.loc[0, "contended"] == 1
+    said = "contended in 1 of 2 cases: re-measure on a quiet machine"
+    assert said in "\n".join(picks_table(rec, {}))
+    line = verdict_lines(part_verdicts(rec))[0]
+    assert line.startswith(f"- **1-token decode**: a ({said}), within 1.06x")
+    quiet = recommendations(losing_rows())
+    assert (
+        quiet.loc[0, "contended"] == 0 and "contended" not in verdict_lines(part_verdicts(quiet))[0]
+    )
+    # the rival's row counts too: contended where "a" wins, only "b"'s row
+    rows.loc[(rows["seq_kv"] == 4096) & (rows["impl"] == "b"), "contended"] = True
+    assert recommendations(rows).loc[0, "contended"] == 2
+
+
+@pytest.mark.skipif(not (ROOT / "results" / "llama3-8b-cpu-2core-xeon").exists(), reason="no run")
+def test_the_picks_reuse_the_analysis_winners_and_decide_the_same():
+    from attnbench.report.analyse.rounds import Rounds
+    from attnbench.report.analysis import analyse
+    from attnbench.store.results import load_run
+
+    run = ROOT / "results" / "llama3-8b-cpu-2core-xeon"
+    df, env = load_run(run)
+    rounds = Rounds.read(run)
+    a = analyse(df, env, "r", rounds=rounds)
+    pd.testing.assert_frame_equal(a.recommendations, recommendations(df, rounds))
+    assert [v.label for v in a.verdicts] == ["prefill", "1-token decode", "4-token decode"]

@@ -4,19 +4,25 @@ series, fits, families, winners, speedups, recommendations; one part per kind of
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
 from attnbench.report.analyse import derived, patterns
-from attnbench.report.analyse.coverage import Coverage, coverage
+from attnbench.report.analyse.agreement import Agreement, agreement
+from attnbench.report.analyse.coverage import Coverage, borrowed_kernels, coverage
 from attnbench.report.analyse.devices import across_devices
+from attnbench.report.analyse.exponents import Exponents, exponent_table
 from attnbench.report.analyse.failures import Failures, failures
 from attnbench.report.analyse.machine import busy_machine, device_title
 from attnbench.report.analyse.measurement import MeasurementChecks, measurement_checks
 from attnbench.report.analyse.rounds import AnchorRounds, Rounds
+from attnbench.report.analyse.score_memory import score_peaks
 from attnbench.report.decide import verdicts
-from attnbench.report.decide.recommend import TOLERANCE, recommendations
+from attnbench.report.decide.by_family import SpeedupTable, speedup_table, who_wins
+from attnbench.report.decide.parts import part_verdicts
+from attnbench.report.decide.recommend import recommendations
+from attnbench.report.decide.tolerance import TOLERANCE
 from attnbench.report.plot.layout import run_colors
 
 
@@ -36,9 +42,14 @@ class DeviceAnalysis:
     wins: pd.DataFrame  # verdicts.wins_by_family
     speedups: pd.DataFrame | None  # verdicts.speedups; None without a baseline with ok rows
     rounds: Rounds | None  # the run's per-round medians (None: a run without rounds)
-    disagreements: pd.DataFrame  # ok rows that disagree or were not checked
     waste: pd.DataFrame  # patterns.wasted_work (empty without pattern masks)
     sparsity: pd.DataFrame  # patterns.sparsity_fits, with each series' label
+    # what the analysis sections (render/sections.py) show, each derived here once
+    who_wins: tuple = ()  # by_family.FamilyWins per case family, in family order
+    speedup_table: SpeedupTable | None = None  # by_family.speedup_table of speedups
+    exponents: Exponents | None = None  # exponents.exponent_table of fits
+    score_peaks: pd.DataFrame | None = None  # score_memory.score_peaks: N² buffers held
+    agreement: Agreement | None = None  # agreement.agreement: rows that disagree, precision
 
 
 @dataclass(frozen=True)
@@ -51,7 +62,9 @@ class RunAnalysis:
     devices: tuple  # DeviceAnalysis per kind of device (one unless a Ray run mixed them)
     kernels: pd.DataFrame | None  # kernels.csv (--profile), or None
     anchor: AnchorRounds | None = None  # the speed anchor (anchor.csv), or None
-    tolerance: float = TOLERANCE  # the most a pick may lose in a case of its workload
+    tolerance: float = TOLERANCE  # the cap on what a pick may lose in a case (tolerance.py)
+    # the verdict lines: the recommendations per model and part (parts.part_verdicts)
+    verdicts: tuple = ()
     # what the first screen, header, summary and closing sections state (analyse/coverage,
     # measurement, failures, devices); analyse() fills every one
     coverage: Coverage | None = None  # rows per status, impls and phases not run, rounds
@@ -82,7 +95,7 @@ def analyse_device(
     sparsity = sparsity.assign(series=derived.series_labels(sparsity, always=("mask", "pattern")))
     winners = verdicts.fastest_agreeing(frame, rounds)
     recorded = baseline == env.get("baseline")  # the rows' own speedups are against it
-    return DeviceAnalysis(
+    a = DeviceAnalysis(
         name=name,
         suffix=suffix,
         env=env,
@@ -95,10 +108,26 @@ def analyse_device(
         wins=verdicts.wins_by_family(winners),
         speedups=verdicts.speedups(frame, baseline, rounds, recorded) if has_base else None,
         rounds=rounds,
-        disagreements=derived.disagreements(frame),
         waste=patterns.wasted_work(frame),
         sparsity=sparsity,
     )
+    return replace(a, **_shown(a))
+
+
+def _shown(a: DeviceAnalysis) -> dict:
+    """The fields of a DeviceAnalysis that its analysis sections (render/sections.py) show."""
+    # impls that ran PyTorch's kernels, said where they win (a frame without backends: none)
+    borrowed = (
+        set(a.frame.loc[borrowed_kernels(a.frame), "impl"]) if "backend" in a.frame else set()
+    )
+    impls = tuple(sorted(a.frame["impl"].dropna().unique()))
+    return {
+        "who_wins": who_wins(a.winners, a.wins, a.families, borrowed),
+        "speedup_table": speedup_table(a.speedups, a.baseline, a.families, impls),
+        "exponents": exponent_table(a.fits),
+        "score_peaks": score_peaks(a.frame),
+        "agreement": agreement(a.frame),
+    }
 
 
 def device_names(df: pd.DataFrame) -> list[str]:
@@ -135,16 +164,20 @@ def analyse(
             )
             for name in names
         )
+    # the picks decide from the winners computed once; a run mixing devices picks over all rows
+    winners = devices[0].winners if len(devices) == 1 else None
+    rec = recommendations(df, rounds, tolerance, winners)
     return RunAnalysis(
         run_id=run_id,
         env=env,
         frame=df,
         baseline=baseline,
-        recommendations=recommendations(df, rounds, tolerance),
+        recommendations=rec,
         devices=devices,
         kernels=kernels,
         anchor=anchor,
         tolerance=tolerance,
+        verdicts=part_verdicts(rec),
         **_stated(df, env, run_id, names, kernels),
     )
 

@@ -9,7 +9,7 @@ import pandas as pd
 
 from attnbench.report.analyse.rounds import AnchorRounds, Rounds
 from attnbench.report.analysis import DeviceAnalysis, RunAnalysis, analyse
-from attnbench.report.decide.recommend import TOLERANCE
+from attnbench.report.decide.tolerance import TOLERANCE
 from attnbench.report.plot.drawing import Job, draw_all
 from attnbench.report.plot.figures import FIGURES, RUN_FIGURES, one_n
 from attnbench.report.render import checks, sections
@@ -69,7 +69,7 @@ def _device_part(
     (figure files named <figure><suffix>.png, appended to ``jobs`` to be drawn)."""
     lines = sections.winners_section(a)
     lines += sections.speedup_section(a)
-    lines += sections.exponents_section(a.fits)
+    lines += sections.exponents_section(a.exponents)
     lines += sections.score_memory_lines(a)
     lines += pattern_sections(a, level)
     lines += sections.disagreement_section(a)

@@ -4,11 +4,14 @@ One pick per phase hides losses: in decode, one new token against a long cache a
 tokens at batch 1 favour different kernels by up to 5x. So decode is split by new tokens
 (``seq_q``) always (one new token is plain decoding, several are speculative decoding), and
 each part is split further where the best pick changes: a group keeps one pick only while
-that pick is within the tolerance (``TOLERANCE``, 1.10x: ``--tolerance``) of the fastest
-agreeing kernel in *every* case of the group; otherwise it is split by the workload dimension
-(new tokens, batch, cache length, ...) that needs the fewest groups. Each pick states its
-worst loss and where, the kernel it ran, its time and decode bandwidth per case (ranges: the
-cases are unlike), its compile time and its failures in or next to its group."""
+that pick is within the tolerance of the fastest agreeing kernel in *every* case of the group
+(in each case the run's noise there, at most 1.10x: tolerance.py, ``--tolerance`` the cap);
+otherwise it is split by the workload dimension (new tokens, batch, cache length, ...) that
+needs the fewest groups. Each pick states its worst loss and where, the kernel it ran, its
+time and decode bandwidth per case (ranges: the cases are unlike), its compile time, its
+failures in or next to its group, the tolerance it was held to, and in how many cases its
+deciding rows (its own, and the fastest other kernel's it is measured against) were contended:
+the report then doubts the pick rather than stating it."""
 
 from __future__ import annotations
 
@@ -17,15 +20,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from attnbench.dims import DIM
 from attnbench.models import ATTN_IMPLEMENTATIONS
-from attnbench.report.analyse.derived import CASE_COLUMNS, agreeing, kv_cache_mib
+from attnbench.report.analyse.derived import CASE_COLUMNS, agreeing, contended, kv_cache_mib
 from attnbench.report.analyse.reasons import short_reason
 from attnbench.report.analyse.rounds import Rounds
 from attnbench.report.decide.contestants import kernel_of
-from attnbench.report.decide.verdicts import fastest_agreeing, seq_spans
+from attnbench.report.decide.tolerance import TOLERANCE, case_tolerance
+from attnbench.report.decide.verdicts import fastest_agreeing
+from attnbench.report.decide.workloads import case_text, where, workload
 
-TOLERANCE = 1.10  # a pick may be at most this much slower than the best in any case of its group
 DECODE = "decode"
 # the dimensions a group is split along, first tried first; any other varying one after
 SPLIT_ORDER = ("seq_q", "batch", "seq_kv")
@@ -58,6 +61,9 @@ COLUMNS = [
     "attn_worst_loss",
     "ties",
     "marks",
+    "contended",
+    "tolerance_min",
+    "tolerance_max",
     "single",
     "single_loss",
     "not_run",
@@ -69,10 +75,14 @@ class Pick:
     impl: str | None  # None: no impl agrees in some case of the group
     worst: float  # the pick's largest time / best time over the group's cases
     worst_at: int | None  # the case id where that loss is
+    fits: bool  # within the tolerance of every case (always, without tolerances)
 
 
 def recommendations(
-    df: pd.DataFrame, rounds: Rounds | None = None, tolerance: float = TOLERANCE
+    df: pd.DataFrame,
+    rounds: Rounds | None = None,
+    tolerance: float = TOLERANCE,
+    winners: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """One row per (model, phase, workload group): the pick, its worst loss in the group and
     where (``worst_loss``, ``worst_at``), the kernel it ran, the cases where it (or an impl
@@ -81,14 +91,28 @@ def recommendations(
     its compile time, its failures in or next to the group, the transformers
     ``attn_implementation`` picked the same way among the hf_* rows, the one pick for the
     whole part (``single``, ``single_loss``) and (per model and phase) the impls that failed
-    or disagreed somewhere."""
-    rows_of_models = df[df["model"].fillna("").astype(str) != ""]
+    or disagreed somewhere.
+
+    ``tolerance`` caps what a pick may lose in a case (tolerance.case_tolerance: the case's
+    noise, at most the cap); ``winners``: verdicts.fastest_agreeing of ``df`` with ``rounds``
+    (the analysis computes it once), else computed here for the rows of models."""
+    if winners is None:
+        df = df[_of_models(df)]
+        winners = fastest_agreeing(df, rounds)
+    df = df.assign(_case=df.groupby(list(CASE_COLUMNS), dropna=False, sort=True).ngroup())
+    if len(winners) != df["_case"].nunique():  # fastest_agreeing gives one row per case
+        raise ValueError("winners are not those of these rows (one per case, in case order)")
+    allowed = case_tolerance(winners, tolerance)  # case id -> the most a pick may lose there
     out = []
-    for (model, phase), g in rows_of_models.groupby(["model", "phase"], dropna=False, sort=False):
-        g = g.assign(_case=g.groupby(list(CASE_COLUMNS), dropna=False, sort=True).ngroup())
+    by_phase = df[_of_models(df)].groupby(["model", "phase"], dropna=False, sort=False)
+    for (model, phase), g in by_phase:
         phase = phase if isinstance(phase, str) else ""
-        out += _phase_rows(g, model, phase, rounds, tolerance)
+        out += _phase_rows(g, model, phase, winners, allowed)
     return pd.DataFrame(out, columns=COLUMNS)
+
+
+def _of_models(df: pd.DataFrame) -> pd.Series:
+    return df["model"].fillna("").astype(str) != ""
 
 
 @dataclass(frozen=True)
@@ -101,10 +125,11 @@ class _Phase:
     kernels: pd.DataFrame  # case × impl: the kernel the row ran (contestants.kernel_of)
     vary: list  # the dimensions whose values differ between cases
     named: list  # the dimensions a workload is named by: new tokens, batch, cache, and vary
-    tolerance: float
+    allowed: pd.Series  # case id -> the most a pick may lose there (tolerance.py)
+    busy: pd.DataFrame  # case × impl: its agreeing row was contended
 
 
-def _phase(g: pd.DataFrame, tolerance: float) -> _Phase:
+def _phase(g: pd.DataFrame, allowed: pd.Series) -> _Phase:
     cases = g.drop_duplicates("_case").set_index("_case").sort_index()[list(CASE_COLUMNS)]
     good = g[agreeing(g) & (g["time_ms"] > 0).fillna(False).astype(bool)]
     times = good.pivot_table(index="_case", columns="impl", values="time_ms", aggfunc="min")
@@ -113,13 +138,17 @@ def _phase(g: pd.DataFrame, tolerance: float) -> _Phase:
         index="_case", columns="impl", values="_k", aggfunc="first"
     )
     kernels = kernels.reindex(index=cases.index, columns=times.columns)
+    busy = good.assign(_c=contended(good).astype(int)).pivot_table(
+        index="_case", columns="impl", values="_c", aggfunc="max"
+    )
+    busy = busy.reindex(index=cases.index, columns=times.columns).fillna(0).astype(bool)
     vary = [c for c in SPLIT_ORDER if cases[c].nunique() > 1]
     vary += [c for c in CASE_COLUMNS if c not in vary and cases[c].nunique(dropna=False) > 1]
     named = [*SPLIT_ORDER, *(c for c in vary if c not in SPLIT_ORDER)]
     if cases["seq_kv"].eq(cases["seq_q"]).all():  # self-attention: Skv says nothing more
         vary = [c for c in vary if c != "seq_kv"]
         named = [c for c in named if c != "seq_kv"]
-    return _Phase(g, cases, times, kernels, vary, named, tolerance)
+    return _Phase(g, cases, times, kernels, vary, named, allowed.loc[cases.index], busy)
 
 
 def _parts(p: _Phase, phase: str) -> list[tuple[str, list]]:
@@ -130,22 +159,23 @@ def _parts(p: _Phase, phase: str) -> list[tuple[str, list]]:
     return [(f"{int(sq)}-token {phase}", list(part.index)) for sq, part in by_sq]
 
 
-def _phase_rows(g: pd.DataFrame, model, phase: str, rounds, tolerance: float) -> list[dict]:
-    p = _phase(g, tolerance)
-    winners = fastest_agreeing(g.drop(columns="_case"), rounds)  # in case id order
+def _phase_rows(g: pd.DataFrame, model, phase: str, winners, allowed) -> list[dict]:
+    p = _phase(g, allowed)
     hf = [c for c in p.times.columns if c in ATTN_IMPLEMENTATIONS]
     rows = []
     for part, ids in _parts(p, phase):
         single = _pick(p.times.loc[ids], p.kernels.loc[ids])
         for idx in _groups(p, ids):
             sub = p.times.loc[idx]
-            pick = _pick(sub, p.kernels.loc[idx])
+            pick = _pick(sub, p.kernels.loc[idx], p.allowed.loc[idx])
             row = {"model": model, "phase": phase, "part": part, "cases": len(idx)}
-            row["workload"] = _workload(p.cases, idx, p.named)
-            row["where"] = _where(p.cases, idx, ids, p.vary)
+            row["workload"] = workload(p.cases, idx, p.named)
+            row["where"] = where(p.cases, idx, ids, p.vary)
             row.update(single=single.impl, single_loss=single.worst)
+            held = p.allowed.loc[idx]  # the tolerance of each of its cases
+            row.update(tolerance_min=float(held.min()), tolerance_max=float(held.max()))
             if pick.impl is not None:
-                row.update(_about(pick, p, idx, winners.iloc[idx]))
+                row.update(_about(pick, p, idx, winners.loc[idx]))
             attn = _pick(sub[hf], p.kernels.loc[idx, hf]) if hf else None
             if attn is not None and attn.impl is not None:
                 row.update(
@@ -168,25 +198,29 @@ def _losses(times: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, index=times.index)
 
 
-def _pick(times: pd.DataFrame, kernels: pd.DataFrame) -> Pick:
+def _pick(times: pd.DataFrame, kernels: pd.DataFrame, allowed: pd.Series | None = None) -> Pick:
     """The impl that runs (agreeing) in every case of ``times`` (case × impl) with the
-    smallest worst loss; ties: the smaller median loss, then the name."""
+    smallest worst loss, each case's loss counted against what it ``allowed`` (the case's
+    tolerance: a loss of 1.05x weighs more where the noise is 1% than where it is 8%); ties:
+    the smaller median loss, then the name."""
     loss = _losses(times, kernels)
     full = loss.loc[:, loss.notna().all()]
     if full.empty or times.min(axis=1).isna().any():
-        return Pick(None, np.inf, None)
-    order = pd.DataFrame({"worst": full.max(), "median": full.median(), "name": full.columns})
-    impl = order.sort_values(["worst", "median", "name"]).index[0]
-    return Pick(str(impl), float(full[impl].max()), int(full[impl].idxmax()))
+        return Pick(None, np.inf, None, False)
+    over = full if allowed is None else full.div(allowed, axis=0)
+    order = pd.DataFrame({"over": over.max(), "median": full.median(), "name": full.columns})
+    impl = order.sort_values(["over", "median", "name"]).index[0]
+    fits = allowed is None or bool(full[impl].le(allowed).all())
+    return Pick(str(impl), float(full[impl].max()), int(full[impl].idxmax()), fits)
 
 
 def _groups(p: _Phase, idx: list) -> list[list]:
     """The workload groups of ``idx``: itself when one pick is within the tolerance
     everywhere, else the split (along one varying dimension, recursively) with the fewest
     groups."""
-    pick = _pick(p.times.loc[idx], p.kernels.loc[idx])
+    pick = _pick(p.times.loc[idx], p.kernels.loc[idx], p.allowed.loc[idx])
     here = [d for d in p.vary if p.cases.loc[idx, d].nunique(dropna=False) > 1]
-    if pick.worst <= p.tolerance or not here:
+    if pick.fits or not here:
         return [idx]
     best = None
     for d in here:
@@ -208,7 +242,7 @@ def _merge_neighbours(p: _Phase, parts: list[list[list]]) -> list[list]:
         if (
             out
             and len(groups) == 1
-            and _pick(p.times.loc[both], p.kernels.loc[both]).worst <= p.tolerance
+            and _pick(p.times.loc[both], p.kernels.loc[both], p.allowed.loc[both]).fits
         ):
             out[-1] = out[-1] + groups[0]
         else:
@@ -251,7 +285,8 @@ def _about(pick: Pick, p: _Phase, idx: list, winners) -> dict:
     ran = p.g[(p.g["impl"] == pick.impl) & p.g["_case"].isin(idx)]
     won = winners[winners["impl"].isin([pick.impl, *same])]
     ties = won["tie"].astype(bool)
-    marks = {m for c in won.loc[~ties, "caveat"].fillna("") for m in str(c).split(", ") if m}
+    said = won.loc[~ties, "caveat"].fillna("")  # contended is counted apart (_contended)
+    marks = {m for c in said for m in str(c).split(", ") if m and m != "contended"}
     low = int(ran["precision_low"].eq(True).sum()) if "precision_low" in ran else 0
     if low:  # wrong for training even where it agrees (docs/method.md: precision)
         marks.add(f"precision below fp32 accumulation in {low} case{'s' if low > 1 else ''}")
@@ -262,7 +297,7 @@ def _about(pick: Pick, p: _Phase, idx: list, winners) -> dict:
         "same_kernel": ", ".join(same),
         "wins": len(won),
         "worst_loss": pick.worst,
-        "worst_at": _case_text(p.cases, pick.worst_at, p.named),
+        "worst_at": case_text(p.cases, pick.worst_at, p.named),
         "margin": float(margin.median()) if len(margin) else None,
         "runner_up": runner,
         **_spread(ran, "time_ms"),
@@ -273,7 +308,19 @@ def _about(pick: Pick, p: _Phase, idx: list, winners) -> dict:
         "failures": _failures_near(p, idx, pick.impl),
         "ties": int(ties.sum()),
         "marks": ", ".join(sorted(marks)),
+        "contended": _contended(p.busy.loc[idx], [pick.impl, *same], others),
     }
+
+
+def _contended(busy: pd.DataFrame, mine: list, others: pd.DataFrame) -> int:
+    """In how many cases the pick's deciding rows were contended: its own (or an impl's that
+    ran its kernel) and the fastest other kernel's, which its loss or lead there is against."""
+    n = 0
+    for case, times in others.iterrows():
+        ran = times.dropna()
+        rival = bool(busy.loc[case, ran.idxmin()]) if len(ran) else False
+        n += int(rival or bool(busy.loc[case, mine].any()))
+    return n
 
 
 def _spread(rows: pd.DataFrame, column: str) -> dict:
@@ -307,39 +354,8 @@ def _failures_near(p: _Phase, idx: list, impl: str) -> tuple:
         if (apart <= 1).any():
             status = r["status"] if r["status"] != "ok" else "disagrees"
             cause = short_reason(r["reason"]) or status
-            out.append(f"{_case_text(p.cases, r['_case'], p.named)}: {status} ({cause})")
+            out.append(f"{case_text(p.cases, r['_case'], p.named)}: {status} ({cause})")
     return tuple(out)
-
-
-def _text(d: str, values) -> str:
-    """One dimension's values: 'Sq=1', 'B=1,32', 'Skv=4096–131072' (spans of the values)."""
-    values = sorted({v for v in values if not pd.isna(v)})
-    if values and all(isinstance(v, (int, np.integer)) for v in values):
-        said = seq_spans(values, values).replace(", ", ",") if len(values) > 2 else None
-        said = ",".join(map(str, values)) if said is None or "–" not in said else said
-    else:
-        said = ",".join(map(str, values))
-    return f"{DIM[d].title_prefix}{said}"
-
-
-def _workload(cases, idx: list, named: list) -> str:
-    """A group's workload: the values it holds of new tokens, batch, cache length and any
-    other dimension that varies in its phase ('Sq=1 B=32 Skv=4096,32768')."""
-    return " ".join(_text(d, cases.loc[idx, d]) for d in named)
-
-
-def _where(cases, idx: list, part: list, vary: list) -> str:
-    """What sets a group apart within its part: the dimensions whose values it does not hold
-    all of ('B=32'; '' for the whole part)."""
-    held = [d for d in vary if cases.loc[idx, d].nunique() < cases.loc[part, d].nunique()]
-    return " ".join(_text(d, cases.loc[idx, d]) for d in held)
-
-
-def _case_text(cases, case_id, vary: list) -> str:
-    """One case by its varying dimensions: 'Sq=1 B=1 Skv=131072'."""
-    if case_id is None:
-        return ""
-    return " ".join(_text(d, [cases.loc[case_id, d]]) for d in vary)
 
 
 def _not_run(g: pd.DataFrame) -> str:

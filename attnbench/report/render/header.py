@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import pandas as pd
 
-# sections.py reads these two from here
-from attnbench.report.analyse.coverage import borrowed_kernels  # noqa: F401
-from attnbench.report.analyse.derived import case_label  # noqa: F401
 from attnbench.report.analyse.machine import busy_machine
 from attnbench.report.render.markdown import MISSING, table
 from attnbench.spec import PRESETS

@@ -91,7 +91,7 @@ def first_screen(run) -> list[str]:
     rec, env = run.recommendations, run.env
     lines = [f"# attnbench report: run `{run.run_id}`", "", staleness_line(env), ""]
     if not rec.empty:
-        lines += ["## Verdicts", "", *verdict_lines(rec), ""]
+        lines += ["## Verdicts", "", *verdict_lines(run.verdicts), ""]
         lines += ["## Recommendations", "", *picks_table(rec, env)]
         lines += [
             f"Each pick is within its worst loss (and at most {run.tolerance:.2f}x, `--tolerance`) "

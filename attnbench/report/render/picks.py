@@ -1,8 +1,9 @@
-"""The report's decision, rendered from recommend.recommendations: one verdict line per
-phase (decode per number of new tokens), as a person would say it, and the picks' table:
-per workload the impl to use, the kernel it ran, its worst loss and where, its lead over
-the next kernel, its time and (decode) bandwidth per case, its compile time and its
-failures in or next to its workload."""
+"""The report's decision, rendered from recommend.recommendations and parts.part_verdicts:
+one verdict line per phase (decode per number of new tokens), as a person would say it, and
+the picks' table: per workload the impl to use, the kernel it ran, its worst loss and where,
+the tolerance it was held to, its lead over the next kernel, its time and (decode) bandwidth
+per case, its compile time and its failures in or next to its workload; a pick resting on
+contended rows says so in both."""
 
 from __future__ import annotations
 
@@ -49,31 +50,42 @@ def loss_text(worst, where=None) -> str:
     return f"within {worst:.2f}x" + (f" (at {where})" if isinstance(where, str) and where else "")
 
 
-def verdict_lines(rec: pd.DataFrame) -> list[str]:
-    """One line per model and part: '**prefill**: sdpa → cuDNN, fastest everywhere, 1.51x
-    over triton_flash'; a part with several picks names each by what sets it apart, and the
-    one pick that would serve the whole part with its worst loss."""
-    if rec.empty:
-        return []
+def verdict_lines(verdicts) -> list[str]:
+    """One line per model and part (parts.part_verdicts): '**prefill**: sdpa → cuDNN, fastest
+    everywhere, 1.51x over triton_flash'; a part with several picks names each by what sets it
+    apart, and the one pick that would serve the whole part with its worst loss. A pick whose
+    deciding rows were contended says so instead of standing as a fact."""
     lines = []
-    models = rec["model"].nunique() > 1
-    for (model, part), g in rec.groupby(["model", "part"], sort=False):
-        head = f"**{model} {part}**" if models else f"**{part}**"
-        if g["impl"].isna().any():
+    for v in verdicts:
+        head, g = f"**{v.label}**", v.picks
+        if not v.agreed:
             lines.append(f"- {head}: no impl agrees in every case of {g['workload'].iloc[0]}")
             continue
         if len(g) == 1:
             r = g.iloc[0]
-            said = f"{use_text(r['impl'], r['kernel'])}, {loss_text(r['worst_loss'])}"
+            said = f"{_said(r)}, {loss_text(r['worst_loss'])}"
             lines.append(f"- {head}: {said}, {lead_text(r['margin'], r['runner_up'])}")
             continue
-        picks = "; ".join(
-            f"{use_text(r['impl'], r['kernel'])} at {r['where']}" for _, r in g.iterrows()
-        )
+        picks = "; ".join(f"{_said(r)} at {r['where']}" for _, r in g.iterrows())
         first = g.iloc[0]
         one = f"one pick for all: {first['single']} {loss_text(first['single_loss'])}"
         lines.append(f"- {head}: {picks} ({one})")
     return lines
+
+
+def contended_text(r) -> str:
+    """'' unless the pick's deciding rows were contended somewhere: then in how many of its
+    cases, and what to do."""
+    n = r["contended"]
+    if pd.isna(n) or not n:
+        return ""
+    return f"contended in {int(n)} of {int(r['cases'])} cases: re-measure on a quiet machine"
+
+
+def _said(r) -> str:
+    """A pick as a verdict names it, with its doubt where its rows were contended."""
+    doubt = contended_text(r)
+    return use_text(r["impl"], r["kernel"]) + (f" ({doubt})" if doubt else "")
 
 
 def picks_table(rec: pd.DataFrame, env: dict) -> list[str]:
@@ -89,6 +101,9 @@ def picks_table(rec: pd.DataFrame, env: dict) -> list[str]:
         mem=[_memory(r) for _, r in rec.iterrows()],
         compile=[_compile(c) for c in rec["compile_ms"]],
         fails=[_fails(f) for f in rec["failures"]],
+        tolerance=[
+            f"{_span(lo, hi, '.2f')}x" for lo, hi in zip(rec["tolerance_min"], rec["tolerance_max"])
+        ],
         attn=[
             "" if pd.isna(a) else f"`{a}` ({loss_text(w)})"
             for a, w in zip(rec["attn_implementation"], rec["attn_worst_loss"])
@@ -99,6 +114,7 @@ def picks_table(rec: pd.DataFrame, env: dict) -> list[str]:
         "workload": "workload",
         "use": "use → kernel",
         "loss": "worst loss",
+        "tolerance": "tolerance (the noise, ≤ cap)",
         "lead": "vs next kernel",
         "ms": "ms per case",
         "bandwidth": "decode GB/s (% of HBM peak, of copy)",
@@ -127,6 +143,9 @@ def _use_cell(r) -> str:
         notes.append("tie" if ties == wins else f"{int(ties)} of {int(wins)} wins ties")
     if isinstance(r["marks"], str) and r["marks"]:
         notes.append(r["marks"])
+    doubt = contended_text(r)
+    if doubt:
+        notes.append(doubt)
     said = f"**{use_text(r['impl'], r['kernel'])}**"
     return said + (f" ({'; '.join(notes)})" if notes else "")
 

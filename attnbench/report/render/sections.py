@@ -1,6 +1,6 @@
 """The report's analysis sections of one device's rows, rendered from its analysis
-(analysis.DeviceAnalysis): recommendations, who wins where, speedups, scaling exponents and
-numerical agreement."""
+(analysis.DeviceAnalysis): who wins where, speedups, scaling exponents, the score matrices
+a peak holds and numerical agreement. They derive nothing: every table is the analysis's."""
 
 from __future__ import annotations
 
@@ -8,15 +8,12 @@ import pandas as pd
 
 from attnbench.measure import precision
 from attnbench.report.analyse import derived
-from attnbench.report.analyse.derived import DTYPE_BYTES
 from attnbench.report.decide.verdicts import AXIS_NAME
-from attnbench.report.render.header import borrowed_kernels, case_label
 from attnbench.report.render.markdown import MISSING, fold_long, folded, table
 
 
 def winners_section(a) -> list[str]:
     """Who wins where, from a DeviceAnalysis (analysis.py)."""
-    winners, wins = a.winners, a.wins
     lines = [
         "### Who wins where",
         "",
@@ -36,36 +33,24 @@ def winners_section(a) -> list[str]:
         f"wider than {derived.WIDE_INTERVAL:g}x (hi / lo) or noisy rows).",
         "",
     ]
-    if winners.empty:
+    if not a.who_wins:
         return lines + ["No cases.", ""]
     rows = []
-    order = {f: i for i, f in enumerate(a.families)}
-    borrowed = set(a.frame.loc[borrowed_kernels(a.frame), "impl"])  # said where they win
-    for fam, g in sorted(winners.groupby("family"), key=lambda t: order.get(t[0], 0)):
-        w = wins[wins["family"] == fam]
+    for fam in a.who_wins:
         text = [
             ("**{}**" if i == 0 else "{}").format(
-                r.impl + (" (PyTorch's kernels)" if r.impl in borrowed else "")
+                r.impl + (" (PyTorch's kernels)" if r.borrowed else "")
             )
             + (f" (same kernel as {r.same_kernel})" if r.same_kernel else "")
             + f" {r.wins}/{r.cases} ({r.axis} {r.spans}"
             + (f"; {r.ties} tie{'s' if r.ties > 1 else ''}" if r.ties else "")
             + (f"; {r.marked} marked: {r.marks}" if r.marked else "")
             + ")"
-            for i, r in enumerate(w.itertuples())
+            for i, r in enumerate(fam.wins.itertuples())
         ]
-        none = int(g["impl"].isna().sum())
-        if none:
-            text.append(f"no agreeing impl: {none}/{len(g)}")
-        top = w["impl"].iloc[0] if len(w) else None
-        margin = g.loc[g["impl"] == top, "margin"].dropna()
-        rows.append(
-            {
-                "family": fam,
-                "wins": "; ".join(text),
-                "margin": float(margin.median()) if len(margin) else None,
-            }
-        )
+        if fam.no_agreeing:
+            text.append(f"no agreeing impl: {fam.no_agreeing}/{fam.cases}")
+        rows.append({"family": fam.family, "wins": "; ".join(text), "margin": fam.margin})
     lines.append(
         table(
             pd.DataFrame(rows),
@@ -82,7 +67,7 @@ def winners_section(a) -> list[str]:
 
 def speedup_section(a) -> list[str]:
     """Speedups against the baseline, from a DeviceAnalysis (analysis.py)."""
-    df, baseline = a.frame, a.baseline
+    baseline, sp = a.baseline, a.speedup_table
     if not baseline:
         return [
             "### Speedup",
@@ -94,49 +79,30 @@ def speedup_section(a) -> list[str]:
         ]
     lines = [f"### Speedup vs {baseline}", ""]
     if a.speedups is None:
-        impls = ", ".join(sorted(df["impl"].dropna().unique()))
         return lines + [
             f"The baseline `{baseline}` has no ok rows in this run, so no speedups "
-            f"are computed; choose another with `--baseline` (impls: {impls}).",
+            f"are computed; choose another with `--baseline` (impls: {', '.join(sp.impls)}).",
             "",
         ]
-    sp = a.speedups
-    sp = sp[(sp["impl"] != baseline) & sp["speedup"].notna()]
-    paired = bool(sp["paired"].eq(True).any())
     lines += [
         f"{baseline} time / impl time over the cases where both are ok (above 1: faster "
         f"than {baseline}). "
         + (
             "Paired per round (the two impls timed in the same interleaved rounds), with "
             "each case's 95% interval in brackets; tie: the interval contains 1. "
-            if paired
+            if sp.paired
             else "The ratio of the two medians (this run has no rounds, so no intervals). "
         )
         + "Marked: cases that rest on contended rows, "
         + (
             f"an interval wider than {derived.WIDE_INTERVAL:g}x (hi / lo)."
-            if paired
+            if sp.paired
             else "or noisy rows (p20–p80 spread: the measurement checks)."
         ),
         "",
     ]
-    if sp.empty:
+    if sp.summary.empty:
         return lines + ["No case has both the baseline and another impl ok.", ""]
-    agg = (
-        sp.groupby(["impl", "family"], sort=True)["speedup"]
-        .agg(["size", "median", "min", "max"])
-        .reset_index()
-    )
-    cases = {k: g for k, g in sp.groupby(["impl", "family"], sort=True)}
-    agg["ties"] = [int(_ties(cases[k]).sum()) for k in zip(agg["impl"], agg["family"])]
-    agg["marked"] = [
-        int(cases[k]["caveat"].fillna("").astype(bool).sum())
-        for k in zip(agg["impl"], agg["family"])
-    ]
-    order = {f: i for i, f in enumerate(a.families)}
-    agg = agg.sort_values(
-        ["impl", "family"], key=lambda c: c.map(order) if c.name == "family" else c
-    )
     x = lambda v: f"{v:.2f}x"  # noqa: E731
     columns = {
         "impl": "impl",
@@ -148,33 +114,21 @@ def speedup_section(a) -> list[str]:
         "ties": "ties",
         "marked": "marked",
     }
-    if not paired:
+    if not sp.paired:
         del columns["ties"]
-    lines.append(table(agg, columns, formats={"median": x, "min": x, "max": x}))
-    if paired:
-        each = [(k, _each(cases[k])) for k in zip(agg["impl"], agg["family"])]
-        lines += folded("Each case (what varies: speedup [95% interval])", _each_lines(each))
+    lines.append(table(sp.summary, columns, formats={"median": x, "min": x, "max": x}))
+    if sp.paired:
+        lines += folded("Each case (what varies: speedup [95% interval])", _each_lines(sp))
     return lines
 
 
-def _each_lines(each: list) -> list[str]:
-    """Per (impl, family), its cases one per line."""
+def _each_lines(sp) -> list[str]:
+    """Per (impl, family) of a SpeedupTable, its cases one per line."""
     lines = []
-    for (impl, family), texts in each:
+    for (impl, family), cases in zip(zip(sp.summary["impl"], sp.summary["family"]), sp.cases):
+        texts = [_speedup_text(r, r["label"]) for _, r in cases.iterrows()]
         lines += [f"- **{impl}**, {family}:", *(f"  - {t}" for t in texts)]
     return lines
-
-
-def _ties(sp: pd.DataFrame) -> pd.Series:
-    """Speedups whose paired interval contains 1."""
-    return (sp["speedup_lo"].le(1) & sp["speedup_hi"].ge(1)).fillna(False).astype(bool)
-
-
-def _each(sp: pd.DataFrame) -> list[str]:
-    """One (impl, family)'s cases in order of N, each labelled by what varies among them."""
-    sp = sp.sort_values("seq_n")
-    labels = derived.case_labels(sp)
-    return [_speedup_text(r, labels[i]) for i, r in sp.iterrows()]
 
 
 def _speedup_text(r, label: str) -> str:
@@ -197,48 +151,43 @@ def _slope_text(r) -> str:
     )
 
 
-def _notes(by: dict, first) -> str:
+def _notes(s) -> str:
+    """A fitted series' notes (exponents.SeriesFits): its fits' reasons, contention, failures."""
     notes = []
     for m in derived.FIT_METRICS:
-        if m not in by or pd.isna(by[m]["reason"]):
+        if m not in s.fits or pd.isna(s.fits[m]["reason"]):
             continue
         # the overhead-limited caveat is the ≥ sign, explained above the table
         parts = [
             part
-            for part in str(by[m]["reason"]).split("; ")
+            for part in str(s.fits[m]["reason"]).split("; ")
             if not part.startswith("overhead-limited")
         ]
         if parts:
             notes.append(f"{m}: {'; '.join(parts)}")
-    busy = max(0 if pd.isna(n := by[m].get("n_contended", 0)) else int(n) for m in by)
-    if busy:
-        notes.append(f"fitted on {busy} contended row(s): the exponent may be off")
-    if not pd.isna(first["failed"]):
-        notes.append(f"failed rows: {first['failed']}")
+    if s.n_contended:
+        notes.append(f"fitted on {s.n_contended} contended row(s): the exponent may be off")
+    if s.failed is not None:
+        notes.append(f"failed rows: {s.failed}")
     return "; ".join(notes)
 
 
-def _unfitted_line(unfit: list) -> list[str]:
-    """The series with no fit of any metric, in one line: how many, why, which impls."""
+def _unfitted_line(unfit: tuple) -> list[str]:
+    """The series with no fit of any metric (exponents.Unfitted per reason), in one line: how
+    many, why, which impls."""
     if not unfit:
         return []
-    why: dict[str, list] = {}
-    for g in unfit:
-        reason = g["reason"].dropna()
-        why.setdefault(str(reason.iloc[0]) if len(reason) else "no fit", []).append(g)
     parts = []
-    for reason, groups in why.items():
-        impls = sorted({str(g["impl"].iloc[0]) for g in groups})
-        failed = sum(int(g["n_failed"].iloc[0]) for g in groups)
-        more = f", {failed} failed rows (see non-ok rows)" if failed else ""
-        relations = ", ".join(sorted({str(g["seq_kv_rule"].iloc[0]) for g in groups}))
-        parts.append(f"{reason} ({len(groups)} series of {', '.join(impls)}; {relations}{more})")
-    return [f"No fit for {len(unfit)} series: {'; '.join(parts)}.", ""]
+    for u in unfit:
+        more = f", {u.failed} failed rows (see non-ok rows)" if u.failed else ""
+        relations = ", ".join(u.relations)
+        parts.append(f"{u.reason} ({u.series} series of {', '.join(u.impls)}; {relations}{more})")
+    return [f"No fit for {sum(u.series for u in unfit)} series: {'; '.join(parts)}.", ""]
 
 
-def exponents_section(fits: pd.DataFrame) -> list[str]:
-    """Scaling exponents from derived.scaling_exponents with a ``series`` label column (a
-    DeviceAnalysis's fits); series without any fit collapse into one line."""
+def exponents_section(e) -> list[str]:
+    """Scaling exponents (a DeviceAnalysis's exponents.Exponents); series without any fit
+    collapse into one line."""
     lines = [
         "### Scaling exponents",
         "",
@@ -252,10 +201,9 @@ def exponents_section(fits: pd.DataFrame) -> list[str]:
         "non-ok rows).",
         "",
     ]
-    fits = fits[fits["n_ok"] > 0]
-    if fits.empty:
+    if not e.any_ok:
         return lines + ["No series with ok rows.", ""]
-    if fits["batch_rule"].astype(str).str.startswith("B·N=").any():
+    if e.fixed_tokens:
         lines += [
             "At a fixed token count (B·N=…, as the race sweeps), the batch shrinks as N "
             "grows: full attention's time ∝ B·N² = tokens·N, so a time exponent of 1 there "
@@ -264,30 +212,20 @@ def exponents_section(fits: pd.DataFrame) -> list[str]:
             "(exponent 0); a kernel that held the N×N scores would show 1.",
             "",
         ]
-    rows, unfit = [], []
-    groups = fits.groupby(list(derived.SERIES_KEY), dropna=False, sort=True)
-    groups = sorted(
-        groups, key=lambda t: (t[1]["impl"].iloc[0], derived.mode_rank(t[1]["mode"].iloc[0]))
-    )
-    for _key, g in groups:
-        if g["slope"].isna().all():
-            unfit.append(g)
-            continue
-        first = g.iloc[0]
-        by = {r["metric"]: r for _, r in g.iterrows()}
-        rows.append(
-            {
-                "impl": first["impl"],
-                "series": first["series"],
-                "time": _slope_text(by["time_ms"]) if "time_ms" in by else MISSING,
-                "mem": (_slope_text(by["peak_mem_mib"]) if "peak_mem_mib" in by else MISSING),
-                "notes": _notes(by, first),
-            }
-        )
+    rows = [
+        {
+            "impl": s.impl,
+            "series": s.series,
+            "time": _slope_text(s.fits["time_ms"]) if "time_ms" in s.fits else MISSING,
+            "mem": _slope_text(s.fits["peak_mem_mib"]) if "peak_mem_mib" in s.fits else MISSING,
+            "notes": _notes(s),
+        }
+        for s in e.fitted
+    ]
     if rows:
         table_text = _exponents_table(pd.DataFrame(rows))
         lines += fold_long("Exponents per series", [table_text], len(rows))
-    return lines + _unfitted_line(unfit)
+    return lines + _unfitted_line(e.unfitted)
 
 
 def _exponents_table(rows: pd.DataFrame) -> str:
@@ -308,23 +246,10 @@ def score_memory_lines(a) -> list[str]:
     ·Skv elements of the case's dtype), in score matrices: a peak of several (scores and
     probabilities both kept, or float32 scores for half inputs) is said, not left to the
     reader to work out."""
-    ok = derived.ok_rows(a.frame).dropna(subset=["peak_mem_mib"])
-    if ok.empty or (ok["level"] != "op").all():
-        return []
-    # a series whose queries grow with N: a decode series (N the cache, Sq fixed) holds an
-    # O(N) score row, and what else its peak holds (a GQA-expanded K/V copy) is not scores
-    ok = ok[(ok["level"] == "op") & (ok["seq_q"] == ok["seq_n"])]
-    if ok.empty:
-        return []
-    top = ok.loc[ok.groupby(list(derived.SERIES_KEY), dropna=False)["seq_n"].idxmax()]
-    elements = top["batch"] * top["heads"] * top["seq_q"] * top["seq_kv"]
-    ratio = top["peak_mem_mib"] * 2**20 / (elements * top["dtype"].map(DTYPE_BYTES).fillna(4))
-    top = top.assign(ratio=ratio, series=derived.series_labels(top))[ratio >= 1]
-    if top.empty:
+    if a.score_peaks.empty:
         return []
     parts = [
-        f"{r.impl} ({r.series}, N {r.seq_n}): {r.ratio:.1f}x"
-        for r in top.sort_values(["impl", "series"]).itertuples()
+        f"{r.impl} ({r.series}, N {r.seq_n}): {r.ratio:.1f}x" for r in a.score_peaks.itertuples()
     ]
     return [
         "Peak memory of the series that hold an N² buffer, in score matrices of the case's "
@@ -338,16 +263,12 @@ def score_memory_lines(a) -> list[str]:
 def disagreement_section(a) -> list[str]:
     """Ok rows that disagree or were not checked, and those whose precision is below an
     fp32-accumulating kernel's, from a DeviceAnalysis (analysis.py)."""
-    df, bad = a.frame, a.disagreements
+    bad = a.agreement.disagreeing
     lines = ["### Numerical agreement", ""]
     if bad.empty:
-        n = len(derived.ok_rows(df))
+        n = a.agreement.n_ok
         lines += [f"All {n} ok rows agree with the float64 reference within their bound.", ""]
-        return lines + _precision_lines(df)
-    bad = bad.assign(
-        case=[case_label(r) for _, r in bad.iterrows()],
-        verdict=bad["agrees"].map({False: "disagrees"}).fillna("not checked"),
-    )
+        return lines + _precision_lines(a.agreement.precision_low)
     lines += [
         f"{len(bad)} ok row(s) disagree or were not checked: their times are real but "
         f"they are never counted as winners.",
@@ -374,20 +295,15 @@ def disagreement_section(a) -> list[str]:
             },
         )
     )
-    return lines + [""] + _precision_lines(df)
+    return lines + [""] + _precision_lines(a.agreement.precision_low)
 
 
-def _precision_lines(df: pd.DataFrame) -> list[str]:
+def _precision_lines(low: pd.DataFrame) -> list[str]:
     """Half-precision rows whose error is over its calibrated multiple of what a kernel that
     accumulates in float32 gets on the same inputs (``precision_low``): a flag apart from
     agreement, in measure/precision.py's words."""
-    if "precision_low" not in df:  # runs made before the column existed
-        return []
-    low = derived.ok_rows(df)
-    low = low[low["precision_low"].eq(True).fillna(False).astype(bool)]
     if low.empty:
         return []
-    low = low.assign(case=[case_label(r) for _, r in low.iterrows()])
     return [
         f"{len(low)} ok row(s) have a precision below an fp32-accumulating kernel's "
         f"({precision.MEANING}).",
