@@ -359,6 +359,20 @@ def test_who_wins_where_names_a_decode_familys_cache_lengths_as_skv():
     assert list(wins["axis"]) == ["Skv"] and list(wins["spans"]) == ["1024–4096"]
 
 
+def test_who_wins_where_tells_a_decode_familys_wins_by_cache_length_per_new_tokens():
+    """One and four new tokens share a decode family: its wins are cache lengths at each Sq,
+    never 'N 1' (the number of new tokens read as a length)."""
+    rows = []
+    for sq, skv, fast in ((1, 1024, "a"), (1, 2048, "a"), (4, 1024, "b"), (4, 2048, "a")):
+        slow = "b" if fast == "a" else "a"
+        rows += [ok_row("r", fast, decode(1, sq, skv), 1.0, 1.0)]
+        rows += [ok_row("r", slow, decode(1, sq, skv), 2.0, 1.0)]
+    wins = verdicts.wins_by_family(verdicts.fastest_agreeing(frame(rows))).set_index("impl")
+    assert set(wins["axis"]) == {"Skv"}
+    assert wins.loc["a", "spans"] == "1024–2048 at Sq=1, 2048 at Sq=4"
+    assert wins.loc["b", "spans"] == "1024 at Sq=4"
+
+
 def test_a_decode_pick_states_its_kv_cache_beside_its_peak_temporaries():
     rec = recommendations(neighbour_rows())  # B=32 Hkv=8 D=128 bf16: 16 MiB per 1024 keys
     paged = rec[rec["impl"] == "paged"].iloc[0]

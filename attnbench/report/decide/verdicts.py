@@ -205,6 +205,26 @@ def seq_spans(won, lengths) -> str:
 AXIS_NAME = {"seq_q": "N", "seq_kv": "Skv"}  # a length as the report's tables name it
 
 
+def _family_axis(family: pd.DataFrame) -> str:
+    """The length a family's wins are told by, as the scaling exponents and the figures name
+    it: the cache (seq_kv) in a decode family (its few new queries against a growing cache)
+    or one whose queries are fixed while the keys vary, else N (seq_q)."""
+    decode = "phase" in family and family["phase"].eq("decode").all()
+    fixed_q = family["seq_q"].nunique() == 1 and family["seq_kv"].nunique() > 1
+    return "seq_kv" if decode or fixed_q else "seq_q"
+
+
+def _spans(won: pd.DataFrame, family: pd.DataFrame) -> str:
+    """The cache lengths won, per number of new queries where the family has several:
+    '4096–131072 at Sq=1, 4096 at Sq=4' (one new token and four are unlike workloads)."""
+    if family["seq_q"].nunique() == 1:
+        return seq_spans(won["seq_kv"], family["seq_kv"])
+    return ", ".join(
+        f"{seq_spans(w['seq_kv'], family.loc[family['seq_q'] == sq, 'seq_kv'])} at Sq={sq}"
+        for sq, w in won.groupby("seq_q", sort=True)
+    )
+
+
 def _one_name_per_kernel(won: pd.DataFrame) -> pd.DataFrame:
     """Each win under one name per kernel and family: of the impls that ran it (``impl`` and
     its ``same_kernel``), the one that won the most of the family's cases (then the first by
@@ -276,16 +296,14 @@ def wins_by_family(winners: pd.DataFrame) -> pd.DataFrame:
         )
         for f, i in zip(agg["family"], agg["impl"])
     ]
-    # the length a family varies: the cache (Skv) where its queries are fixed (decode), as
-    # the scaling exponents and the figures name it, else N (seq_q)
-    fixed_q = winners.groupby("family")["seq_q"].nunique() == 1
-    many_kv = winners.groupby("family")["seq_kv"].nunique() > 1
-    axis = {f: "seq_kv" if fixed_q[f] and many_kv[f] else "seq_q" for f in fixed_q.index}
+    axis = {f: _family_axis(g) for f, g in winners.groupby("family")}
     agg["axis"] = [AXIS_NAME[axis[f]] for f in agg["family"]]
     agg["spans"] = [
-        seq_spans(
-            won.loc[(won["family"] == f) & (won["impl"] == i), axis[f]],
-            winners.loc[winners["family"] == f, axis[f]],
+        _spans(won[(won["family"] == f) & (won["impl"] == i)], winners[winners["family"] == f])
+        if axis[f] == "seq_kv"
+        else seq_spans(
+            won.loc[(won["family"] == f) & (won["impl"] == i), "seq_q"],
+            winners.loc[winners["family"] == f, "seq_q"],
         )
         for f, i in zip(agg["family"], agg["impl"])
     ]

@@ -19,7 +19,7 @@ def winners_section(a) -> list[str]:
         "",
         "Fastest impl per case among the ok rows that agree with the reference, counted "
         "per case family (N: the lengths it won, a–b where it won every length between; Skv: "
-        "the cache lengths, in a decode family; "
+        "the cache lengths, in a decode family, at each number of new tokens Sq; "
         "margin: median of runner-up time / winner time, the runner-up being the fastest "
         "*other kernel*: impls that ran the winner's kernel (the backend column: `sdpa` "
         "dispatching to cuDNN) are one contestant, named as the same kernel; ties: wins "
