@@ -114,6 +114,27 @@ def test_the_next_kernel_is_the_closest_not_the_first_name():
     assert _runner_up(others, mine) == "zeta"
 
 
+def test_a_pick_serving_two_workloads_of_a_part_is_said_once_with_both():
+    from attnbench.report.decide.parts import PartVerdict
+
+    picks = pd.DataFrame(
+        {
+            "impl": ["paged", "flex", "paged"],
+            "kernel": ["", "", ""],
+            "where": ["B=1 Skv=131072", "B=1 Skv=32768", "B=32 Skv=4096,32768"],
+            "contended": [0, 0, 0],
+            "cases": [1, 1, 2],
+            "single": ["sdpa"] * 3,
+            "single_loss": [1.3] * 3,
+        }
+    )
+    (line,) = verdict_lines([PartVerdict("4-token decode", picks, agreed=True)])
+    assert line.startswith(
+        "- **4-token decode**: paged at B=1 Skv=131072 and B=32 Skv=4096,32768; "
+        "flex at B=1 Skv=32768 (one pick for all: sdpa within 1.30x)"
+    ), line
+
+
 def test_a_margin_is_never_printed_below_one():
     assert lead_text(1.51, "triton_flash") == "1.51x over triton_flash"
     assert lead_text(0.95, "flex") == "flex 1.05x faster"

@@ -94,10 +94,10 @@ def first_screen(run) -> list[str]:
         lines += ["## Verdicts", "", *verdict_lines(run.verdicts), ""]
         lines += ["## Recommendations", "", *picks_table(rec, env)]
         lines += [
-            f"Each pick is within its worst loss (and at most {run.tolerance:.2f}x, `--tolerance`) "
-            "of the fastest kernel agreeing with the float64 reference in every case of its "
-            "workload; decode is split by new tokens always. How it is decided: "
-            "docs/reports.md.",
+            "Each pick loses at most its worst loss to the fastest kernel agreeing with the "
+            "float64 reference in every case of its workload, and in each case no more than "
+            f"that case's measured noise, capped at {run.tolerance:.2f}x (`--tolerance`); "
+            "decode is split by new tokens always. How it is decided: docs/reports.md.",
             "",
         ]
     lines += ["## Not covered", "", *not_covered(run), ""]

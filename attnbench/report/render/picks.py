@@ -66,7 +66,10 @@ def verdict_lines(verdicts) -> list[str]:
             said = f"{_said(r)}, {loss_text(r['worst_loss'])}"
             lines.append(f"- {head}: {said}, {lead_text(r['margin'], r['runner_up'])}")
             continue
-        picks = "; ".join(f"{_said(r)} at {r['where']}" for _, r in g.iterrows())
+        where: dict[str, list[str]] = {}  # a pick said once, with every workload it serves
+        for _, r in g.iterrows():
+            where.setdefault(_said(r), []).append(str(r["where"]))
+        picks = "; ".join(f"{said} at {' and '.join(at)}" for said, at in where.items())
         first = g.iloc[0]
         one = f"one pick for all: {first['single']} {loss_text(first['single_loss'])}"
         lines.append(f"- {head}: {picks} ({one})")
