@@ -520,9 +520,6 @@ ROW_READERS = ("ok_rows", "is_ok", "agreeing", "noisy", "contended", "with_serie
 SHOWING = ("report/render/", "report/plot/")
 # modules whose derivations are still to move into the analysis (emptied, then removed)
 STILL_DERIVING = {
-    "report/plot/plots.py",
-    "report/plot/layout.py",
-    "report/plot/figures.py",
     "report/render/sections.py",
     "report/render/checks.py",
     "report/render/header.py",

@@ -9,6 +9,12 @@ from dataclasses import dataclass
 import pandas as pd
 
 from attnbench.report.analyse import derived, patterns
+from attnbench.report.analyse.figure_data import (
+    DeviceFigures,
+    SpeedSeries,
+    device_figures,
+    speed_series,
+)
 from attnbench.report.analyse.rounds import AnchorRounds, Rounds
 from attnbench.report.decide import verdicts
 from attnbench.report.decide.recommend import TOLERANCE, recommendations
@@ -35,6 +41,8 @@ class DeviceAnalysis:
     disagreements: pd.DataFrame  # ok rows that disagree or were not checked
     waste: pd.DataFrame  # patterns.wasted_work (empty without pattern masks)
     sparsity: pd.DataFrame  # patterns.sparsity_fits, with each series' label
+    # what each figure draws (figure_data.device_figures: panels, lines, guides, grids)
+    figures: DeviceFigures
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,8 @@ class RunAnalysis:
     kernels: pd.DataFrame | None  # kernels.csv (--profile), or None
     anchor: AnchorRounds | None = None  # the speed anchor (anchor.csv), or None
     tolerance: float = TOLERANCE  # the most a pick may lose in a case of its workload
+    # the speed anchor's series per resource, as its figure draws them; None: no anchor
+    speed: tuple[SpeedSeries, ...] | None = None
 
 
 def analyse_device(
@@ -71,6 +81,7 @@ def analyse_device(
     sparsity = sparsity.assign(series=derived.series_labels(sparsity, always=("mask", "pattern")))
     winners = verdicts.fastest_agreeing(frame, rounds)
     recorded = baseline == env.get("baseline")  # the rows' own speedups are against it
+    speedups = verdicts.speedups(frame, baseline, rounds, recorded) if has_base else None
     return DeviceAnalysis(
         name=name,
         suffix=suffix,
@@ -82,11 +93,12 @@ def analyse_device(
         fits=fits,
         winners=winners,
         wins=verdicts.wins_by_family(winners),
-        speedups=verdicts.speedups(frame, baseline, rounds, recorded) if has_base else None,
+        speedups=speedups,
         rounds=rounds,
         disagreements=derived.disagreements(frame),
         waste=patterns.wasted_work(frame),
         sparsity=sparsity,
+        figures=device_figures(frame, env, fits, speedups, baseline, name),
     )
 
 
@@ -134,6 +146,7 @@ def analyse(
         kernels=kernels,
         anchor=anchor,
         tolerance=tolerance,
+        speed=None if anchor is None else speed_series(anchor.series),
     )
 
 
