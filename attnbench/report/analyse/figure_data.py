@@ -95,7 +95,7 @@ def bandwidth_lines(df, env: dict, device_name=None) -> LineFigure | None:
     """Achieved GB/s of the decode rows vs the cache length, under the device's HBM roofs;
     None where no decode row has a GB/s."""
     decode = decode_rows(df)
-    if not decode["gbps"].notna().any():
+    if "gbps" not in decode or not decode["gbps"].notna().any():
         return None
     peak = published(env.get("gpu_name"))
     roofs = Roofs(
