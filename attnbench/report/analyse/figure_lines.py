@@ -27,6 +27,15 @@ FACET_COLUMNS = ("mode", "causal")
 # every series key column besides the impl and the facets: its title prefix (dims.py)
 CONFIG_LABELS = {d.name: d.title_prefix for d in DIMS} | {"seq_kv_rule": "", "batch_rule": ""}
 CONFIG_COLUMNS = tuple(c for c in derived.SERIES_KEY if c not in ("impl", *FACET_COLUMNS))
+# what a line figure's panels, lines and extras read besides the metric and its band: the
+# frame is cut to them before it is grouped (a results row has some 80 columns, and grouping
+# copies every one of them per panel and impl)
+LINE_COLUMNS = (
+    *derived.SERIES_KEY,
+    *("status", "agrees", "seq_n", "seq_q", "seq_kv"),
+    *("time_ms", "time_ms_p20", "time_ms_p80", "peak_mem_mib"),  # noisy points, memory guides
+    *("err_bound", "speedup", "caveat", "ratio"),  # bounds, caveats, the gate
+)
 
 
 @dataclass(frozen=True)
@@ -115,11 +124,11 @@ def panels(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return [(title, g) for _, _, title, g in sorted(out, key=lambda t: t[:2])]
 
 
-def _fail_note(ok: pd.Series, status: pd.Series) -> str:
-    failed = status[~ok]
-    if failed.empty:
+def _fail_note(status: np.ndarray) -> str:
+    """The failed rows of an impl on a panel counted by status (`` (1 oom)``)."""
+    if not len(status):
         return ""
-    counts = failed.fillna("missing").value_counts()
+    counts = pd.Series(status, dtype=object).fillna("missing").value_counts()
     return " (" + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")"
 
 
@@ -129,28 +138,46 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.allclose(a, b, rtol=1e-3, atol=0.0))
 
 
-def _line(gi: pd.DataFrame, y: str, label: str, band, drawn: dict) -> Line | None:
-    """One impl's ok points with a value on a panel (None: it has none); ``drawn``: the
-    lines before it on the panel, impl -> values, to which it adds its own."""
-    pts = gi[gi["_ok"] & gi[y].notna()].sort_values("seq_n")
-    if pts.empty:
-        return None
-    impl = str(gi["impl"].iloc[0])
-    v = pts[y].to_numpy(dtype=float)
-    twin = next((o for o, w in drawn.items() if len(w) == len(v) and _same(w, v)), None)
-    drawn[impl] = v
-    noisy = derived.noisy(pts) if y == "time_ms" else pd.Series(False, index=pts.index)
-    return Line(
-        impl=impl,
-        label=label + (f" (same as {twin})" if twin else ""),
-        x=pts["seq_n"].to_numpy(dtype=float),
-        y=v,
-        band=tuple(pts[c].to_numpy(dtype=float, na_value=np.nan) for c in band) if band else None,
-        noisy=noisy.to_numpy(dtype=bool),
-        flagged=~pts["agrees"].eq(True).fillna(False).to_numpy(dtype=bool),
-        unchecked=bool(pts["agrees"].isna().any()),
-        same_as=twin,
-    )
+class _Columns:
+    """A line figure's columns as arrays, read once for every panel and impl (positions:
+    rows of the frame, which is indexed 0..n-1)."""
+
+    def __init__(self, df: pd.DataFrame, y: str, band):
+        self.impl = df["impl"].to_numpy(dtype=object)
+        self.status = df["status"].to_numpy(dtype=object, na_value=None)
+        self.ok = df["_ok"].to_numpy(dtype=bool)
+        self.has = self.ok & df[y].notna().to_numpy(dtype=bool)
+        self.x = df["seq_n"].to_numpy(dtype=float)
+        self.y = df[y].to_numpy(dtype=float, na_value=np.nan)
+        self.band = [df[c].to_numpy(dtype=float, na_value=np.nan) for c in band or ()]
+        # noisy points are marked on the time figure only
+        noisy = derived.noisy(df) if y == "time_ms" else pd.Series(False, index=df.index)
+        self.noisy = noisy.to_numpy(dtype=bool)
+        self.flagged = ~df["agrees"].eq(True).fillna(False).to_numpy(dtype=bool)
+        self.unknown = df["agrees"].isna().to_numpy(dtype=bool)
+
+    def line(self, rows: np.ndarray, label: str, drawn: dict) -> Line | None:
+        """One impl's ok points with a value among ``rows`` (None: it has none); ``drawn``:
+        the lines before it on the panel, impl -> values, to which it adds its own."""
+        pts = rows[self.has[rows]]
+        if not len(pts):
+            return None
+        pts = pts[np.argsort(self.x[pts], kind="stable")]
+        impl = str(self.impl[rows[0]])
+        v = self.y[pts]
+        twin = next((o for o, w in drawn.items() if len(w) == len(v) and _same(w, v)), None)
+        drawn[impl] = v
+        return Line(
+            impl=impl,
+            label=label + (f" (same as {twin})" if twin else ""),
+            x=self.x[pts],
+            y=v,
+            band=tuple(c[pts] for c in self.band) if self.band else None,
+            noisy=self.noisy[pts],
+            flagged=self.flagged[pts],
+            unchecked=bool(self.unknown[pts].any()),
+            same_as=twin,
+        )
 
 
 def line_figure(
@@ -163,32 +190,37 @@ def line_figure(
     suffix: Callable | None = None,
     extra: Callable | None = None,
 ) -> LineFigure:
-    """Each panel's lines of ``y`` vs the series' length over ok rows. ``suffix(impl, rows)``:
-    a legend suffix per impl; ``extra(rows)``: what a panel draws besides its lines."""
+    """Each panel's lines of ``y`` vs the series' length over ok rows. ``suffix(impl, row)``:
+    a legend suffix per impl (from its first row on the panel); ``extra(rows)``: what a
+    panel draws besides its lines."""
     df = derived.with_series(df)
+    heading = title(what, df, device_name)
+    columns = [*dict.fromkeys(c for c in (*LINE_COLUMNS, y, *(band or ())) if c in df)]
+    df = df[columns].reset_index(drop=True)
     df = df.assign(_ok=derived.is_ok(df))  # once: panels and impls filter by it
-    shown = df["_ok"] & df[y].notna()
+    cols = _Columns(df, y, band)
     out = []
     for ptitle, g in panels(df):
-        if not (g["_ok"] & g[y].notna()).any():
+        rows = g.index.to_numpy()
+        if not cols.has[rows].any():
             continue
         drawn: dict[str, np.ndarray] = {}
         lines = []
-        for impl, gi in g.groupby("impl", sort=True):
-            label = (
-                impl + (suffix(impl, gi) if suffix else "") + _fail_note(gi["_ok"], gi["status"])
-            )
-            lines.append(_line(gi, y, label, band, drawn))
+        for impl in sorted(set(cols.impl[rows])):
+            mine = rows[cols.impl[rows] == impl]
+            label = impl + (suffix(impl, df.iloc[mine[0]]) if suffix else "")
+            label += _fail_note(cols.status[mine[~cols.ok[mine]]])
+            lines.append(cols.line(mine, label, drawn))
         axis = derived.length_axis(g["seq_kv_rule"].iloc[0])
         seqs = tuple(sorted({int(s) for s in g["seq_n"]}))
         kept = tuple(line for line in lines if line is not None)
         out.append(Panel(ptitle, axis, seqs, kept, extra(g) if extra else None))
     return LineFigure(
-        title=title(what, df, device_name),
+        title=heading,
         y=y,
         impls=tuple(df["impl"].dropna().unique()),
         panels=tuple(out),
-        absent=tuple(sorted(set(df["impl"].dropna()) - set(df.loc[shown, "impl"]))),
+        absent=tuple(sorted(set(df["impl"].dropna()) - set(cols.impl[cols.has]))),
     )
 
 
@@ -204,8 +236,7 @@ def slope_suffix(fits: pd.DataFrame | None, metric: str) -> Callable | None:
         for (impl, *rest), m in zip(f[["impl", *key]].itertuples(index=False), f.to_dict("records"))
     }
 
-    def suffix(impl, gi) -> str:
-        first = gi.iloc[0]  # a panel holds one series per impl; seq_kv_rule already set
+    def suffix(impl, first) -> str:  # a panel holds one series per impl: its first row's
         m = by_series.get((impl, *(_cell(first[c]) for c in key)))
         if m is None or pd.isna(m["slope"]):
             return "  (no fit)"

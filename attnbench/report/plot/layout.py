@@ -23,7 +23,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
 
@@ -47,7 +46,11 @@ def impl_style(impls, colors: dict[str, str] | None = None) -> dict[str, tuple]:
     run's env.json, ``colors``), else a palette colour in sorted-name order."""
     colors = colors or {}
     names = sorted(set(impls))
-    palette = sns.color_palette("tab10", 10) + sns.color_palette("husl", max(len(names), 1))
+    palette = [tuple(c) for c in matplotlib.colormaps["tab10"].colors]
+    if len(names) > len(palette):  # then husl hues (seaborn imported only here: seconds)
+        import seaborn as sns
+
+        palette += sns.color_palette("husl", len(names))
     return {  # markers follow the name alone, so they too stay put from run to run
         name: (colors.get(name) or palette[i], MARKERS[zlib.crc32(name.encode()) % len(MARKERS)])
         for i, name in enumerate(names)
