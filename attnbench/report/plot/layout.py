@@ -189,7 +189,9 @@ def line_figure(
         if logy and linear:  # a log axis over 64–65 MiB shows one tick and reads as flat
             ax.set_yscale("linear")
         ax.set_ylabel(ylabel.replace(", log)", ")").replace(" (log)", "") if linear else ylabel)
-        ax.set_title(panel.title, fontsize=10)
+        # a log axis has no offset text for the title to clear: its place is fixed, which
+        # spares matplotlib laying out the y axis' ticks once more to find it
+        ax.set_title(panel.title, fontsize=10, y=1.0 if ax.get_yscale() == "log" else None)
         _legend(ax, marks)
     if data.absent:
         fig.text(
