@@ -118,8 +118,7 @@ def test_every_dimension_has_a_variant_here():
 def test_a_dimension_held_fixed_or_varying_has_titles_labels_and_families(name):
     """Every figure title, panel, series label and family derives its text from dims.py: a
     new dimension cannot crash a report (a score modifier once did: KeyError)."""
-    from attnbench.report.analyse import derived
-    from attnbench.report.analyse import figure_lines
+    from attnbench.report.analyse import derived, figure_lines
 
     for df in (_rows([VARIANTS[name]]), _rows([{}, VARIANTS[name]])):  # fixed, varying
         df = derived.with_series(df)

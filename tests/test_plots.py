@@ -166,3 +166,33 @@ def test_the_support_matrix_has_room_for_long_family_names():
     title = fig._suptitle.get_window_extent(renderer)
     assert title.y0 >= ax.get_window_extent(renderer).y1  # the title above the heatmap
     plots.plt.close(fig)
+
+
+def test_the_analysis_holds_each_figures_points_and_failures():
+    """What a figure draws is derived in the analysis (DeviceAnalysis.figures): per panel and
+    impl its ok points in N order, its failed rows counted in its legend label; plot/ draws
+    only that."""
+    from attnbench.report.analysis import analyse_device
+
+    figures = analyse_device(pd.DataFrame(smoke_rows("c", seqs=SEQS)), env()).figures
+    assert figures.one_n is None and figures.bandwidth is None  # no decode rows
+    naive = [line for p in figures.time.panels if p.title == "fwd · full" for line in p.lines]
+    naive = next(line for line in naive if line.impl == "naive")
+    assert naive.label.endswith("(1 oom)")  # the largest N ran out of memory
+    assert list(naive.x) == [64.0, 128.0, 256.0]  # the ok points only, ascending
+    assert {"triton_flash", "xformers"} <= set(figures.time.absent)  # unsupported on CPU
+    assert figures.support.share.loc["naive"].between(0, 1).all()
+
+
+def test_a_report_imports_no_seaborn_or_scipy():
+    """Importing the report (and what it draws with) costs no seaborn, whose import pulls in
+    scipy.stats: seconds of `attnbench report` on two cores."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, attnbench.report.report as r, attnbench.report.plot.plots; "
+        "print(sorted(m for m in ('seaborn', 'scipy') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
