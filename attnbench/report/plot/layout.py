@@ -1,5 +1,6 @@
-"""The figures' shared layout: one colour and marker per impl, facets, titles, axes, and the
-line figure every "metric vs N" plot is drawn with (plots.py).
+"""The figures' shared layout: one colour and marker per impl, the panel grid, titles, axes,
+and the line figure every "metric vs N" plot is drawn with (plots.py), from what the
+analysis holds for it (analyse/figure_lines.py: its panels and lines, the rules they follow).
 
 Conventions shared by every figure:
   * only ok rows are drawn as measurements; failed rows are counted in the legend label
@@ -7,8 +8,8 @@ Conventions shared by every figure:
   * an impl has the same colour and marker in every figure (``impl_style``);
   * panels are facets of mode x causal and of whatever else varies besides the lengths;
     the suptitle names the device, the dtype and everything held fixed;
-  * the x axis is the length N the series varies (derived.with_series: seq_q, or the
-    cache length seq_kv in a decode series) on a log2 scale with the swept lengths as ticks.
+  * the x axis is the length N the series varies (seq_q, or the cache length seq_kv in a
+    decode series) on a log2 scale with the swept lengths as ticks.
 """
 
 from __future__ import annotations
