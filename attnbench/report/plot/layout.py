@@ -25,7 +25,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
+from matplotlib.ticker import (  # noqa: E402
+    FixedLocator,
+    FuncFormatter,
+    Locator,
+    LogLocator,
+    NullFormatter,
+    NullLocator,
+)
 
 from attnbench.measure.timing import NOISY_SPREAD  # noqa: E402
 from attnbench.report.analyse.figure_lines import Line, LineFigure  # noqa: E402
@@ -127,6 +134,48 @@ def seq_axis(ax, seqs, axis: str = "seq_q") -> None:
     ax.set_xlabel(what)
 
 
+class _InView(Locator):
+    """A locator's ticks in the axis' view only. matplotlib makes a tick (and formats its
+    label) for every location a locator returns, a log locator's decades beyond each side
+    too, then draws those in view: most of a log panel's drawing time went to ticks never
+    drawn. The view's edges keep a tolerance wider than matplotlib's, so every tick it
+    would draw is kept."""
+
+    def __init__(self, base: Locator):
+        self.base = base
+
+    def set_axis(self, axis):
+        super().set_axis(axis)
+        self.base.set_axis(axis)
+
+    def __call__(self):
+        lo, hi = sorted(self.axis.get_view_interval())
+        return [t for t in self.base() if lo * (1 - 1e-6) <= t <= hi * (1 + 1e-6)]
+
+    def tick_values(self, vmin, vmax):
+        return self.base.tick_values(vmin, vmax)
+
+    def nonsingular(self, v0, v1):
+        return self.base.nonsingular(v0, v1)
+
+    def view_limits(self, vmin, vmax):
+        return self.base.view_limits(vmin, vmax)
+
+
+def log_ticks_in_view(ax) -> None:
+    """Each log axis of ``ax`` makes only the ticks it draws (``_InView``): call once its
+    scale and locators are set (a later set_yscale puts matplotlib's own back)."""
+    for axis in (ax.xaxis, ax.yaxis):
+        if axis.get_scale() != "log":
+            continue
+        for get, put in (
+            (axis.get_major_locator, axis.set_major_locator),
+            (axis.get_minor_locator, axis.set_minor_locator),
+        ):
+            if not isinstance(get(), (_InView, FixedLocator, NullLocator)):
+                put(_InView(get()))
+
+
 def ratio_axis(ax, suffix: str = "") -> None:
     """A ratio y axis: linear when the data span less than 4x (log ticks would be sparse),
     log with 1-2-5 ticks otherwise; ticks read as plain numbers, never 10^0 notation."""
@@ -147,6 +196,7 @@ def ratio_axis(ax, suffix: str = "") -> None:
         ax.set_ylim(lo, hi)
     ax.yaxis.set_major_formatter(fmt)
     ax.yaxis.set_minor_formatter(NullFormatter())
+    log_ticks_in_view(ax)
     label = ax.get_ylabel().replace(" (log)", "")
     ax.set_ylabel(label if ax.get_yscale() == "linear" else f"{label} (log)")
 
@@ -194,6 +244,7 @@ def line_figure(
         # spares matplotlib laying out the y axis' ticks once more to find it
         ax.set_title(panel.title, fontsize=10, y=1.0 if ax.get_yscale() == "log" else None)
         _legend(ax, marks)
+        log_ticks_in_view(ax)
     if data.absent:
         fig.text(
             0.01,

@@ -250,6 +250,7 @@ def plot_roofline(data: Roofline, *, colors: dict | None = None):
     ax.set_ylabel("TFLOP/s")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    layout.log_ticks_in_view(ax)
     return fig
 
 
@@ -279,4 +280,5 @@ def plot_speed_over_time(series: tuple[SpeedSeries, ...], *, device_name: str | 
     ax.set_ylabel("speed (first case = 1, log)")
     ax.grid(True, alpha=0.4)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    layout.log_ticks_in_view(ax)
     return fig
