@@ -116,7 +116,7 @@ def error_lines(df, device_name=None) -> LineFigure:
 
 def _bounds(g: pd.DataFrame) -> Bounds | None:
     # at the panel's x, the length its series varies (seq_n: the cache length in decode)
-    ok = derived.with_series(derived.ok_rows(g)).dropna(subset=["err_bound"])
+    ok = derived.ok_rows(g).dropna(subset=["err_bound"])
     if ok.empty:
         return None
     spread = ok.groupby("seq_n")["err_bound"].agg(["min", "max"])
@@ -296,7 +296,7 @@ def one_n(frame: pd.DataFrame) -> int | None:
     return int(ns[0]) if len(ns) == 1 else None
 
 
-def _or_none(frame: pd.DataFrame, speedups: pd.DataFrame | None) -> pd.DataFrame:
+def _with_speedups(frame: pd.DataFrame, speedups: pd.DataFrame | None) -> pd.DataFrame:
     """The speedups, or where the baseline has no ok row, the rows with none (a figure that
     says there is nothing to plot)."""
     return frame.assign(speedup=np.nan, paired=False) if speedups is None else speedups
@@ -331,7 +331,9 @@ def device_figures(
         time=time_lines(frame, fits, name),
         memory=memory_lines(frame, fits, name),
         tflops=tflops_lines(frame, name),
-        speedup=None if not baseline else speedup_lines(_or_none(frame, speedups), baseline, name),
+        speedup=None
+        if not baseline
+        else speedup_lines(_with_speedups(frame, speedups), baseline, name),
         bandwidth=bandwidth_lines(frame, env, name),
         error=error_lines(frame, name),
         support=support_grid(frame, name),
