@@ -397,3 +397,15 @@ def test_a_long_table_is_folded_below_the_first_screen():
     text = (ROOT / "reports" / "cpu-preset-2core-xeon" / "report.md").read_text()
     waste = text.split("# Wasted work")[1].split("\n### ")[0]
     assert "<summary>Useful and work GFLOP per case and impl" in waste
+
+
+def test_the_compare_figure_rings_a_decode_ratio_over_the_gate_at_its_cache_length():
+    from attnbench.report.analyse.figure_data import ratio_lines
+
+    rows = [
+        {**ok_row("r", "sdpa", decode(1, 1, skv), 1.0, 1.0), "ratio": 1.5}
+        for skv in (1024, 2048, 4096)
+    ]
+    lines = ratio_lines(pd.DataFrame(rows), 10.0, "B / A time ratio")
+    (panel,) = lines.panels
+    assert list(panel.extra.x) == [1024.0, 2048.0, 4096.0]  # the axis' cache lengths, not Sq=1

@@ -174,7 +174,8 @@ def ratio_lines(
         over = g[(g["ratio"] > 1 + fail_above_pct / 100).fillna(False).astype(bool)]
         if over.empty:
             return None
-        x, y = over["seq_q"].to_numpy(dtype=float), over["ratio"].to_numpy(dtype=float)
+        # at the panel's x: the length its series varies (the cache length in decode)
+        x, y = over["seq_n"].to_numpy(dtype=float), over["ratio"].to_numpy(dtype=float)
         return Ringed(x, y, "slower than the gate")
 
     return line_figure(both, "ratio", what, device_name, band=band, extra=over_gate)
