@@ -206,7 +206,7 @@ def line_figure(
             continue
         drawn: dict[str, np.ndarray] = {}
         lines = []
-        for impl in sorted(set(cols.impl[rows])):
+        for impl in sorted({i for i in cols.impl[rows] if not pd.isna(i)}):
             mine = rows[cols.impl[rows] == impl]
             label = impl + (suffix(impl, df.iloc[mine[0]]) if suffix else "")
             label += _fail_note(cols.status[mine[~cols.ok[mine]]])
