@@ -262,13 +262,14 @@ def test_a_negative_or_noise_only_exponent_is_no_lower_bound():
 
 def test_the_agreement_bound_sits_at_the_cache_length_on_a_decode_panel():
     from attnbench.report.analyse.derived import with_series
+    from attnbench.report.analyse.figure_data import error_lines
     from attnbench.report.plot import plots
 
     rows = [
         {**ok_row("r", "sdpa", decode(1, 1, skv), 1.0, 1.0), "err_bound": 1e-2}
         for skv in (1024, 2048, 4096)
     ]
-    fig = plots.plot_error_vs_seq(with_series(pd.DataFrame(rows)))
+    fig = plots.plot_error_vs_seq(error_lines(with_series(pd.DataFrame(rows))))
     dashed = [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_linestyle() == "--"]
     xs = {float(x) for ln in dashed for x in ln.get_xdata()}
     plots.plt.close(fig)
@@ -276,6 +277,7 @@ def test_the_agreement_bound_sits_at_the_cache_length_on_a_decode_panel():
 
 
 def test_speed_over_time_is_on_a_log_axis():
+    from attnbench.report.analyse.figure_data import speed_series
     from attnbench.report.plot import plots
 
     series = pd.DataFrame(
@@ -286,7 +288,7 @@ def test_speed_over_time_is_on_a_log_axis():
             "speed": [1.0, 100.0, 540.0],
         }  # fmt: skip
     )
-    fig = plots.plot_speed_over_time(series)
+    fig = plots.plot_speed_over_time(speed_series(series))
     scale = fig.axes[0].get_yscale()
     plots.plt.close(fig)
     assert scale == "log"
@@ -341,10 +343,11 @@ def test_every_committed_run_renders_its_decision_on_the_first_screen(run, tmp_p
 
 def test_memory_panels_carry_o_n_and_o_n_squared_guides():
     from attnbench.report.analyse.derived import with_series
+    from attnbench.report.analyse.figure_data import memory_lines
     from attnbench.report.plot import plots
 
     rows = [ok_row("r", "naive", Case(1, 4, 4, n, n, 64), 1.0, n * n / 1e4) for n in (256, 1024)]
-    fig = plots.plot_memory_vs_seq(with_series(frame(rows)))
+    fig = plots.plot_memory_vs_seq(memory_lines(with_series(frame(rows))))
     guides = {ln.get_label(): ln for ax in fig.axes for ln in ax.get_lines()}
     plots.plt.close(fig)
     assert {"O(N) guide", "O(N²) guide"} <= set(guides)
@@ -430,3 +433,15 @@ def test_a_long_table_is_folded_below_the_first_screen():
     text = (ROOT / "reports" / "cpu-preset-2core-xeon" / "report.md").read_text()
     waste = text.split("# Wasted work")[1].split("\n### ")[0]
     assert "<summary>Useful and work GFLOP per case and impl" in waste
+
+
+def test_the_compare_figure_rings_a_decode_ratio_over_the_gate_at_its_cache_length():
+    from attnbench.report.analyse.figure_data import ratio_lines
+
+    rows = [
+        {**ok_row("r", "sdpa", decode(1, 1, skv), 1.0, 1.0), "ratio": 1.5}
+        for skv in (1024, 2048, 4096)
+    ]
+    lines = ratio_lines(pd.DataFrame(rows), 10.0, "B / A time ratio")
+    (panel,) = lines.panels
+    assert list(panel.extra.x) == [1024.0, 2048.0, 4096.0]  # the axis' cache lengths, not Sq=1

@@ -118,13 +118,12 @@ def test_every_dimension_has_a_variant_here():
 def test_a_dimension_held_fixed_or_varying_has_titles_labels_and_families(name):
     """Every figure title, panel, series label and family derives its text from dims.py: a
     new dimension cannot crash a report (a score modifier once did: KeyError)."""
-    from attnbench.report.analyse import derived
-    from attnbench.report.plot import layout
+    from attnbench.report.analyse import derived, figure_lines
 
     for df in (_rows([VARIANTS[name]]), _rows([{}, VARIANTS[name]])):  # fixed, varying
         df = derived.with_series(df)
-        title = layout.title("time", df, None)
-        panels = layout.panels(df)
+        title = figure_lines.title("time", df, None)
+        panels = figure_lines.panels(df)
         labels = derived.series_labels(df)
         families = derived.case_family(df)
         assert title.startswith("time\n") and panels and labels.notna().all()

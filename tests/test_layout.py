@@ -518,12 +518,6 @@ FRAME_VERBS = frozenset(
 MASK_VERBS = frozenset("isin eq ne gt lt ge le between notna isna notnull isnull".split())
 ROW_READERS = ("ok_rows", "is_ok", "agreeing", "noisy", "contended", "with_series")
 SHOWING = ("report/render/", "report/plot/")
-# modules whose derivations are still to move into the analysis (emptied, then removed)
-STILL_DERIVING = {
-    "report/plot/plots.py",
-    "report/plot/layout.py",
-    "report/plot/figures.py",
-}
 
 
 def _a_mask(node: ast.AST) -> bool:
@@ -563,7 +557,7 @@ def frames_derived_when_shown(code: Code | None = None) -> list[str]:
     code = code or sources()
     out = []
     for where, text in code.items():
-        if not where.startswith(SHOWING) or where in STILL_DERIVING:
+        if not where.startswith(SHOWING):
             continue
         readers = {
             a

@@ -9,6 +9,8 @@ import pandas as pd
 from synth import env, ok_row, smoke_rows
 
 from attnbench.case import Case
+from attnbench.report.analyse import figure_data as data
+from attnbench.report.decide.verdicts import speedups
 from attnbench.report.plot import plots
 
 SEQS = (64, 128, 256, 512)
@@ -45,10 +47,12 @@ def test_every_figure_colours_an_impl_alike(tmp_path):
     }
     colors = plots.run_colors(run_env)  # env.json names every impl of the run
     figures = {
-        "time": plots.plot_time_vs_seq(df, colors=colors),
-        "speedup": plots.plot_speedup_vs_seq(df, "sdpa", colors=colors),  # sdpa left out
-        "error": plots.plot_error_vs_seq(df, colors=colors),
-        "tflops": plots.plot_tflops_vs_seq(df, colors=colors),
+        "time": plots.plot_time_vs_seq(data.time_lines(df), colors=colors),
+        "speedup": plots.plot_speedup_vs_seq(  # sdpa left out
+            data.speedup_lines(speedups(df, "sdpa"), "sdpa"), "sdpa", colors=colors
+        ),
+        "error": plots.plot_error_vs_seq(data.error_lines(df), colors=colors),
+        "tflops": plots.plot_tflops_vs_seq(data.tflops_lines(df), colors=colors),
     }
     seen = {name: _colours(fig) for name, fig in figures.items()}
     for fig in figures.values():
@@ -90,16 +94,20 @@ def _error_rows(errs: dict[str, float]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _error_lines(errs: dict[str, float]):
+    return data.error_lines(_error_rows(errs))
+
+
 def _labels(fig) -> list[str]:
     return [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().texts]
 
 
 def test_same_as_only_for_lines_that_are_the_same():
-    fig = plots.plot_error_vs_seq(_error_rows({"naive": 3.32e-7, "sdpa": 3.37e-7}))
+    fig = plots.plot_error_vs_seq(_error_lines({"naive": 3.32e-7, "sdpa": 3.37e-7}))
     labels = _labels(fig)
     plots.plt.close(fig)
     assert not [x for x in labels if "same as" in x], labels  # 1.5% apart near 1e-7
-    fig = plots.plot_error_vs_seq(_error_rows({"naive": 3.32e-7, "sdpa": 3.32e-7}))
+    fig = plots.plot_error_vs_seq(_error_lines({"naive": 3.32e-7, "sdpa": 3.32e-7}))
     labels = _labels(fig)
     plots.plt.close(fig)
     assert "sdpa (same as naive)" in labels
@@ -111,7 +119,7 @@ def test_every_panel_of_the_error_plot_labels_its_ticks_alike():
         for n, err in zip(SEQS, np.geomspace(lo, hi, len(SEQS))):
             case = Case(1, 4, 4, n, n, 64, "float32", causal, "fwd", "cpu")
             rows.append(ok_row("t", "naive", case, 1.0, 1.0, rel_err=float(err), bound=1e-3))
-    fig = plots.plot_error_vs_seq(pd.DataFrame(rows))
+    fig = plots.plot_error_vs_seq(data.error_lines(pd.DataFrame(rows)))
     fig.canvas.draw()
     labels = [
         [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
@@ -131,7 +139,7 @@ def test_titles_leave_out_values_that_are_missing():
         rows.append({**ok_row("t", "naive", case, 1.0, 1.0), "mask": "padding"})
     df = pd.DataFrame(rows)
     assert df["window"].isna().all()
-    fig = plots.plot_time_vs_seq(df)
+    fig = plots.plot_time_vs_seq(data.time_lines(df))
     title = fig._suptitle.get_text()
     plots.plt.close(fig)
     assert "mask=padding" in title and "<NA>" not in title and "W=" not in title, title
@@ -146,7 +154,7 @@ def test_the_support_matrix_has_room_for_long_family_names():
     df = pd.DataFrame(smoke_rows("c", seqs=SEQS)).assign(**long)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="Tight layout not applied")
-        fig = plots.plot_support_matrix(df)
+        fig = plots.plot_support_matrix(data.support_grid(df))
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     ax = fig.axes[0]
@@ -158,3 +166,33 @@ def test_the_support_matrix_has_room_for_long_family_names():
     title = fig._suptitle.get_window_extent(renderer)
     assert title.y0 >= ax.get_window_extent(renderer).y1  # the title above the heatmap
     plots.plt.close(fig)
+
+
+def test_the_analysis_holds_each_figures_points_and_failures():
+    """What a figure draws is derived in the analysis (DeviceAnalysis.figures): per panel and
+    impl its ok points in N order, its failed rows counted in its legend label; plot/ draws
+    only that."""
+    from attnbench.report.analysis import analyse_device
+
+    figures = analyse_device(pd.DataFrame(smoke_rows("c", seqs=SEQS)), env()).figures
+    assert figures.one_n is None and figures.bandwidth is None  # no decode rows
+    naive = [line for p in figures.time.panels if p.title == "fwd · full" for line in p.lines]
+    naive = next(line for line in naive if line.impl == "naive")
+    assert naive.label.endswith("(1 oom)")  # the largest N ran out of memory
+    assert list(naive.x) == [64.0, 128.0, 256.0]  # the ok points only, ascending
+    assert {"triton_flash", "xformers"} <= set(figures.time.absent)  # unsupported on CPU
+    assert figures.support.share.loc["naive"].between(0, 1).all()
+
+
+def test_a_report_imports_no_seaborn_or_scipy():
+    """Importing the report (and what it draws with) costs no seaborn, whose import pulls in
+    scipy.stats: seconds of `attnbench report` on two cores."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, attnbench.report.report as r, attnbench.report.plot.plots; "
+        "print(sorted(m for m in ('seaborn', 'scipy') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

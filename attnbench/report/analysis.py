@@ -14,6 +14,12 @@ from attnbench.report.analyse.coverage import Coverage, borrowed_kernels, covera
 from attnbench.report.analyse.devices import across_devices
 from attnbench.report.analyse.exponents import Exponents, exponent_table
 from attnbench.report.analyse.failures import Failures, failures
+from attnbench.report.analyse.figure_data import (
+    DeviceFigures,
+    SpeedSeries,
+    device_figures,
+    speed_series,
+)
 from attnbench.report.analyse.machine import busy_machine, device_title
 from attnbench.report.analyse.measurement import MeasurementChecks, measurement_checks
 from attnbench.report.analyse.rounds import AnchorRounds, Rounds
@@ -50,6 +56,7 @@ class DeviceAnalysis:
     exponents: Exponents | None = None  # exponents.exponent_table of fits
     score_peaks: pd.DataFrame | None = None  # score_memory.score_peaks: N² buffers held
     agreement: Agreement | None = None  # agreement.agreement: rows that disagree, precision
+    figures: DeviceFigures | None = None  # figure_data.device_figures: what each figure draws
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,8 @@ class RunAnalysis:
     failures: Failures | None = None  # the non-ok rows by cause
     across_devices: pd.DataFrame | None = None  # median time per case, impl and device
     top_kernels: pd.DataFrame | None = None  # derived.kernel_table of kernels.csv (--profile)
+    # the speed anchor's series per resource, as its figure draws them; None: no anchor
+    speed: tuple[SpeedSeries, ...] | None = None
 
 
 def analyse_device(
@@ -95,6 +104,7 @@ def analyse_device(
     sparsity = sparsity.assign(series=derived.series_labels(sparsity, always=("mask", "pattern")))
     winners = verdicts.fastest_agreeing(frame, rounds)
     recorded = baseline == env.get("baseline")  # the rows' own speedups are against it
+    speedups = verdicts.speedups(frame, baseline, rounds, recorded) if has_base else None
     a = DeviceAnalysis(
         name=name,
         suffix=suffix,
@@ -106,10 +116,11 @@ def analyse_device(
         fits=fits,
         winners=winners,
         wins=verdicts.wins_by_family(winners),
-        speedups=verdicts.speedups(frame, baseline, rounds, recorded) if has_base else None,
+        speedups=speedups,
         rounds=rounds,
         waste=patterns.wasted_work(frame),
         sparsity=sparsity,
+        figures=device_figures(frame, env, fits, speedups, baseline, name),
     )
     return replace(a, **_shown(a))
 
@@ -179,6 +190,7 @@ def analyse(
         tolerance=tolerance,
         verdicts=part_verdicts(rec),
         **_stated(df, env, run_id, names, kernels),
+        speed=None if anchor is None else speed_series(anchor.series),
     )
 
 

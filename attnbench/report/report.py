@@ -11,7 +11,7 @@ from attnbench.report.analyse.rounds import AnchorRounds, Rounds
 from attnbench.report.analysis import DeviceAnalysis, RunAnalysis, analyse
 from attnbench.report.decide.tolerance import TOLERANCE
 from attnbench.report.plot.drawing import Job, draw_all
-from attnbench.report.plot.figures import FIGURES, RUN_FIGURES, one_n
+from attnbench.report.plot.figures import FIGURES, RUN_FIGURES
 from attnbench.report.render import checks, sections
 from attnbench.report.render.header import borrowed_lines, counts_line, header_lines
 from attnbench.report.render.markdown import wrapped
@@ -74,7 +74,7 @@ def _device_part(
     lines += pattern_sections(a, level)
     lines += sections.disagreement_section(a)
     lines += [f"{level} Plots", ""]
-    n = one_n(a.frame)
+    n = a.figures.one_n
     figures = [
         f
         for f in FIGURES

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.report.analyse import derived
+from attnbench.report.analyse.figure_data import ratio_lines
 from attnbench.report.analyse.machine import busy_machine, device_title
 from attnbench.report.analyse.rounds import RESOURCES, AnchorRounds, Rounds
 from attnbench.report.compare.judge import (
@@ -548,11 +549,12 @@ def write_compare(
     cmp["caveat"] = caveats(cmp, (a_env, b_env))
     out_dir = Path(out_dir)
     with atomic_dir(out_dir) as tmp:
+        lines = ratio_lines(
+            cmp, fail_above_pct, f"{b_name} / {a_name} time ratio", device_title(b_env, b_df)
+        )
         fig = plots.plot_ratio_vs_seq(
-            cmp,
+            lines,
             fail_above_pct=fail_above_pct,
-            title=f"{b_name} / {a_name} time ratio",
-            device_name=device_title(b_env, b_df),
             colors=plots.run_colors(
                 {"impls": {**(a_env.get("impls") or {}), **(b_env.get("impls") or {})}},
                 cmp["impl"].dropna().unique(),

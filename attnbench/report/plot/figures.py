@@ -1,15 +1,13 @@
 """The tables of figures: each figure of a report declared once (file stem, heading,
-caption, and how it is drawn): FIGURES from one device's analysis (analysis.DeviceAnalysis),
-RUN_FIGURES from the whole run's (analysis.RunAnalysis; None where the run has no data for it)."""
+caption, and how it is drawn): FIGURES from one device's analysis (analysis.DeviceAnalysis,
+whose ``figures`` hold what each one draws), RUN_FIGURES from the whole run's
+(analysis.RunAnalysis; None where the run has no data for it)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import NamedTuple
 
-import pandas as pd
-
-from attnbench.report.analyse import derived
 from attnbench.report.plot import plots
 
 
@@ -26,10 +24,6 @@ class Figure(NamedTuple):
     applies: Callable | None = None  # DeviceAnalysis -> bool; left out where False
 
 
-def _decode(a) -> pd.DataFrame:
-    return a.frame[a.frame["phase"].eq("decode").fillna(False).astype(bool)]
-
-
 FIGURES = (
     Figure(
         "time_vs_seq",
@@ -37,7 +31,7 @@ FIGURES = (
         "Median time per call vs N (seq_q; the cache length seq_kv in a decode series) on "
         "log-log axes; the band is the p20–p80 range of the samples. The legend gives the "
         "fitted exponent (≥: overhead-limited, a lower bound).",
-        lambda a: plots.plot_time_vs_seq(a.frame, a.fits, device_name=a.name, colors=a.colors),
+        lambda a: plots.plot_time_vs_seq(a.figures.time, colors=a.colors),
         over_n=True,
     ),
     Figure(
@@ -45,14 +39,14 @@ FIGURES = (
         "Peak memory",
         "Peak memory above what was allocated before the call. "
         "An impl that materialises the score matrix grows ~N^2, a tiled one ~N.",
-        lambda a: plots.plot_memory_vs_seq(a.frame, a.fits, device_name=a.name, colors=a.colors),
+        lambda a: plots.plot_memory_vs_seq(a.figures.memory, colors=a.colors),
         over_n=True,
     ),
     Figure(
         "tflops_vs_seq",
         "Throughput",
         "Matmul FLOPs of the unmasked (query, key) pairs divided by the median time.",
-        lambda a: plots.plot_tflops_vs_seq(a.frame, device_name=a.name, colors=a.colors),
+        lambda a: plots.plot_tflops_vs_seq(a.figures.tflops, colors=a.colors),
         over_n=True,
     ),
     Figure(
@@ -62,9 +56,7 @@ FIGURES = (
         "With rounds, paired per round, and the band is its 95% interval (a tie where the band "
         "crosses 1); ringed points rest on contended rows or a wide interval (or, without "
         "rounds, noisy rows).",
-        lambda a: plots.plot_speedup_vs_seq(
-            a.frame, a.baseline, device_name=a.name, colors=a.colors, speedups=a.speedups
-        ),
+        lambda a: plots.plot_speedup_vs_seq(a.figures.speedup, a.baseline, colors=a.colors),
         needs_baseline=True,
         over_n=True,
     ),
@@ -74,25 +66,23 @@ FIGURES = (
         "Decode reads its KV cache once per step: GB/s (bytes the case must move / median time) "
         "vs the cache length, against the device's HBM: the published peak where known "
         "(dashed) and this run's measured copy speed (dotted).",
-        lambda a: plots.plot_bandwidth_vs_seq(
-            _decode(a), a.env, device_name=a.name, colors=a.colors
-        ),
+        lambda a: plots.plot_bandwidth_vs_seq(a.figures.bandwidth, colors=a.colors),
         over_n=True,
-        applies=lambda a: bool(_decode(a)["gbps"].notna().any()),
+        applies=lambda a: a.figures.bandwidth is not None,
     ),
     Figure(
         "error_vs_seq",
         "Numerical error",
         "Worst relative error against the float64 reference; "
         "the dashed line is the agreement bound each row was held to. Circled points disagree.",
-        lambda a: plots.plot_error_vs_seq(a.frame, device_name=a.name, colors=a.colors),
+        lambda a: plots.plot_error_vs_seq(a.figures.error, colors=a.colors),
         over_n=True,
     ),
     Figure(
         "support_matrix",
         "Support matrix",
         "Rows per status for each impl and case family.",
-        lambda a: plots.plot_support_matrix(a.frame, device_name=a.name),
+        lambda a: plots.plot_support_matrix(a.figures.support),
         crop=True,
     ),
     Figure(
@@ -101,20 +91,10 @@ FIGURES = (
         "Achieved TFLOP/s against arithmetic intensity (FLOPs per byte "
         "of the least traffic: q, k, v read and out written once, plus dout and the gradients "
         "with backward), under the ceilings measured at the start of this run.",
-        lambda a: plots.plot_roofline(
-            a.frame, a.env.get("ceilings") or {}, device_name=a.name, colors=a.colors
-        ),
+        lambda a: plots.plot_roofline(a.figures.roofline, colors=a.colors),
         crop=True,
     ),
 )
-
-
-def one_n(frame: pd.DataFrame) -> int | None:
-    """The one N of a device's ok rows (None where they have two or more, or none): a figure
-    against N would then be one column of points, whose markers hide the impls' colours; the
-    tables hold those numbers."""
-    ns = derived.ok_rows(frame)["seq_n"].unique()
-    return int(ns[0]) if len(ns) == 1 else None
 
 
 RUN_FIGURES = (
@@ -126,9 +106,9 @@ RUN_FIGURES = (
         "time; the line is a running median. A throttle or a noisy neighbour shows as a dip.",
         lambda run: (
             None
-            if run.anchor is None
+            if run.speed is None
             else plots.plot_speed_over_time(
-                run.anchor.series, device_name=", ".join(d.name for d in run.devices)
+                run.speed, device_name=", ".join(d.name for d in run.devices)
             )
         ),
         crop=True,

@@ -1,5 +1,6 @@
-"""The figures' shared layout: one colour and marker per impl, facets, titles, axes, and the
-line figure every "metric vs N" plot is drawn with (plots.py).
+"""The figures' shared layout: one colour and marker per impl, the panel grid, titles, axes,
+and the line figure every "metric vs N" plot is drawn with (plots.py), from what the
+analysis holds for it (analyse/figure_lines.py: its panels and lines, the rules they follow).
 
 Conventions shared by every figure:
   * only ok rows are drawn as measurements; failed rows are counted in the legend label
@@ -7,8 +8,8 @@ Conventions shared by every figure:
   * an impl has the same colour and marker in every figure (``impl_style``);
   * panels are facets of mode x causal and of whatever else varies besides the lengths;
     the suptitle names the device, the dtype and everything held fixed;
-  * the x axis is the length N the series varies (derived.with_series: seq_q, or the
-    cache length seq_kv in a decode series) on a log2 scale with the swept lengths as ticks.
+  * the x axis is the length N the series varies (seq_q, or the cache length seq_kv in a
+    decode series) on a log2 scale with the swept lengths as ticks.
 """
 
 from __future__ import annotations
@@ -22,21 +23,21 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
+from matplotlib.ticker import (  # noqa: E402
+    FixedLocator,
+    FuncFormatter,
+    Locator,
+    LogLocator,
+    NullFormatter,
+    NullLocator,
+)
 
-from attnbench.dims import DIMS, SPEC_COLUMNS  # noqa: E402
 from attnbench.measure.timing import NOISY_SPREAD  # noqa: E402
-from attnbench.report.analyse import derived  # noqa: E402
+from attnbench.report.analyse.figure_lines import Line, LineFigure  # noqa: E402
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "*", "p")
-FACET_COLUMNS = ("mode", "causal")
-# every series key column besides the impl and the facets: its title prefix (dims.py)
-CONFIG_LABELS = {d.name: d.title_prefix for d in DIMS} | {"seq_kv_rule": "", "batch_rule": ""}
-CONFIG_COLUMNS = tuple(c for c in derived.SERIES_KEY if c not in ("impl", *FACET_COLUMNS))
 PANEL_W_IN, PANEL_H_IN = 7.4, 3.9  # width includes the legend beside the axes
 # a panel's slot, in inches: the y axis' labels left of the axes, the legend right of them,
 # the panel's title above and the x axis' labels below; the figure's title over all panels.
@@ -53,7 +54,11 @@ def impl_style(impls, colors: dict[str, str] | None = None) -> dict[str, tuple]:
     run's env.json, ``colors``), else a palette colour in sorted-name order."""
     colors = colors or {}
     names = sorted(set(impls))
-    palette = sns.color_palette("tab10", 10) + sns.color_palette("husl", max(len(names), 1))
+    palette = [tuple(c) for c in matplotlib.colormaps["tab10"].colors]
+    if len(names) > len(palette):  # then husl hues (seaborn imported only here: seconds)
+        import seaborn as sns
+
+        palette += sns.color_palette("husl", len(names))
     return {  # markers follow the name alone, so they too stay put from run to run
         name: (colors.get(name) or palette[i], MARKERS[zlib.crc32(name.encode()) % len(MARKERS)])
         for i, name in enumerate(names)
@@ -87,59 +92,6 @@ def save_figure(fig, stem: Path, svg: bool = False, crop: bool = True) -> list[P
 
 
 # ---------------------------------------------------------------- layout helpers
-
-
-def fixed_and_varying(df: pd.DataFrame) -> tuple[list[str], list[str]]:
-    fixed, varying = [], []
-    for c in (c for c in CONFIG_COLUMNS if c in df):
-        (fixed if df[c].nunique(dropna=False) <= 1 else varying).append(c)
-    return fixed, varying
-
-
-def _said(value) -> bool:
-    """A value worth printing: not missing, not blank (model and phase of a plain case)."""
-    return not pd.isna(value) and str(value) != ""
-
-
-def _fmt_config(row, columns) -> str:
-    return ", ".join(f"{CONFIG_LABELS[c]}{row[c]}" for c in columns if _said(row[c]))
-
-
-def title(what: str, df: pd.DataFrame, device_name: str | None) -> str:
-    fixed, _ = fixed_and_varying(df)
-    device = device_name or ", ".join(sorted(map(str, df["device"].dropna().unique())))
-    dtype = str(df["dtype"].iloc[0]) if "dtype" in fixed and len(df) else "dtype varies by panel"
-    skip = {"dtype", "device"}
-    if len(df) and (df["kv_heads"] == df["heads"]).all():
-        skip.add("kv_heads")  # plain multi-head attention: Hkv = H says nothing
-    if len(df) and (df["mask"] == "none").all() and (df["level"] == "op").all():
-        skip |= {"mask", "level", *SPEC_COLUMNS}  # the defaults say nothing either
-    if "causal_align" in df and (df["causal_align"].fillna("top_left") == "top_left").all():
-        skip.add("causal_align")
-    held = (  # a value held fixed at "missing" (a spec of a kind without one) says nothing
-        ", ".join(
-            f"{CONFIG_LABELS[c]}{df[c].iloc[0]}"
-            for c in fixed
-            if c not in skip and _said(df[c].iloc[0])
-        )
-        if len(df)
-        else ""
-    )
-    return f"{what}\n{device} · {dtype}" + (f" · fixed: {held}" if held else "")
-
-
-def panels(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """(panel title, rows) for each facet, in a stable order."""
-    _, varying = fixed_and_varying(df)
-    keys = [*FACET_COLUMNS, *varying]
-    out = []
-    for key, g in df.groupby(keys, dropna=False, sort=True):
-        row = dict(zip(keys, key))
-        title = f"{row['mode']} · {'causal' if derived.flag(row['causal']) else 'full'}"
-        if varying:
-            title += " · " + _fmt_config(row, varying)
-        out.append((derived.mode_rank(row["mode"]), len(out), title, g))
-    return [(title, g) for _, _, title, g in sorted(out, key=lambda t: t[:2])]
 
 
 def grid(n_panels: int, title: str, extra_h: float = 0.0):
@@ -182,6 +134,48 @@ def seq_axis(ax, seqs, axis: str = "seq_q") -> None:
     ax.set_xlabel(what)
 
 
+class _InView(Locator):
+    """A locator's ticks in the axis' view only. matplotlib makes a tick (and formats its
+    label) for every location a locator returns, a log locator's decades beyond each side
+    too, then draws those in view: most of a log panel's drawing time went to ticks never
+    drawn. The view's edges keep a tolerance wider than matplotlib's, so every tick it
+    would draw is kept."""
+
+    def __init__(self, base: Locator):
+        self.base = base
+
+    def set_axis(self, axis):
+        super().set_axis(axis)
+        self.base.set_axis(axis)
+
+    def __call__(self):
+        lo, hi = sorted(self.axis.get_view_interval())
+        return [t for t in self.base() if lo * (1 - 1e-6) <= t <= hi * (1 + 1e-6)]
+
+    def tick_values(self, vmin, vmax):
+        return self.base.tick_values(vmin, vmax)
+
+    def nonsingular(self, v0, v1):
+        return self.base.nonsingular(v0, v1)
+
+    def view_limits(self, vmin, vmax):
+        return self.base.view_limits(vmin, vmax)
+
+
+def log_ticks_in_view(ax) -> None:
+    """Each log axis of ``ax`` makes only the ticks it draws (``_InView``): call once its
+    scale and locators are set (a later set_yscale puts matplotlib's own back)."""
+    for axis in (ax.xaxis, ax.yaxis):
+        if axis.get_scale() != "log":
+            continue
+        for get, put in (
+            (axis.get_major_locator, axis.set_major_locator),
+            (axis.get_minor_locator, axis.set_minor_locator),
+        ):
+            if not isinstance(get(), (_InView, FixedLocator, NullLocator)):
+                put(_InView(get()))
+
+
 def ratio_axis(ax, suffix: str = "") -> None:
     """A ratio y axis: linear when the data span less than 4x (log ticks would be sparse),
     log with 1-2-5 ticks otherwise; ticks read as plain numbers, never 10^0 notation."""
@@ -202,16 +196,9 @@ def ratio_axis(ax, suffix: str = "") -> None:
         ax.set_ylim(lo, hi)
     ax.yaxis.set_major_formatter(fmt)
     ax.yaxis.set_minor_formatter(NullFormatter())
+    log_ticks_in_view(ax)
     label = ax.get_ylabel().replace(" (log)", "")
     ax.set_ylabel(label if ax.get_yscale() == "linear" else f"{label} (log)")
-
-
-def _fail_note(g: pd.DataFrame) -> str:
-    failed = g.loc[~g["_ok"], "status"]
-    if failed.empty:
-        return ""
-    counts = failed.fillna("missing").value_counts()
-    return " (" + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")"
 
 
 def empty_figure(title: str, why: str):
@@ -222,62 +209,48 @@ def empty_figure(title: str, why: str):
     return fig
 
 
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    """Two lines with the same values to 0.1% (relative only: errors near 1e-7 are not the
-    same because both are small)."""
-    return bool(np.allclose(a, b, rtol=1e-3, atol=0.0))
-
-
 def line_figure(
-    df: pd.DataFrame,
-    y: str,
+    data: LineFigure,
     *,
-    what: str,
     ylabel: str,
-    device_name,
     logy: bool = True,
-    band: tuple[str, str] | None = None,
-    label_suffix=None,
     draw_extra=None,
     y_from_zero=False,
     colors=None,
 ):
-    """One panel per facet, one line per impl of ``y`` vs the series' length over ok rows."""
-    df = derived.with_series(df)
-    df = df.assign(_ok=derived.is_ok(df))  # once: panels and impls filter by it
-    fig_title = title(what, df, device_name)
-    ok = df[df["_ok"] & df[y].notna()]
-    if ok.empty:
-        return empty_figure(fig_title, f"no ok rows with {y}: nothing to plot")
-    style = impl_style(df["impl"].unique(), colors)
-    shown = [(t, g) for t, g in panels(df) if (g["_ok"] & g[y].notna()).any()]
-    fig, axes = grid(len(shown), fig_title)
-    for ax, (ptitle, g) in zip(axes, shown):
+    """One panel per facet, one line per impl (analyse/figure_lines.py holds them);
+    ``draw_extra(ax, panel)`` draws what the panel holds besides its lines."""
+    if not data.panels:
+        return empty_figure(data.title, f"no ok rows with {data.y}: nothing to plot")
+    style = impl_style(data.impls, colors)
+    fig, axes = grid(len(data.panels), data.title)
+    for ax, panel in zip(axes, data.panels):
         marks = _Marks()
-        drawn: dict[str, np.ndarray] = {}  # impl -> its values, to point out identical lines
-        for impl, gi in g.groupby("impl", sort=True):
-            label = impl + (label_suffix(impl, gi) if label_suffix else "") + _fail_note(gi)
-            _draw_impl(ax, gi, y, style[impl], label, drawn, band, marks)
-        seq_axis(ax, g["seq_n"], derived.length_axis(g["seq_kv_rule"].iloc[0]))
+        for line in panel.lines:
+            _draw_line(ax, line, style[line.impl], marks)
+        seq_axis(ax, panel.seqs, panel.axis)
         if logy:
             ax.set_yscale("log")
         elif y_from_zero:
             ax.set_ylim(bottom=0)
         if draw_extra:
-            draw_extra(ax, g)
+            draw_extra(ax, panel)
         low, high = ax.dataLim.intervaly  # everything drawn: lines, bands, reference lines
         linear = not logy or (low > 0 and high < LOG_SPAN * low)
         if logy and linear:  # a log axis over 64–65 MiB shows one tick and reads as flat
             ax.set_yscale("linear")
         ax.set_ylabel(ylabel.replace(", log)", ")").replace(" (log)", "") if linear else ylabel)
-        ax.set_title(ptitle, fontsize=10)
+        # a log axis has no offset text for the title to clear: its place is fixed, which
+        # spares matplotlib laying out the y axis' ticks once more to find it
+        ax.set_title(panel.title, fontsize=10, y=1.0 if ax.get_yscale() == "log" else None)
         _legend(ax, marks)
-    absent = sorted(set(df["impl"].dropna()) - set(ok["impl"]))
-    if absent:
+        log_ticks_in_view(ax)
+    if data.absent:
         fig.text(
             0.01,
             0.005,
-            f"not shown, no ok rows with {y}: {', '.join(absent)} (see the support matrix)",
+            f"not shown, no ok rows with {data.y}: {', '.join(data.absent)} "
+            "(see the support matrix)",
             fontsize=8,
             ha="left",
             va="bottom",
@@ -292,33 +265,24 @@ class _Marks:
     noisy: bool = False
 
 
-def _draw_impl(ax, gi, y, style, label, drawn, band, marks: _Marks) -> None:
-    """One impl's line on a panel: its ok points vs seq_n, dashed when it repeats a line
-    drawn before it, noisy points grey, the band, disagreeing points circled in red."""
-    pts = gi[gi["_ok"] & gi[y].notna()].sort_values("seq_n")
-    if pts.empty:
-        return
+def _draw_line(ax, line: Line, style, marks: _Marks) -> None:
+    """One impl's line on a panel: dashed when it repeats a line drawn before it, noisy
+    points grey, the band, disagreeing points circled in red."""
     colour, marker = style
-    x = pts["seq_n"].to_numpy(dtype=float)
-    v = pts[y].to_numpy(dtype=float)
-    twin = next((o for o, w in drawn.items() if len(w) == len(v) and _same(w, v)), None)
-    if twin:  # an identical line would hide under the other: dashed, and said so
-        label += f" (same as {twin})"
-    drawn[str(gi["impl"].iloc[0])] = v
-    dashed = dict(ls="--", mfc="none") if twin else dict(ls="-", mfc=colour)
-    ax.plot(x, v, color=colour, marker=marker, ms=5, lw=1.6, label=label, **dashed)
-    noisy = derived.noisy(pts).to_numpy(dtype=bool) if y == "time_ms" else None
-    if noisy is not None and noisy.any():
+    x, v = line.x, line.y
+    dashed = dict(ls="--", mfc="none") if line.same_as else dict(ls="-", mfc=colour)
+    ax.plot(x, v, color=colour, marker=marker, ms=5, lw=1.6, label=line.label, **dashed)
+    if line.noisy.any():
         marks.noisy = True
-        ax.scatter(x[noisy], v[noisy], s=60, color="0.6", zorder=4)
-    if band:
-        lo, hi = (pts[c].to_numpy(dtype=float, na_value=np.nan) for c in band)
+        ax.scatter(x[line.noisy], v[line.noisy], s=60, color="0.6", zorder=4)
+    if line.band:
+        lo, hi = line.band
         ax.fill_between(x, lo, hi, color=colour, alpha=0.18, lw=0)
-    bad = ~pts["agrees"].eq(True).fillna(False).to_numpy(dtype=bool)
+    bad = line.flagged
     if bad.any():
         marks.flagged = (
             "disagrees / not checked"
-            if pts["agrees"].isna().any()
+            if line.unchecked
             else marks.flagged or "disagrees with reference"
         )
         ax.scatter(
