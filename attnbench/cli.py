@@ -494,7 +494,7 @@ def fidelity(argv: list[str]) -> int:
         help="folder for fidelity.csv and fidelity.txt (default: reports/fidelity/<A>_vs_<B>)",
     )
     args = p.parse_args(argv)
-    from attnbench.report.compare.compare.fidelity import check_runs, write_fidelity
+    from attnbench.report.compare.fidelity import check_runs, write_fidelity
 
     runs = _load_runs(args.run_a, args.run_b)
     check_runs([(path, df, env) for path, (_, df, env) in zip((args.run_a, args.run_b), runs)])
