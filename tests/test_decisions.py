@@ -188,6 +188,19 @@ def test_staleness_names_the_commits_ahead_and_whether_measuring_code_changed(tm
     assert "cannot tell" in staleness_line({"git_sha": sha}, tmp_path / "nowhere")
 
 
+def test_staleness_reads_the_checkout_attnbench_runs_from():
+    """Without a folder given, the history is the checkout's own (where its modules live,
+    however deep): its HEAD is the commit rendered at."""
+    from attnbench import checkout
+
+    root = checkout.root()
+    if root is None or not (root / ".git").exists():
+        pytest.skip("attnbench runs from an installed package or a tree without git history")
+    sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                         text=True, check=True).stdout.strip()  # fmt: skip
+    assert staleness_line({"git_sha": sha}).endswith("the commit this report was rendered at.")
+
+
 def test_report_refuses_a_tolerance_below_one_in_one_line(tmp_path, capsys):
     from attnbench.cli import _tolerance, main
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from attnbench import checkout
 from attnbench.report.render.header import preset_left_out
 from attnbench.report.render.picks import picks_table, verdict_lines
 from attnbench.store.env import code_version
@@ -14,7 +15,6 @@ from attnbench.store.env import code_version
 # the code that decides a row's numbers: a change here since a run means its rows may differ
 MEASURING = ("attnbench/run", "attnbench/measure", "attnbench/impls")
 GIT_TIMEOUT_S = 10
-CHECKOUT = Path(__file__).resolve().parents[2]  # the checkout this attnbench runs from
 
 
 def _git(repo: Path, *args: str) -> str | None:
@@ -40,8 +40,8 @@ def staleness_line(env: dict, repo: Path | None = None) -> str:
     if not sha:
         return f"Measured by {code_version(env) or 'unknown code (env.json says nothing)'}."
     said = f"Measured at {sha[:7]}" + (" with uncommitted changes" if env.get("git_dirty") else "")
-    repo = repo or CHECKOUT
-    head = _git(repo, "rev-parse", "--short", "HEAD") if (repo / ".git").exists() else None
+    repo = repo or checkout.root()  # None: an installed attnbench, no history beside it
+    head = _git(repo, "rev-parse", "--short", "HEAD") if repo and (repo / ".git").exists() else None
     ahead = _git(repo, "rev-list", "--count", f"{sha}..HEAD") if head else None
     if ahead is None:
         return f"{said}; this code's checkout cannot tell how far it has moved since."
