@@ -52,7 +52,8 @@ def staleness_line(env: dict, repo: Path | None = None) -> str:
     if changed:
         n = len(changed.splitlines())
         return (
-            f"{moved}, and the measuring code (attnbench/run, measure, impls: {n} files) "
+            f"{moved}, and the measuring code (attnbench/run, measure, impls: {n} "
+            f"file{'' if n == 1 else 's'}) "
             f"changed since: these rows may differ from what this code measures."
         )
     return f"{moved}; the measuring code (attnbench/run, measure, impls) is unchanged."
