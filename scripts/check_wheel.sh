@@ -35,6 +35,12 @@ rows = list(csv.DictReader(open(sys.argv[1])))
 assert len(rows) == 12 and all(r["status"] == "ok" and r["agrees"] == "True" for r in rows), rows
 print(f"wheel: {len(rows)} ok rows from an installed attnbench outside the checkout")
 PY
+# the report is the installed package's too (its step folders are in the wheel); installed, it
+# has no git history to measure its staleness against, and says so
+report="$work/reports/wheel-smoke/report.md"
+grep -q "^Measured by attnbench " "$report" && grep -q "^## Plots" "$report" \
+    || { echo "wheel: the smoke sweep wrote no whole report ($report)"; exit 1; }
+echo "wheel: report.md and $(ls "$work"/reports/wheel-smoke/*.png | wc -l) figures written"
 python3 - "$work/results/wheel-smoke/env.json" <<'PY'
 import json, sys
 env = json.load(open(sys.argv[1]))
