@@ -23,8 +23,7 @@ projection, d_model = Hq * D.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from attnbench.dims import DIMS
 from attnbench.dims import label as case_label
@@ -32,7 +31,12 @@ from attnbench.errors import UsageError
 from attnbench.masks import ALIGNS, KINDS, canonical_mod, make_mod, offset
 from attnbench.masks.interval import causal_pairs, sum_range  # noqa: F401  (re-exported)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:
+    import torch
+
+# dtype name -> an element's bytes. Names, not torch dtypes: the report, compare and fidelity
+# read cases without importing torch (2 s); torch_dtype(name) is the torch dtype of a name.
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DTYPE_ALIASES = {
     "fp32": "float32",
     "bf16": "bfloat16",
@@ -57,10 +61,17 @@ class CaseError(UsageError):
 def canonical_dtype(name: str) -> str:
     name = name.strip().lower()
     name = DTYPE_ALIASES.get(name, name)
-    if name not in DTYPES:
-        allowed = ", ".join([*DTYPES, *DTYPE_ALIASES])
+    if name not in DTYPE_BYTES:
+        allowed = ", ".join([*DTYPE_BYTES, *DTYPE_ALIASES])
         raise CaseError(f"unknown dtype {name!r} (allowed: {allowed})")
     return name
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a dtype name of DTYPE_BYTES ('bfloat16' -> torch.bfloat16)."""
+    import torch
+
+    return getattr(torch, name)
 
 
 @dataclass(frozen=True)
@@ -156,7 +167,7 @@ class Case:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        return torch_dtype(self.dtype)
 
     @property
     def device_type(self) -> str:
@@ -211,7 +222,7 @@ class Case:
         level op fwd reads q, k, v and writes out; bwd reads q, k, v, out, dout and writes
         dq, dk, dv; fwd_bwd reads q, k, v, dout and writes out, dq, dk, dv. Level layer: the
         same with x, the four weights and the output (B, S, d_model) in their place."""
-        elt = torch.finfo(self.torch_dtype).bits // 8
+        elt = DTYPE_BYTES[self.dtype]
         if self.level == "layer":
             d_kv = self.kv_heads * self.head_dim
             inputs = self.batch * self.seq_q * self.d_model  # x

@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -22,14 +23,14 @@ from attnbench.errors import ClusterLost, UsageError, did_you_mean
 from attnbench.options import OPTIONS, flag, load_config, parse_value
 from attnbench.report.render.terminal import list_impls, models_table, summary_table
 from attnbench.repro import repro_command
-from attnbench.run.executing import executors
-from attnbench.run.executing.environment import version_line
-from attnbench.run.planning.plan import Plan, warn_if_busy
-from attnbench.run.planning.target import Target, check_device
 from attnbench.store.env import write_env
 from attnbench.store.results import done_keys, load_run, read_results
 from attnbench.store.rundir import RunDir
 from attnbench.store.schema import LOST
+
+if TYPE_CHECKING:  # the sweep's modules import torch (2 s): imported by the commands that sweep
+    from attnbench.run.planning.plan import Plan
+    from attnbench.run.planning.target import Target
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
 EXIT_LOST = 3  # --executor ray: the cluster's head, every executor, or rows were lost
@@ -104,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         print(_usage(), file=sys.stdout if argv else sys.stderr)
         return EXIT_OK if argv else EXIT_USAGE
     if argv[0] in ("-V", "--version"):
+        from attnbench.run.executing.environment import version_line
+
         print(version_line())
         return EXIT_OK
     command, rest = argv[0], argv[1:]
@@ -232,6 +235,9 @@ def _check_folders(*pairs: tuple[str, Path]) -> None:
 
 
 def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = None) -> int:
+    from attnbench.run.planning.plan import Plan
+    from attnbench.run.planning.target import Target
+
     args = build_parser(command).parse_args(argv)
     if args.list_models:
         return _print(models_table())
@@ -264,6 +270,9 @@ def sweep(argv: list[str], command: str = "sweep", default_preset: str | None = 
 
 def _sweep(args, argv: list[str], plan: Plan, target: Target, run: RunDir, run_id: str) -> int:
     """The sweep of a checked ``plan`` into ``run``, its summary and its report."""
+    from attnbench.run.executing import executors
+    from attnbench.run.planning.plan import warn_if_busy
+
     with executors.start(target.executor, plan) as pool:
         if pool.started:
             print(pool.started)
@@ -349,6 +358,8 @@ def list_command(argv: list[str]) -> int:
     )
     p.add_argument("--plugin", action="append", default=[], metavar="PATH", help=_help("plugin"))
     p.add_argument("--device", default=None, help=_help("device"))
+    from attnbench.run.planning.target import check_device
+
     args = p.parse_args(argv)
     plugins = [x for text in args.plugin for x in parse_value("plugin", text, "--plugin")]
     for text in plugins:
@@ -378,7 +389,6 @@ def report(argv: list[str]) -> int:
     )
     p.add_argument(
         "--baseline",
-        default=None,
         help="impl the speedups are relative to "
         "(default: the impl the run recorded as its baseline)",
     )
@@ -490,7 +500,6 @@ def fidelity(argv: list[str]) -> int:
     p.add_argument(
         "--out",
         type=Path,
-        default=None,
         help="folder for fidelity.csv and fidelity.txt (default: reports/fidelity/<A>_vs_<B>)",
     )
     args = p.parse_args(argv)
@@ -558,7 +567,6 @@ def compare(argv: list[str]) -> int:
     p.add_argument(
         "--fail-above",
         type=_percent,
-        default=None,
         metavar="PCT",
         help="exit 1 when any case ok in both is more than PCT%% slower in B, "
         "or ok in A and not ok in B, or no case is ok in both (nothing compared); exit 4 "
@@ -567,7 +575,6 @@ def compare(argv: list[str]) -> int:
     p.add_argument(
         "--out",
         type=Path,
-        default=None,
         help="folder for compare.md, "
         "compare.csv and ratio_vs_seq.png (default: reports/compare/<A>_vs_<B>)",
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
 
-from attnbench.case import DEVICES, DTYPES, Case
+from attnbench.case import DEVICES, DTYPE_BYTES, Case
 from attnbench.checkout import importable
 from attnbench.errors import UsageError, did_you_mean
 from attnbench.heads import HEAD_ORDERS
@@ -65,7 +65,7 @@ class Supports:
     """The cases an impl supports: any other case is a row ``unsupported`` with its reasons
     (``Impl.reasons``); its own ``check`` is asked only where every declared field fits."""
 
-    dtypes: tuple[str, ...] = tuple(DTYPES)
+    dtypes: tuple[str, ...] = tuple(DTYPE_BYTES)
     head_dims: tuple[int, ...] | None = None  # None: any head dim
     causal: bool = True
     cross: bool = True  # seq_q != seq_kv
@@ -83,7 +83,7 @@ class Supports:
     def valid(self, name: str) -> Supports:
         return replace(
             self,
-            dtypes=_valid(name, "dtypes", self.dtypes, DTYPES),
+            dtypes=_valid(name, "dtypes", self.dtypes, DTYPE_BYTES),
             head_dims=None if self.head_dims is None else tuple(self.head_dims),
             backward=_backward(name, self.backward),
             masks=_masks(name, self.masks, self.unmasked),

@@ -10,7 +10,11 @@ outside the timing (run/measuring/call.py at level op, the layer's reference at 
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
 
 HEAD_ORDERS = ("grouped", "interleaved")
 FORMULA = {"grouped": "h // (Hq/Hkv)", "interleaved": "h % Hkv"}
@@ -18,6 +22,8 @@ FORMULA = {"grouped": "h // (Hq/Hkv)", "interleaved": "h % Hkv"}
 
 def kv_head(heads: int, kv_heads: int, order: str) -> torch.Tensor:
     """(Hq,) int64: the kv head each query head reads in ``order``."""
+    import torch
+
     h = torch.arange(heads)
     return h // (heads // kv_heads) if order == "grouped" else h % kv_heads
 
@@ -31,6 +37,8 @@ def computed_by(heads: int, kv_heads: int, order: str) -> torch.Tensor | None:
     """(Hq,) int64: for each query head h of the grouped convention, the head of an impl in
     ``order`` that computes it, when that impl is handed q[:, computed_by.argsort()]; None
     where the orders are the ``same``."""
+    import torch
+
     if same(heads, kv_heads, order):
         return None
     return torch.argsort(kv_head(heads, kv_heads, order), stable=True)

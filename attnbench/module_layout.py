@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from attnbench.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 NORM_KINDS = ("rms", "layer")
 NORM_SCOPES = ("head", "projection")
@@ -106,6 +108,8 @@ class LayerModule:
     layout: ModuleLayout = ModuleLayout()
 
     def __post_init__(self) -> None:
+        import torch
+
         if not isinstance(self.module, torch.nn.Module):
             raise LayerModuleError(
                 f"LayerModule's module is {_what(self.module)}, not the torch.nn.Module that "
@@ -136,6 +140,8 @@ class LayerModule:
         transformers' q_proj, k_proj, v_proj, o_proj (nn.Linear, biases where they have one).
         A call with a part missing or too many is LayerModuleError (not Python's TypeError,
         which a sweep could not tell from the factory's own failures)."""
+        import torch
+
         if unknown:
             given = ", ".join(f"{k}=" for k in unknown)
             raise LayerModuleError(

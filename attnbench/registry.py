@@ -26,8 +26,6 @@ from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-import torch
-
 from attnbench.case import Case
 from attnbench.declarations import RegistryError, Runs, Supports, Takes, declared
 from attnbench.errors import AttnbenchError
@@ -184,8 +182,7 @@ def _sm(impl: Impl, case: Case) -> list[str]:
     """The GPU's compute capability against ``sm`` (only where CUDA is visible)."""
     if impl.sm is None or case.device_type != "cuda" or not _cuda_visible():
         return []
-    major, minor = torch.cuda.get_device_capability(case.device)
-    have, (low, high) = major * 10 + minor, impl.sm
+    have, (low, high) = _capability(case.device), impl.sm
     if have >= low and (high is None or have <= high):
         return []
     span = f"sm_{low} to sm_{high}" if high is not None else f"sm_{low} and newer"
@@ -210,7 +207,17 @@ CHECKS = (
 
 
 def _cuda_visible() -> bool:
+    import torch
+
     return torch.cuda.is_available()
+
+
+def _capability(device: str) -> int:
+    """The compute capability of the GPU ``device`` as a number: sm_90 is 90."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    return major * 10 + minor
 
 
 @functools.cache

@@ -7,7 +7,11 @@ gave.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
 
 STREAMS: dict[str, int] = {
     "qkv": 0,  # q, k, v, dout (level layer: x, the projection weights, dout)
@@ -21,4 +25,6 @@ STREAMS: dict[str, int] = {
 
 def generator(stream: str, seed: int) -> torch.Generator:
     """A CPU generator for ``stream`` of the run's ``seed``."""
+    import torch
+
     return torch.Generator().manual_seed(seed + STREAMS[stream])

@@ -8,10 +8,12 @@ the distance is symmetric. ``--score-mod alibi``."""
 from __future__ import annotations
 
 import math
-
-import torch
+from typing import TYPE_CHECKING
 
 from attnbench.masks.scores import ScoreMod, register_mod
+
+if TYPE_CHECKING:
+    import torch
 
 
 @register_mod
@@ -22,6 +24,8 @@ class Alibi(ScoreMod):
     additive = True
 
     def __init__(self, arg, heads, device="cpu"):
+        import torch
+
         super().__init__(arg, heads, device)
         n = 2 ** int(math.log2(heads))
         first = torch.pow(2.0, -8.0 * torch.arange(1, n + 1) / n)
@@ -39,6 +43,8 @@ class Alibi(ScoreMod):
 
     def reference_slopes(self, like: torch.Tensor) -> torch.Tensor:
         """The slopes written out from the paper's rule, one head at a time."""
+        import torch
+
         power = 1
         while power * 2 <= self.heads:
             power *= 2

@@ -6,8 +6,6 @@ kept otherwise)."""
 
 from __future__ import annotations
 
-import torch
-
 from attnbench.masks.blocks import BlockKind, BlockLayout, sparsity_params
 from attnbench.masks.kind import register_kind
 from attnbench.seeds import generator
@@ -16,6 +14,8 @@ from attnbench.seeds import generator
 def random_blocks(nblocks: int, local: int, n_global: int, n_random: int, seed: int):
     """Per query block, ``n_random`` key blocks drawn among those neither in its window nor
     global (fewer when fewer are left): (nblocks, n_random) int64, -1 where none."""
+    import torch
+
     gen = generator("sparse", seed)
     out = torch.full((nblocks, n_random), -1, dtype=torch.int64)
     half = (local - 1) // 2
@@ -32,6 +32,8 @@ class BigBird(BlockLayout):
     kind = "block_sparse"
 
     def __init__(self, seq_len, batch, block, local, n_global, random):
+        import torch
+
         super().__init__(seq_len, batch, block)
         self.local, self.n_global = local, min(n_global, self.nblocks)
         self.random = torch.as_tensor(random, dtype=torch.int64)  # (nblocks, r), -1 none
@@ -40,6 +42,8 @@ class BigBird(BlockLayout):
         return {"random_blocks": self.random.tolist()}
 
     def blocks(self, a, c):
+        import torch
+
         keep = ((a - c).abs() <= (self.local - 1) // 2) | (a < self.n_global)
         keep = keep | (c < self.n_global)
         rows, picks = torch.nonzero(self.random >= 0, as_tuple=True)

@@ -6,9 +6,12 @@ combined with causal (j <= i) element by element. A kind says how its blocks are
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from attnbench.masks.kind import KINDS, Layout, MaskKind
+
+if TYPE_CHECKING:
+    import torch
 
 
 def block_kinds() -> dict[str, dict[str, int]]:
@@ -78,6 +81,8 @@ class BlockLayout(Layout):
         """Kept blocks: (nblocks, nblocks) bool, query block a (rows), key block c (cols)."""
 
         def make():
+            import torch
+
             a = torch.arange(self.nblocks)
             return self.blocks(a[:, None], a[None, :]).to(device)
 
@@ -98,6 +103,8 @@ class BlockLayout(Layout):
         return "full" if bool(sub.all()) and not diag_cut else "partial"
 
     def pairs(self, causal: bool) -> int:
+        import torch
+
         sizes = torch.full((self.nblocks,), self.block)
         sizes[-1] = self.seq_len - self.block * (self.nblocks - 1)  # the last may be short
         area = sizes[:, None] * sizes[None, :]  # (nblocks, nblocks)

@@ -10,10 +10,12 @@ import inspect
 import re
 import sys
 from collections.abc import Callable
-
-import torch
+from typing import TYPE_CHECKING
 
 from attnbench.errors import one_line
+
+if TYPE_CHECKING:
+    import torch
 
 GUIDE = "docs/plugins.md: A mask kind or a score modifier of your own"
 
@@ -98,6 +100,8 @@ def tensor_of(shape: tuple, dtype: torch.dtype | None) -> Callable[[object], Non
     """A trial's check: a tensor of ``shape`` and ``dtype`` (None: any floating dtype)."""
 
     def check(out) -> None:
+        import torch
+
         expect(isinstance(out, torch.Tensor), f"returned {type(out).__name__}, expected a tensor")
         wanted = "a floating dtype" if dtype is None else str(dtype)
         ok = out.is_floating_point() if dtype is None else out.dtype == dtype
@@ -114,6 +118,8 @@ def broadcasting_to(shape: tuple) -> Callable[[object], None]:
     ``shape``."""
 
     def check(out) -> None:
+        import torch
+
         if out is None:
             return
         expect(isinstance(out, torch.Tensor), f"returned {type(out).__name__}, expected a tensor")

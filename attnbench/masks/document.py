@@ -6,10 +6,13 @@ fit. Impls read ``doc_lens``, ``doc_ids``, ``doc_bounds`` or ``cu_seqlens``."""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from attnbench.masks.kind import Layout, MaskKind, register_kind
 from attnbench.seeds import generator
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_DOCS = "uniform:64-512"
 
@@ -41,6 +44,8 @@ def parse_docs(text: str) -> str:
 
 def doc_lengths(spec: str, seq_len: int, gen: torch.Generator) -> list[int]:
     """Lengths of the documents packed into one sequence of ``seq_len`` (sum == seq_len)."""
+    import torch
+
     kind, _, rest = spec.partition(":")
     if kind == "uniform":
         low, high = (int(x) for x in rest.split("-"))
@@ -79,6 +84,8 @@ class Documents(Layout):
         """Start and end of each position's document: (B, S) int64 each, on the CPU."""
 
         def make():
+            import torch
+
             starts, ends = [], []
             for lens in self.doc_lens:
                 n = torch.tensor(lens)
@@ -93,6 +100,8 @@ class Documents(Layout):
         """Index of each position's document in its row: (B, S) int64."""
 
         def make():
+            import torch
+
             ids = [torch.arange(len(n)).repeat_interleave(torch.tensor(n)) for n in self.doc_lens]
             return torch.stack(ids).to(device)
 
@@ -100,6 +109,8 @@ class Documents(Layout):
 
     def cu_seqlens(self, device) -> torch.Tensor:
         """Offsets of every document in the flattened (B * S) sequence: (ndocs + 1,) int32."""
+        import torch
+
         flat = torch.tensor([0, *(n for lens in self.doc_lens for n in lens)])
         return flat.cumsum(0).to(device=device, dtype=torch.int32)
 
@@ -110,6 +121,8 @@ class Documents(Layout):
 
     def hidden(self, i, j, causal):
         # every position's document, laid end to end from the lengths: (B, S)
+        import torch
+
         rows = []
         for lens in self.doc_lens:
             doc = torch.empty(sum(lens), dtype=torch.int64)
@@ -135,6 +148,8 @@ class Documents(Layout):
         return "full" if full and not diag_cut else "partial"
 
     def pairs(self, causal: bool) -> int:
+        import torch
+
         lens = torch.tensor([n for row in self.doc_lens for n in row])
         return int((lens * (lens + 1) // 2).sum() if causal else (lens * lens).sum())
 

@@ -4,10 +4,13 @@ written out apart from that geometry, and its exact pair count."""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from attnbench.masks.kind import Layout, MaskKind
 from attnbench.masks.rules import interval, key_bounds, reach
+
+if TYPE_CHECKING:
+    import torch
 
 
 def causal_pairs(seq_q: int, seq_kv: int, shift: int = 0) -> int:
@@ -78,6 +81,8 @@ class Interval(Layout):
         )
 
     def rule(self, b, i, j, causal):
+        import torch
+
         back, ahead = reach(causal, self.window)
         lens = self.kv_lens
         kv_len = torch.tensor(self.seq_kv) if lens is None else lens.to(i.device)[b]
@@ -85,6 +90,8 @@ class Interval(Layout):
         return (j >= lo) & (j < hi)
 
     def hidden(self, i, j, causal):
+        import torch
+
         p = i + self.shift  # (c, 1): the queries' positions among the keys
         drop = torch.zeros(p.shape[0], j.shape[1], dtype=torch.bool, device=p.device)
         if causal:
@@ -103,6 +110,8 @@ class Interval(Layout):
         return {} if self.kv_lens is None else {"key_lengths": self.kv_lens.tolist()}
 
     def pairs(self, causal: bool) -> int:
+        import torch
+
         lo, hi = self.bounds(torch.arange(self.seq_q), causal)
         counts = (hi - lo).clamp(min=0).sum()  # over (Bm, Sq)
         return int(counts) * (self.batch // self.rows)

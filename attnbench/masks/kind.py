@@ -15,8 +15,7 @@ passes: contract.py); ``try_kind`` runs a plugin's kind on a small case when its
 from __future__ import annotations
 
 import functools
-
-import torch
+from typing import TYPE_CHECKING
 
 from attnbench.masks.contract import (
     GUIDE,
@@ -28,6 +27,9 @@ from attnbench.masks.contract import (
     expect,
     tensor_of,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 KINDS: dict[str, MaskKind] = {}
 
@@ -124,6 +126,8 @@ def try_kind(kind: MaskKind, case) -> None:
     """Run ``kind`` on one small case as a sweep does: its layout drawn, its rule over the
     case, the reference's rule, the pair count and the label; ContractError naming what failed
     (whether rule and hidden agree is the reference's to find, row by row)."""
+    import torch
+
     run = functools.partial(attempt, f"mask kind {kind.name!r}", type(kind))
     name, Sq, Skv, causal = type(kind).__name__, case.seq_q, case.seq_kv, case.causal
     layout = run(f"{name}.layout", lambda: kind.layout(case, 0), _a_layout)
@@ -142,6 +146,8 @@ def _a_layout(out) -> None:
 
 def _hidden(rows: int, Sq: int, Skv: int):
     """hidden's (Bm, Sq, Skv): Bm the layout's rows, or 1 where every row is alike."""
+    import torch
+
     one, each = tensor_of((1, Sq, Skv), torch.bool), tensor_of((rows, Sq, Skv), torch.bool)
     return lambda out: (one if getattr(out, "shape", (0,))[:1] == (1,) else each)(out)
 
@@ -193,6 +199,8 @@ class Layout:
 
     def keep(self, q0: int, q1: int, k0: int, k1: int, causal: bool, device) -> torch.Tensor:
         """True = attend, for queries q0..q1-1 and keys k0..k1-1: (Bm, bq, bk)."""
+        import torch
+
         b = torch.arange(self.rows, device=device)[:, None, None]
         i = torch.arange(q0, q1, device=device)[None, :, None]
         j = torch.arange(k0, k1, device=device)[None, None, :]

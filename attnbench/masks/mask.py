@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from attnbench.masks.interval import Interval
 from attnbench.masks.kind import Layout
 from attnbench.masks.rules import offset
 from attnbench.masks.scores import ScoreMod
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -66,6 +68,8 @@ class Mask:
         h (1, Hq, 1, 1), the query's position among the keys p (Sq, 1), the key j (1, Skv)."""
 
         def make():
+            import torch
+
             h = torch.arange(heads, device=device)[None, :, None, None]
             p = torch.arange(seq_q, device=device)[:, None] + self.shift(seq_q, seq_kv)
             return h, p, torch.arange(seq_kv, device=device)[None, :]

@@ -3,8 +3,6 @@ are masked. The lengths are drawn from the seed (stream "padding"), uniform in [
 0: a row with every key masked has no softmax), apart from q, k, v; the layout's reference
 rule hides j >= kv_lens[b] on its own."""
 
-import torch
-
 from attnbench.masks.interval import IntervalKind
 from attnbench.masks.kind import register_kind
 from attnbench.seeds import generator
@@ -16,11 +14,15 @@ class Padding(IntervalKind):
     short = "pad"
 
     def limits(self, case, seed):
+        import torch
+
         gen = generator("padding", seed)
         lens = torch.randint(1, case.seq_kv + 1, (case.batch,), generator=gen)
         return {"kv_lens": lens.to(case.device)}
 
     def from_draws(self, case, record):
+        import torch
+
         lens = torch.tensor(record["key_lengths"], device=case.device)
         return self.interval(case, kv_lens=lens)
 

@@ -18,7 +18,11 @@ on its own, so a mistake here is caught there.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
 
 ALIGNS = ("top_left", "bottom_right")  # where the causal diagonal (and a window) sits
 FAR = 1 << 30  # "unbounded" for a window side, small enough for int32 index arithmetic
@@ -36,7 +40,7 @@ def interval(i, *, back, ahead, kv_len):
     (``back``, ``ahead``, ``kv_len`` broadcast against ``i``). May be empty (hi <= lo). Written
     without branches, so it also serves as a FlexAttention mask_mod body."""
     lo = (i - back + 1).clamp(min=0)
-    hi = torch.minimum(i + ahead, kv_len)
+    hi = (i + ahead).minimum(kv_len)
     return lo, hi
 
 
@@ -58,7 +62,7 @@ def key_bounds(
     ``shift``: the position of query 0 among the keys (``offset``)."""
     back, ahead = reach(causal, window)
     kv_len = (
-        torch.tensor(seq_kv, device=rows.device)
+        rows.new_tensor(seq_kv)  # rows' dtype (int64) and device
         if kv_lens is None
         else kv_lens.to(rows.device)[:, None]
     )  # () or (B, 1)
@@ -79,6 +83,8 @@ def block_keep(
     shift: int = 0,
 ) -> torch.Tensor:
     """Boolean mask of the block rows q0..q1-1, keys k0..k1-1, True = attend: (Bm, bq, bk)."""
+    import torch
+
     lo, hi = key_bounds(
         torch.arange(q0, q1, device=device),
         seq_kv,

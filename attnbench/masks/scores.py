@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import functools
 
-import torch
-
 from attnbench.masks.contract import (
     GUIDE,
     ContractError,
@@ -179,6 +177,8 @@ def canonical_mod(text: str | None) -> str:
 def tried(cls: type[ScoreMod], arg: str | None) -> None:
     """Run the modifier once on small scores as impls and the reference do (2 heads, 3 queries
     at positions 1..3 among 4 keys, on the CPU); ContractError naming what failed."""
+    import torch
+
     what, name = f"score_mod {cls.name}" + ("" if arg is None else f":{arg}"), cls.__name__
     s = torch.linspace(-4.0, 4.0, 24).view(1, 2, 3, 4)  # (1, H, Sq, Skv) float32
     s64, shape = s.double(), tuple(s.shape)

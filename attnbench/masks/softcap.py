@@ -3,8 +3,6 @@ s -> cap · tanh(s / cap), which bounds every score to (-cap, cap). ``--score-mo
 
 from __future__ import annotations
 
-import torch
-
 from attnbench.masks.scores import ScoreMod, register_mod
 
 
@@ -30,12 +28,12 @@ class Softcap(ScoreMod):
         return f"{cap:g}"
 
     def apply(self, s, h, p, j):
-        return torch.tanh(s / self.cap) * self.cap
+        return (s / self.cap).tanh() * self.cap
 
     def grad(self, s, h, p, j):
-        return 1 - torch.tanh(s / self.cap).square()
+        return 1 - (s / self.cap).tanh().square()
 
     def reference(self, s, h, p, j):
         # tanh(x) = sign(x) (1 - 2 / (e^{2|x|} + 1)), which stays finite for any x
         x = s / self.cap
-        return self.cap * x.sign() * (1 - 2 / (torch.exp(2 * x.abs()) + 1))
+        return self.cap * x.sign() * (1 - 2 / ((2 * x.abs()).exp() + 1))

@@ -11,9 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 
-import torch
-
-from attnbench.case import DTYPES
+from attnbench.case import torch_dtype
 
 RESOURCES = ("compute", "memory")
 SAMPLES = 2  # per resource and round (one warm-up call each when the anchor is made)
@@ -26,12 +24,14 @@ class Anchor:
     """The anchor's tensors on ``device`` for ``dtype`` (a case's), made once."""
 
     def __init__(self, device: str, dtype: str):
+        import torch
+
         self.device_type, self.dtype = device.split(":")[0], dtype
         wide, narrow, mib = SIZES[self.device_type]
-        torch_dtype = DTYPES[dtype]
-        n = wide if torch_dtype.itemsize >= 4 else narrow
+        dt = torch_dtype(dtype)
+        n = wide if dt.itemsize >= 4 else narrow
         g = torch.Generator().manual_seed(0)
-        self.a, self.b = (torch.randn(n, n, generator=g).to(device, torch_dtype) for _ in "ab")
+        self.a, self.b = (torch.randn(n, n, generator=g).to(device, dt) for _ in "ab")
         self.src = torch.ones(mib * 2**20, dtype=torch.uint8, device=device)
         self.dst = torch.empty_like(self.src)
         self.work = {"compute": lambda: self.a @ self.b, "memory": lambda: self.dst.copy_(self.src)}
@@ -50,6 +50,8 @@ class Anchor:
                 fn()
                 out.append((time.perf_counter() - start) * 1e3)
             return out
+        import torch
+
         flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=self.a.device)
         events = [
             (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))

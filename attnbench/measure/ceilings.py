@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.case import DTYPES
+from attnbench.case import torch_dtype
 from attnbench.measure.timing import TimerConfig, Timing, time_fn
 
 # square matmul sizes: large enough to reach the plateau, small enough to take seconds
@@ -35,8 +35,8 @@ def _matmul(dtype: str, device: str, n: int | None, timer: TimerConfig) -> tuple
     """The rate and whether the measurement was contended (CPU; False on CUDA)."""
     n = n or MATMUL_N[device.split(":")[0]]
     g = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(n, n, generator=g, device=device).to(DTYPES[dtype])
-    b = torch.randn(n, n, generator=g, device=device).to(DTYPES[dtype])
+    a = torch.randn(n, n, generator=g, device=device).to(torch_dtype(dtype))
+    b = torch.randn(n, n, generator=g, device=device).to(torch_dtype(dtype))
     t = time_fn(lambda: a @ b, device.split(":")[0], timer)
     return 2.0 * n**3 / (t.median_ms * 1e-3) / 1e12, _contended(t)
 

@@ -11,12 +11,14 @@ the case dtype; computed once per case beside the float64 reference.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
+from attnbench.case import torch_dtype
 
-from attnbench.measure.reference import reference
+if TYPE_CHECKING:
+    import torch
 
-LOW_PRECISION = (torch.bfloat16, torch.float16)  # the dtypes a row gets the figure in
+LOW_PRECISION = ("bfloat16", "float16")  # the dtypes a row gets the figure in
 # Flagged above this (calibrated: scripts/calibrate_accuracy.py, docs/accuracy_calibration.md)
 PRECISION_LIMIT = 2.75
 OWN_SHARE = 0.25  # the elements compared: |ref| >= OWN_SHARE * magnitude
@@ -35,7 +37,12 @@ def emulated(q, k, v, *, causal: bool, scale: float, mask=None) -> torch.Tensor 
     their dtype; None where the dtype is not a low-precision one, or with a score modifier
     (correct kernels round a modifier's bias differently: SDPA takes it in q's dtype, flex
     computes it in float32; that rounding, not the accumulator's, would set the figure)."""
-    if q.dtype not in LOW_PRECISION or (mask is not None and mask.score_mod is not None):
+    import torch
+
+    from attnbench.measure.reference import reference
+
+    low = [torch_dtype(name) for name in LOW_PRECISION]
+    if q.dtype not in low or (mask is not None and mask.score_mod is not None):
         return None
     out, _ = reference(
         q, k, v, causal=causal, scale=scale, dtype=torch.float32, mask=mask, rounded_p=q.dtype
@@ -83,6 +90,8 @@ def judged(
     None). No columns without an emulation (float32 rows, level layer), on a row that
     disagrees (a wrong result is a disagreement, not a precision) or too few elements to pool
     (``precision_ratio``)."""
+    import torch
+
     if fp32_acc is None or not agrees or not torch.isfinite(out).all():
         return {}, None
     figure = precision_ratio(out, ref, fp32_acc, m)

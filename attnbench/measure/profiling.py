@@ -16,12 +16,9 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from attnbench.measure.flags import CROSS_CHECK_EVERY, MISMATCH_PCT
+
 PROFILED_CALLS = 3
-MISMATCH_PCT = 5.0  # harness median vs profiler kernel time: flagged beyond this
-# without --profile, a CUDA row's median is cross-checked against the profiler on the first
-# row of each impl and every CROSS_CHECK_EVERY-th after it: a profiler session (CUPTI set-up,
-# three calls, the event tree) costs about a second per row, most of a small row's cost
-CROSS_CHECK_EVERY = 10
 _rows_seen: Counter[str] = Counter()
 
 

@@ -21,20 +21,14 @@ import torch.utils.benchmark as tbench
 
 from attnbench.measure import contention, cuda_graph
 from attnbench.measure.allocator import minor_faults
+from attnbench.measure.flags import NOISY_SPREAD, PAGE_FAULTS_FLAG
 
 L2_FLUSH_BYTES = 256 * 2**20  # larger than any GPU's L2 today, as do_bench uses
-# a row whose p20-p80 spread is more than this fraction of its median is flagged as noisy: its
-# median can move between identical runs by more than most changes one wants to see
-NOISY_SPREAD = 0.10
 ROUNDS = 5  # a case's impls are timed in this many interleaved rounds (docs/method.md)
 CPU_ROUND_WARMUP_CALLS = 1  # each round after an impl's first: its caches and clocks again
 CPU_WARMUP_CALLS = 2  # at least; more while calls still page-fault (the heap growing)
 CPU_WARMUP_MAX_CALLS = 8
 CPU_WARMUP_MAX_S = 4.0  # and at most about this long (or rep_ms), while calls still fault
-# a CPU row with at least this many minor page faults (4 KiB pages) per timed call is flagged:
-# its calls page memory back in (the allocator handed it to the OS), which makes time_ms
-# unstable; a few faults per call are the timer's own bookkeeping
-PAGE_FAULTS_FLAG = 10.0
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from attnbench.case import MODES, Case, CaseError
+from attnbench.case import DTYPE_BYTES, MODES, Case, CaseError
 from attnbench.dims import DIM, FAMILY_PARTS, LABEL_PARTS, LEGEND_PARTS
 from attnbench.store.schema import CASE_KEY
 
@@ -79,7 +79,7 @@ def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 def noisy(df: pd.DataFrame) -> pd.Series:
     """Ok rows whose timing samples spread too far to trust the median (measure.timing)."""
-    from attnbench.measure.timing import NOISY_SPREAD
+    from attnbench.measure.flags import NOISY_SPREAD
 
     if not {"time_ms_p20", "time_ms_p80"} <= set(df.columns):  # a table without the spread
         return pd.Series(False, index=df.index)
@@ -300,9 +300,6 @@ def fit_loglog(
     if notes:
         out["reason"] = "; ".join(notes)
     return out
-
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # an element's bytes, per dtype
 
 
 def kv_cache_mib(df: pd.DataFrame) -> pd.Series:

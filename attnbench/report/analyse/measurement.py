@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from attnbench.measure.flags import PAGE_FAULTS_FLAG
 from attnbench.measure.published import Peak, published
-from attnbench.measure.timing import PAGE_FAULTS_FLAG
 from attnbench.report.analyse import derived
 
 SLOW_PEER = 0.9  # an executor whose speed anchor runs below this share of its peers' is flagged

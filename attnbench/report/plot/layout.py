@@ -34,7 +34,7 @@ from matplotlib.ticker import (  # noqa: E402
     NullLocator,
 )
 
-from attnbench.measure.timing import NOISY_SPREAD  # noqa: E402
+from attnbench.measure.flags import NOISY_SPREAD  # noqa: E402
 from attnbench.report.analyse.figure_lines import Line, LineFigure  # noqa: E402
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "*", "p")

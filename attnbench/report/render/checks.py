@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from attnbench.measure.profiling import CROSS_CHECK_EVERY, MISMATCH_PCT
+from attnbench.measure.flags import CROSS_CHECK_EVERY, MISMATCH_PCT, NOISY_SPREAD, PAGE_FAULTS_FLAG
 from attnbench.measure.roofline import over_ceiling_note
-from attnbench.measure.timing import NOISY_SPREAD, PAGE_FAULTS_FLAG
 from attnbench.report.analyse.measurement import CLOCK_DROP, POWER_CAP, MeasurementChecks
 from attnbench.report.render.markdown import fold_long, table
 

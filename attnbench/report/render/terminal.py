@@ -9,7 +9,7 @@ import textwrap
 import pandas as pd
 
 from attnbench import plugins
-from attnbench.case import DEVICES, DTYPES
+from attnbench.case import DEVICES, DTYPE_BYTES
 from attnbench.masks import ANY, KINDS, MASKS, MODS
 from attnbench.masks.contract import defined_in
 from attnbench.models import models_table
@@ -86,7 +86,7 @@ def list_impls(impls: dict, device: str) -> str:
                 "impl": impl.name,
                 "here": "yes" if here else "no",
                 "dev": _compact(impl.devices, DEVICES),
-                "dtypes": _compact(impl.dtypes, DTYPES, dtypes),
+                "dtypes": _compact(impl.dtypes, DTYPE_BYTES, dtypes),
                 "head_dims": "any" if impl.head_dims is None else _compact(impl.head_dims),
                 "c/x/g/b": "/".join(
                     [
