@@ -120,9 +120,9 @@ class Documents(Layout):
         return same & (j <= i) if causal else same
 
     def hidden(self, i, j, causal):
-        # every position's document, laid end to end from the lengths: (B, S)
         import torch
 
+        # every position's document, laid end to end from the lengths: (B, S)
         rows = []
         for lens in self.doc_lens:
             doc = torch.empty(sum(lens), dtype=torch.int64)
