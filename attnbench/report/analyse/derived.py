@@ -208,7 +208,8 @@ def case_labels(df: pd.DataFrame) -> pd.Series:
     vary = [c for c in LABEL_ORDER if c in df and df[c].nunique(dropna=False) > 1]
     if {"seq_q", "seq_kv"} <= set(df) and df["seq_kv"].eq(df["seq_q"]).all():
         vary = [c for c in vary if c != "seq_kv"]  # self-attention: Skv says nothing more
-    labels = [" ".join(dim_text(c, r[c]) for c in vary) for _, r in df[vary].iterrows()]
+    parts = [[dim_text(c, v) for v in df[c]] for c in vary]  # per column: no row objects
+    labels = [" ".join(p) for p in zip(*parts)] if vary else [""] * len(df)
     return pd.Series(labels, index=df.index, dtype="string")
 
 
