@@ -235,8 +235,15 @@ def case_family(df: pd.DataFrame) -> pd.Series:
         for d in FAMILY_PARTS
         if d.family.always or df[d.name].nunique() > 1  # e.g. the device, when several
     ]
-    labels = [" ".join(p for p in (d.family.text(r) for d in said) if p) for _, r in df.iterrows()]
-    return pd.Series(labels, index=df.index, dtype="string")
+    # a family is one label per case: each distinct case labelled once, then looked up
+    key = [c for c in CASE_COLUMNS if c in df]
+    case = df[key].groupby(key, dropna=False, sort=False).ngroup().to_numpy()
+    first = np.unique(case, return_index=True)[1]  # per case id, its first row
+    label = [
+        " ".join(p for p in (d.family.text(r) for d in said) if p)
+        for _, r in df.iloc[first].iterrows()
+    ]
+    return pd.Series(np.array(label, dtype=object)[case], index=df.index, dtype="string")
 
 
 def mode_rank(mode) -> int:
