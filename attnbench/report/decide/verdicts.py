@@ -50,11 +50,11 @@ def speedups(
     )
     values = {c: [None] * len(out) for c in ("speedup", "speedup_lo", "speedup_hi")}
     is_paired, notes = [False] * len(out), [""] * len(out)
-    doubt = contended(out) | out["_bc"].eq(True).fillna(False).astype(bool)
-    shaky = noisy(out) | out["_bn"].eq(True).fillna(False).astype(bool)
-    for i, (_, r) in enumerate(out.iterrows()):
-        if not usable.iloc[i]:
-            continue
+    doubt = (contended(out) | out["_bc"].eq(True).fillna(False).astype(bool)).to_numpy()
+    shaky = (noisy(out) | out["_bn"].eq(True).fillna(False).astype(bool)).to_numpy()
+    read = [*CASE_KEY, "time_ms", "baseline_time_ms", "speedup", "speedup_lo", "speedup_hi"]
+    at = usable.to_numpy().nonzero()[0]  # the usable rows, as records: no row objects
+    for i, r in zip(at, out.iloc[at][[c for c in read if c in out]].to_dict("records")):
         value, lo, hi = float(r["baseline_time_ms"] / r["time_ms"]), None, None
         ratio = rounds.speedup_over(r, baseline) if rounds and r["impl"] != baseline else None
         if r["impl"] == baseline:
@@ -68,7 +68,7 @@ def speedups(
         for c, v in zip(values, (value, lo, hi)):
             values[c][i] = v
         if r["impl"] != baseline:
-            notes[i] = caveat(bool(doubt.iloc[i]), lo, hi, bool(shaky.iloc[i]))
+            notes[i] = caveat(bool(doubt[i]), lo, hi, bool(shaky[i]))
     for c, v in values.items():
         out[c] = pd.array(v, dtype="Float64")
     return out.drop(columns=["_bc", "_bn"]).assign(
