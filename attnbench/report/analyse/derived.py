@@ -222,6 +222,18 @@ def case_label(row) -> str:
         return " ".join(f"{k}={row[k]}" for k in CASE_COLUMNS)
 
 
+def per_case(df: pd.DataFrame, fn) -> list:
+    """``fn(row)`` for each row of ``df``, computed once per case (the rows that share every
+    case column; ``fn`` reads only those) from its first row: a case's impls share it."""
+    if df.empty:
+        return []
+    key = [c for c in CASE_COLUMNS if c in df]
+    case = df[key].groupby(key, dropna=False, sort=False).ngroup().to_numpy()
+    first = np.unique(case, return_index=True)[1]  # per case id, its first row
+    values = [fn(r) for _, r in df.iloc[first].iterrows()]
+    return [values[c] for c in case]
+
+
 def case_family(df: pd.DataFrame) -> pd.Series:
     """A readable family label per row: each dimension's family part (dims.py: mode, dtype,
     causal/full, head dim, the mask, gqa and cross when they apply, the device where the
@@ -236,14 +248,8 @@ def case_family(df: pd.DataFrame) -> pd.Series:
         if d.family.always or df[d.name].nunique() > 1  # e.g. the device, when several
     ]
     # a family is one label per case: each distinct case labelled once, then looked up
-    key = [c for c in CASE_COLUMNS if c in df]
-    case = df[key].groupby(key, dropna=False, sort=False).ngroup().to_numpy()
-    first = np.unique(case, return_index=True)[1]  # per case id, its first row
-    label = [
-        " ".join(p for p in (d.family.text(r) for d in said) if p)
-        for _, r in df.iloc[first].iterrows()
-    ]
-    return pd.Series(np.array(label, dtype=object)[case], index=df.index, dtype="string")
+    labels = per_case(df, lambda r: " ".join(p for p in (d.family.text(r) for d in said) if p))
+    return pd.Series(labels, index=df.index, dtype="string")
 
 
 def mode_rank(mode) -> int:
@@ -482,7 +488,7 @@ def min_bytes(df: pd.DataFrame) -> pd.Series:
         except (CaseError, TypeError, ValueError, KeyError):
             return pd.NA
 
-    return pd.Series([one(r) for _, r in df.iterrows()], index=df.index, dtype="Float64")
+    return pd.Series(per_case(df, one), index=df.index, dtype="Float64")
 
 
 def arithmetic_intensity(df: pd.DataFrame) -> pd.Series:
