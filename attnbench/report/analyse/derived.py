@@ -247,7 +247,6 @@ def case_family(df: pd.DataFrame) -> pd.Series:
         for d in FAMILY_PARTS
         if d.family.always or df[d.name].nunique() > 1  # e.g. the device, when several
     ]
-    # a family is one label per case: each distinct case labelled once, then looked up
     labels = per_case(df, lambda r: " ".join(p for p in (d.family.text(r) for d in said) if p))
     return pd.Series(labels, index=df.index, dtype="string")
 
