@@ -14,7 +14,7 @@ from attnbench.case import Case
 from attnbench.report.analyse import derived
 from attnbench.report.analyse.rounds import _per_round
 from attnbench.report.decide import verdicts
-from attnbench.report.decide.recommend import _losses
+from attnbench.report.decide.recommend import _losses, _pick
 
 
 def rows_of(times: dict, case: Case, **extra) -> list[dict]:
@@ -78,10 +78,28 @@ def test_a_missing_kernel_races_as_another_kernel_and_an_alias_costs_nothing():
     kernels = pd.DataFrame({"a": ["k", "k"], "b": ["k", None], "c": ["m", None]}, dtype="string")
     loss = _losses(times, kernels)
     # case 0: a and b ran k (aliases): each is weighed against c only, and itself
-    assert loss.loc[0].tolist() == pytest.approx([1.0, 1.0, 4.0])
+    assert loss[0].tolist() == pytest.approx([1.0, 1.0, 4.0])
     # case 1: b's kernel is not known, so it races a: a loses 2x, b nothing; c did not run
-    assert loss.loc[1, "a"] == pytest.approx(2.0) and loss.loc[1, "b"] == pytest.approx(1.0)
-    assert pd.isna(loss.loc[1, "c"]) and str(loss.dtypes.iloc[0]) == "Float64"
+    assert loss[1, :2].tolist() == pytest.approx([2.0, 1.0]) and np.isnan(loss[1, 2])
+
+
+def test_a_pick_breaks_ties_by_median_loss_then_name_and_says_where_it_lost_most():
+    # case ids 7, 8, 9; every impl its own kernel
+    times = pd.DataFrame(
+        {"b": [1.2, 1.0, 1.0], "a": [1.0, 1.2, 1.0], "c": [1.0, 1.0, 1.2], "d": [1.2, 1.1, 1.0]},
+        index=[7, 8, 9],
+        dtype="Float64",
+    )
+    kernels = pd.DataFrame({c: [c] * 3 for c in times}, index=times.index, dtype="string")
+    pick = _pick(times, kernels)  # a, b, c and d all lose 1.2x at worst; d's median is 1.1
+    assert (pick.impl, pick.worst_at) == ("a", 8) and pick.worst == pytest.approx(1.2)
+    held = pd.Series([1.25, 1.1, 1.1], index=times.index)
+    pick = _pick(times, kernels, held)  # b loses 1.2 where 1.25 is allowed: it fits
+    assert (pick.impl, pick.fits) == ("b", True) and pick.worst_at == 7
+    pick = _pick(times, kernels, held.clip(upper=1.1))  # none fits: the least over, a
+    assert (pick.impl, pick.fits) == ("a", False)
+    times.loc[9] = np.nan  # no impl ran case 9: no pick
+    assert _pick(times, kernels).impl is None
 
 
 def test_a_rounds_median_is_the_middle_of_its_lines_rounds_in_order():
