@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from attnbench.report.analyse.derived import case_label, disagreements, ok_rows
+from attnbench.report.analyse.derived import case_label, disagreements, ok_rows, per_case
 
 
 @dataclass(frozen=True)
@@ -22,11 +22,11 @@ def agreement(frame: pd.DataFrame) -> Agreement:
     ok = ok_rows(frame)
     bad = disagreements(frame)
     bad = bad.assign(
-        case=[case_label(r) for _, r in bad.iterrows()],
+        case=per_case(bad, case_label),
         verdict=bad["agrees"].map({False: "disagrees"}).fillna("not checked"),
     )
     low = ok.iloc[:0]
     if "precision_low" in frame:  # runs made before the column existed have none
         low = ok[ok["precision_low"].eq(True).fillna(False).astype(bool)]
-    low = low.assign(case=[case_label(r) for _, r in low.iterrows()])
+    low = low.assign(case=per_case(low, case_label))
     return Agreement(len(ok), bad, low)

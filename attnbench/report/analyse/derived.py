@@ -153,6 +153,18 @@ def with_series(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def groups(df: pd.DataFrame, key) -> list[tuple[tuple, np.ndarray]]:
+    """The groups of ``df`` by the columns ``key`` (blanks a value of their own, sorted as
+    groupby sorts them): each group's key values and its rows' positions. The key columns
+    alone are grouped, so no frame is copied per group (a results row has some 80 columns)."""
+    by = df[list(key)].groupby(list(key), dropna=False, sort=True)
+    ids = by.ngroup().to_numpy()
+    order = np.argsort(ids, kind="stable")
+    cuts = np.flatnonzero(np.diff(ids[order])) + 1
+    keys = [k if isinstance(k, tuple) else (k,) for k in by.size().index]
+    return list(zip(keys, np.split(order, cuts))) if len(ids) else []
+
+
 def _label_parts(r, shown: set[str]) -> list[str]:
     """A series' legend: each dimension's legend part (dims.py: those said always, and the
     others where they vary between the series), then its length relation."""
@@ -196,7 +208,8 @@ def case_labels(df: pd.DataFrame) -> pd.Series:
     vary = [c for c in LABEL_ORDER if c in df and df[c].nunique(dropna=False) > 1]
     if {"seq_q", "seq_kv"} <= set(df) and df["seq_kv"].eq(df["seq_q"]).all():
         vary = [c for c in vary if c != "seq_kv"]  # self-attention: Skv says nothing more
-    labels = [" ".join(dim_text(c, r[c]) for c in vary) for _, r in df[vary].iterrows()]
+    parts = [[dim_text(c, v) for v in df[c]] for c in vary]  # per column: no row objects
+    labels = [" ".join(p) for p in zip(*parts)] if vary else [""] * len(df)
     return pd.Series(labels, index=df.index, dtype="string")
 
 
@@ -207,6 +220,18 @@ def case_label(row) -> str:
         return Case.from_row(row).label()
     except (CaseError, TypeError, ValueError, KeyError):
         return " ".join(f"{k}={row[k]}" for k in CASE_COLUMNS)
+
+
+def per_case(df: pd.DataFrame, fn) -> list:
+    """``fn(row)`` for each row of ``df``, computed once per case (the rows that share every
+    case column; ``fn`` reads only those) from its first row: a case's impls share it."""
+    if df.empty:
+        return []
+    key = [c for c in CASE_COLUMNS if c in df]
+    case = df[key].groupby(key, dropna=False, sort=False).ngroup().to_numpy()
+    first = np.unique(case, return_index=True)[1]  # per case id, its first row
+    values = [fn(r) for _, r in df.iloc[first].iterrows()]
+    return [values[c] for c in case]
 
 
 def case_family(df: pd.DataFrame) -> pd.Series:
@@ -222,7 +247,7 @@ def case_family(df: pd.DataFrame) -> pd.Series:
         for d in FAMILY_PARTS
         if d.family.always or df[d.name].nunique() > 1  # e.g. the device, when several
     ]
-    labels = [" ".join(p for p in (d.family.text(r) for d in said) if p) for _, r in df.iterrows()]
+    labels = per_case(df, lambda r: " ".join(p for p in (d.family.text(r) for d in said) if p))
     return pd.Series(labels, index=df.index, dtype="string")
 
 
@@ -357,14 +382,20 @@ def scaling_exponents(
         return pd.DataFrame(columns=columns)
     df = with_series(df)
     rows = []
-    for key, g in df.groupby(list(SERIES_KEY), dropna=False, sort=True):
-        ok = ok_rows(g)
-        failed = g[~is_ok(g)]
-        counts = failed["status"].fillna("missing").value_counts()
+    ok = is_ok(df).to_numpy(dtype=bool)
+    seq_n = df["seq_n"].to_numpy(dtype=float, na_value=np.nan)
+    busy = contended(df).to_numpy(dtype=bool)
+    values = {m: df[m].to_numpy(dtype=float, na_value=np.nan) for m in metrics}
+    for key, pos in groups(df, SERIES_KEY):
+        mine, failed = pos[ok[pos]], pos[~ok[pos]]
+        counts = df["status"].iloc[failed].fillna("missing").value_counts()
         fail_note = ", ".join(f"{n} {s}" for s, n in counts.items()) if len(failed) else pd.NA
         for metric in metrics:
             fit = fit_loglog(
-                ok["seq_n"], ok[metric], overhead_factor=overhead_factor, min_points=min_points
+                seq_n[mine],
+                values[metric][mine],
+                overhead_factor=overhead_factor,
+                min_points=min_points,
             )
             rows.append(
                 {
@@ -377,8 +408,8 @@ def scaling_exponents(
                     "seq_min": fit["seq_min"],
                     "seq_max": fit["seq_max"],
                     "overhead_limited": fit["overhead_limited"],
-                    "n_ok": len(ok),
-                    "n_contended": _contended_in(ok, fit),
+                    "n_ok": len(mine),
+                    "n_contended": _contended_in(seq_n[mine], busy[mine], fit),
                     "n_failed": len(failed),
                     "failed": fail_note,
                     "reason": fit["reason"],
@@ -414,12 +445,13 @@ def caveat(contended_rows: bool, lo=None, hi=None, noisy_rows: bool = False) -> 
     return ", ".join(parts)
 
 
-def _contended_in(ok: pd.DataFrame, fit: dict) -> int:
-    """How many of the points a fit used (N in its fitted range) were contended."""
+def _contended_in(seq_n: np.ndarray, busy: np.ndarray, fit: dict) -> int:
+    """How many of the points a fit used (N in its fitted range: ``seq_n`` of a series' ok
+    rows, ``busy`` whether each was contended) were contended."""
     if pd.isna(fit["seq_min"]):
         return 0
-    used = ok["seq_n"].between(fit["seq_min"], fit["seq_max"]).fillna(False).astype(bool)
-    return int((used & contended(ok)).sum())
+    used = (seq_n >= fit["seq_min"]) & (seq_n <= fit["seq_max"])
+    return int((used & busy).sum())
 
 
 def support_counts(df: pd.DataFrame) -> pd.DataFrame:
@@ -452,7 +484,7 @@ def min_bytes(df: pd.DataFrame) -> pd.Series:
         except (CaseError, TypeError, ValueError, KeyError):
             return pd.NA
 
-    return pd.Series([one(r) for _, r in df.iterrows()], index=df.index, dtype="Float64")
+    return pd.Series(per_case(df, one), index=df.index, dtype="Float64")
 
 
 def arithmetic_intensity(df: pd.DataFrame) -> pd.Series:

@@ -203,14 +203,20 @@ def support_grid(df: pd.DataFrame, device_name=None) -> SupportGrid:
     order = {s: i for i, s in enumerate((*STATUSES, "missing"))}
     impls = sorted(counts["impl"].unique())
     families = derived.family_order(df)
-    share = pd.DataFrame(np.nan, index=impls, columns=families)
-    text = pd.DataFrame("", index=impls, columns=families)
-    for (impl, fam), g in counts.groupby(["impl", "family"]):
-        ran = int(g.loc[g["status"] != "unsupported", "count"].sum())
-        ok = int(g.loc[g["status"] == "ok", "count"].sum())
-        share.loc[impl, fam] = ok / ran if ran else np.nan
-        g = g.sort_values("status", key=lambda s: s.map(lambda v: order.get(v, 99)))
-        text.loc[impl, fam] = "\n".join(f"{n} {s}" for s, n in zip(g["status"], g["count"]))
+    cells: dict[tuple, list] = {}  # (impl, family) -> its (status, rows), statuses by name
+    for impl, fam, status, n in counts.itertuples(index=False):
+        cells.setdefault((impl, fam), []).append((status, n))
+    share = np.full((len(impls), len(families)), np.nan)
+    text = np.full((len(impls), len(families)), "", dtype=object)
+    row, col = {i: k for k, i in enumerate(impls)}, {f: k for k, f in enumerate(families)}
+    for (impl, fam), statuses in cells.items():
+        ran = sum(int(n) for s, n in statuses if s != "unsupported")
+        ok = sum(int(n) for s, n in statuses if s == "ok")
+        share[row[impl], col[fam]] = ok / ran if ran else np.nan
+        statuses = sorted(statuses, key=lambda t: order.get(t[0], 99))
+        text[row[impl], col[fam]] = "\n".join(f"{n} {s}" for s, n in statuses)
+    share = pd.DataFrame(share, index=impls, columns=families)
+    text = pd.DataFrame(text, index=impls, columns=families)
     return SupportGrid(heading, share, text)
 
 

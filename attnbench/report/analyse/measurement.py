@@ -82,7 +82,7 @@ def _flagged_rows(ok: pd.DataFrame, masks: dict[str, pd.Series]) -> pd.DataFrame
     said = {i: [name for name, m in masks.items() if m[i]] for i in ok.index}
     flagged = ok.loc[[i for i, names in said.items() if names]]
     return flagged.assign(
-        case=[derived.case_label(r) for _, r in flagged.iterrows()],
+        case=derived.per_case(flagged, derived.case_label),
         flagged=[", ".join(said[i]) for i in flagged.index],
         gap_pct=(flagged["time_ms"] / flagged["profiler_ms"] - 1) * 100,
     )
@@ -124,7 +124,7 @@ def slow_peers(ok: pd.DataFrame) -> pd.DataFrame:
 
 def _cross_checked_cases(checked: pd.DataFrame) -> pd.DataFrame:
     """Per impl (by name), the cases the profiler cross-checked (``cases``, a tuple)."""
-    cases = checked.assign(case=[derived.case_label(r) for _, r in checked.iterrows()])
+    cases = checked.assign(case=derived.per_case(checked, derived.case_label))
     per_impl = cases.groupby("impl", sort=True)["case"].agg(tuple)
     return per_impl.rename("cases").reset_index()
 

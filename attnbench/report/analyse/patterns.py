@@ -41,7 +41,7 @@ def wasted_work(df: pd.DataFrame) -> pd.DataFrame:
         rows = rows.assign(work_flops=pd.Series(pd.NA, index=rows.index, dtype="Float64"))
     out = pd.DataFrame(
         {
-            "case": [Case.from_row(r).label() for _, r in rows.iterrows()],
+            "case": derived.per_case(rows, lambda r: Case.from_row(r).label()),
             "impl": rows["impl"],
             "flops": rows["flops"],
             "work_flops": rows["work_flops"],

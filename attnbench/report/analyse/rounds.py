@@ -51,16 +51,18 @@ def _read_text(path: Path) -> pd.DataFrame | None:
 
 
 def _per_round(df: pd.DataFrame, columns) -> dict[RowKey, PerRound]:
-    """key -> {round: median time_ms of that round's lines}, over lines with a round."""
+    """key -> {round: median time_ms of that round's lines}, over lines with a round; the
+    medians in one grouped pass (paired.round_medians' rule: the median of a round's lines)."""
     df = df.assign(
         round=pd.to_numeric(df["round"], errors="coerce"),
         time_ms=pd.to_numeric(df["time_ms"], errors="coerce"),
     ).dropna(subset=["round", "time_ms"])
+    medians = df.groupby([*columns, "round"], sort=False)["time_ms"].median()
     out: dict[RowKey, PerRound] = {}
-    for k, g in df.groupby(list(columns), sort=False):
+    for (*k, r), t in medians.items():
         k = tuple(_text(v, c) for v, c in zip(k, columns))
-        out[k] = paired.round_medians(g["time_ms"].to_numpy(), g["round"].astype(int).to_numpy())
-    return out
+        out.setdefault(k, {})[int(r)] = float(t)
+    return {k: dict(sorted(rounds.items())) for k, rounds in out.items()}
 
 
 class Rounds:
@@ -123,7 +125,7 @@ def _speed_series(df: pd.DataFrame) -> pd.DataFrame:
             "resource": df["resource"],
             "t_s": pd.to_numeric(df["t_s"], errors="coerce") if "t_s" in df else np.nan,
             "time_ms": pd.to_numeric(df["time_ms"], errors="coerce"),
-            "case": [key(r, CASE_COLUMNS) for _, r in df.iterrows()],
+            "case": list(zip(*(df[c] for c in CASE_COLUMNS))),  # text: the file's cells
         }
     ).dropna(subset=["t_s", "time_ms"])
     out = out[out["time_ms"] > 0].sort_values("t_s", kind="stable")

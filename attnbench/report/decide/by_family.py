@@ -7,7 +7,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from attnbench.report.analyse.derived import case_labels
+from attnbench.report.analyse.derived import CASE_COLUMNS, case_labels
+
+# what a speedup table says of each case besides its label: its N, speedup with its interval,
+# the caveat; and whether it is paired and its family, per impl and family
+CASE_SAID = ("family", "seq_n", "speedup", "speedup_lo", "speedup_hi", "caveat", "paired")
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,9 @@ def who_wins(
 @dataclass(frozen=True)
 class SpeedupTable:
     summary: pd.DataFrame  # per impl and family: size, median, min, max, ties, marked
-    cases: tuple  # per summary row, its cases in order of N, labelled by what varies (label)
+    # per summary row, its cases in order of N: their case columns, CASE_SAID and ``label``
+    # (what varies among them)
+    cases: tuple
     paired: bool  # some speedup is paired per round (else ratios of medians)
     impls: tuple  # the run's impls, named where the baseline has no ok rows
 
@@ -61,6 +67,7 @@ def speedup_table(
     if speedups is None:
         return SpeedupTable(pd.DataFrame(), (), False, impls)
     sp = speedups[(speedups["impl"] != baseline) & speedups["speedup"].notna()]
+    sp = sp[[c for c in ("impl", *CASE_COLUMNS, *CASE_SAID) if c in sp]]  # what is said
     if sp.empty:
         return SpeedupTable(pd.DataFrame(), (), False, impls)
     groups = dict(list(sp.groupby(["impl", "family"], sort=True)))

@@ -23,14 +23,14 @@ def kernel_of(df: pd.DataFrame) -> pd.Series:
     return backend.where(backend.fillna("").str.len() > 0, df["impl"].astype("string"))
 
 
-def contestants(cand: pd.DataFrame, kernels: pd.Series) -> tuple[pd.DataFrame, dict]:
-    """One row per kernel of one case's agreeing rows (``cand``, sorted fastest first;
-    ``kernels``: kernel_of its rows): the kernel's fastest row, so that a kernel competes
-    with the best time any impl got from it, and per kept impl the other impls that ran its
-    kernel."""
+def contestants(impls: list[str], kernels: list[str]) -> tuple[list[int], dict]:
+    """One contestant per kernel among one case's agreeing rows (``impls`` and the
+    ``kernels`` they ran, fastest first): the positions of the rows kept, each kernel's
+    fastest, so that a kernel competes with the best time any impl got from it, and per kept
+    impl the other impls that ran its kernel (sorted)."""
     names: dict[str, list] = {}
-    for i, impl, kernel in zip(cand.index, cand["impl"].astype(str), kernels.loc[cand.index]):
+    for i, (impl, kernel) in enumerate(zip(impls, kernels)):
         names.setdefault(kernel, []).append((impl, i))
-    kept = [pairs[0][1] for pairs in names.values()]  # cand is fastest first
+    kept = [pairs[0][1] for pairs in names.values()]  # in order: fastest first
     aliases = {p[0][0]: sorted(n for n, _ in p[1:]) for p in names.values()}
-    return cand.loc[kept].sort_values(["time_ms", "impl"]), aliases
+    return sorted(kept), aliases

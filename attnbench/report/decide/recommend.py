@@ -187,15 +187,19 @@ def _phase_rows(g: pd.DataFrame, model, phase: str, winners, allowed) -> list[di
     return rows
 
 
-def _losses(times: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFrame:
+def _losses(times: pd.DataFrame, kernels: pd.DataFrame) -> np.ndarray:
     """case × impl: the impl's time / the fastest time of itself and the impls that ran
-    *another* kernel (an alias running the same kernel is noise, not a loss)."""
-    out = {}
-    for c in times.columns:
-        other = kernels.ne(kernels[c], axis=0).fillna(True).astype(bool)
-        other[c] = True
-        out[c] = times[c] / times.where(other).min(axis=1)
-    return pd.DataFrame(out, index=times.index)
+    *another* kernel (an alias running the same kernel is noise, not a loss); NaN where it
+    did not run. In arrays [case, impl, impl]: a pick is weighed some fifty times while a
+    phase is split."""
+    t = times.to_numpy(dtype=float, na_value=np.nan)
+    ran = kernels.to_numpy(dtype=object, na_value=None)
+    code = pd.factorize(ran.ravel())[0].reshape(ran.shape)  # a missing kernel: -1
+    alias = (code[:, :, None] == code[:, None, :]) & (code[:, :, None] >= 0)  # [case, j, c]
+    alias[:, np.arange(t.shape[1]), np.arange(t.shape[1])] = False  # an impl races itself
+    rivals = np.where(alias, np.inf, np.where(np.isnan(t), np.inf, t)[:, :, None])
+    best = rivals.min(axis=1)  # case × c: the fastest of c and the other kernels
+    return t / np.where(np.isinf(best), np.nan, best)
 
 
 def _pick(times: pd.DataFrame, kernels: pd.DataFrame, allowed: pd.Series | None = None) -> Pick:
@@ -204,14 +208,19 @@ def _pick(times: pd.DataFrame, kernels: pd.DataFrame, allowed: pd.Series | None 
     tolerance: a loss of 1.05x weighs more where the noise is 1% than where it is 8%); ties:
     the smaller median loss, then the name."""
     loss = _losses(times, kernels)
-    full = loss.loc[:, loss.notna().all()]
-    if full.empty or times.min(axis=1).isna().any():
+    full = np.flatnonzero(~np.isnan(loss).any(axis=0))  # the impls that ran in every case
+    if (
+        not len(full)
+        or not len(loss)
+        or np.isnan(times.to_numpy(float, na_value=np.nan)).all(1).any()
+    ):
         return Pick(None, np.inf, None, False)
-    over = full if allowed is None else full.div(allowed, axis=0)
-    order = pd.DataFrame({"over": over.max(), "median": full.median(), "name": full.columns})
-    impl = order.sort_values(["over", "median", "name"]).index[0]
-    fits = allowed is None or bool(full[impl].le(allowed).all())
-    return Pick(str(impl), float(full[impl].max()), int(full[impl].idxmax()), fits)
+    held = None if allowed is None else allowed.to_numpy(dtype=float)
+    over = loss if held is None else loss / held[:, None]
+    names = list(times.columns)
+    _, _, _, c = min((over[:, c].max(), np.median(loss[:, c]), names[c], c) for c in full)
+    fits = held is None or bool((loss[:, c] <= held).all())
+    return Pick(str(names[c]), float(loss[:, c].max()), int(times.index[loss[:, c].argmax()]), fits)
 
 
 def _groups(p: _Phase, idx: list) -> list[list]:

@@ -16,12 +16,14 @@ from attnbench.report.analyse.derived import (
     case_family,
     caveat,
     contended,
+    groups,
     is_ok,
     noisy,
     ok_rows,
 )
 from attnbench.report.analyse.rounds import Rounds
 from attnbench.report.decide.contestants import contestants, kernel_of
+from attnbench.store.schema import CASE_KEY
 
 
 def speedups(
@@ -48,11 +50,11 @@ def speedups(
     )
     values = {c: [None] * len(out) for c in ("speedup", "speedup_lo", "speedup_hi")}
     is_paired, notes = [False] * len(out), [""] * len(out)
-    doubt = contended(out) | out["_bc"].eq(True).fillna(False).astype(bool)
-    shaky = noisy(out) | out["_bn"].eq(True).fillna(False).astype(bool)
-    for i, (_, r) in enumerate(out.iterrows()):
-        if not usable.iloc[i]:
-            continue
+    doubt = (contended(out) | out["_bc"].eq(True).fillna(False).astype(bool)).to_numpy()
+    shaky = (noisy(out) | out["_bn"].eq(True).fillna(False).astype(bool)).to_numpy()
+    read = [*CASE_KEY, "time_ms", "baseline_time_ms", "speedup", "speedup_lo", "speedup_hi"]
+    at = usable.to_numpy().nonzero()[0]  # the usable rows, as records: no row objects
+    for i, r in zip(at, out.iloc[at][[c for c in read if c in out]].to_dict("records")):
         value, lo, hi = float(r["baseline_time_ms"] / r["time_ms"]), None, None
         ratio = rounds.speedup_over(r, baseline) if rounds and r["impl"] != baseline else None
         if r["impl"] == baseline:
@@ -66,12 +68,32 @@ def speedups(
         for c, v in zip(values, (value, lo, hi)):
             values[c][i] = v
         if r["impl"] != baseline:
-            notes[i] = caveat(bool(doubt.iloc[i]), lo, hi, bool(shaky.iloc[i]))
+            notes[i] = caveat(bool(doubt[i]), lo, hi, bool(shaky[i]))
     for c, v in values.items():
         out[c] = pd.array(v, dtype="Float64")
     return out.drop(columns=["_bc", "_bn"]).assign(
         paired=pd.array(is_paired, dtype="boolean"), caveat=pd.array(notes, dtype="string")
     )
+
+
+WIN_COLUMNS = [
+    *CASE_COLUMNS,
+    "family",
+    "impl",
+    "time_ms",
+    "runner_up",
+    "runner_up_time_ms",
+    "margin",
+    "margin_lo",
+    "margin_hi",
+    "tie",
+    "paired",
+    "caveat",
+    "n_agreeing",
+    "n_rows",
+    "reason",
+    "same_kernel",
+]
 
 
 def fastest_agreeing(df: pd.DataFrame, rounds: Rounds | None = None) -> pd.DataFrame:
@@ -84,40 +106,21 @@ def fastest_agreeing(df: pd.DataFrame, rounds: Rounds | None = None) -> pd.DataF
     its interval contains 1; without, when the two rows' p20-p80 ranges overlap (equal
     medians for rows without them). Cases where no impl agrees are kept with impl NA and a
     reason. A kernel is one contestant (contestants.py): impls that ran the winner's kernel
-    are its ``same_kernel``, and the runner-up is the best *different* kernel."""
-    columns = [
-        *CASE_COLUMNS,
-        "family",
-        "impl",
-        "time_ms",
-        "runner_up",
-        "runner_up_time_ms",
-        "margin",
-        "margin_lo",
-        "margin_hi",
-        "tie",
-        "paired",
-        "caveat",
-        "n_agreeing",
-        "n_rows",
-        "reason",
-        "same_kernel",
-    ]
+    are its ``same_kernel``, and the runner-up is the best *different* kernel.
+
+    The rows are read once as columns (_Rows) and split by case once: a results row has some
+    80 columns, and a frame per case would copy each of them."""
     if df.empty:
-        return pd.DataFrame(columns=columns)
-    fam = case_family(df)
-    good = agreeing(df) & (df["time_ms"] > 0).fillna(False).astype(bool)
-    kernels = kernel_of(df)
+        return pd.DataFrame(columns=WIN_COLUMNS)
+    r = _Rows(df)
     rows = []
-    for key, g in df.assign(family=fam, _good=good).groupby(
-        list(CASE_COLUMNS), dropna=False, sort=True
-    ):
-        cand = g[g["_good"]].sort_values(["time_ms", "impl"])
+    for key, pos in groups(df, CASE_COLUMNS):
+        cand = sorted((i for i in pos if r.good[i]), key=lambda i: (r.time[i], r.impl[i]))
         row = {
             **dict(zip(CASE_COLUMNS, key)),
-            "family": g["family"].iloc[0],
+            "family": r.family[pos[0]],
             "n_agreeing": len(cand),
-            "n_rows": len(g),
+            "n_rows": len(pos),
             "impl": pd.NA,
             "time_ms": math.nan,
             "runner_up": pd.NA,
@@ -131,60 +134,85 @@ def fastest_agreeing(df: pd.DataFrame, rounds: Rounds | None = None) -> pd.DataF
             "reason": pd.NA,
             "same_kernel": "",
         }
-        if cand.empty:
+        if not cand:
             row["reason"] = "no impl is ok and agrees"
         else:
-            kept, aliases = contestants(cand, kernels)
-            row.update(_win(kept, rounds))
+            kept, aliases = contestants([r.impl[i] for i in cand], [r.kernel[i] for i in cand])
+            row.update(_win([cand[k] for k in kept], r, rounds))
             row["same_kernel"] = ", ".join(aliases[row["impl"]])
         rows.append(row)
-    out = pd.DataFrame(rows, columns=columns)
+    out = pd.DataFrame(rows, columns=WIN_COLUMNS)
     for c in ("time_ms", "runner_up_time_ms", "margin", "margin_lo", "margin_hi"):
         out[c] = out[c].astype("Float64")
     return out
 
 
-def _win(cand: pd.DataFrame, rounds: Rounds | None) -> dict:
-    """The winner among a case's agreeing rows (fastest median first) and how sure it is."""
-    winner = cand.iloc[0]
-    if len(cand) < 2:
+class _Rows:
+    """The columns a case's winner is decided by, as arrays read once (positions: rows of
+    the frame)."""
+
+    def __init__(self, df: pd.DataFrame):
+        self.df = df
+        self.impl = df["impl"].to_numpy(dtype=object)
+        self.family = case_family(df).to_numpy(dtype=object)
+        self.time = df["time_ms"].to_numpy(dtype=float, na_value=math.nan)
+        good = agreeing(df) & (df["time_ms"] > 0).fillna(False).astype(bool)
+        self.good = good.to_numpy(dtype=bool)
+        self.kernel = kernel_of(df).to_numpy(dtype=object)
+        self.contended = contended(df).to_numpy(dtype=bool)
+        self.noisy = noisy(df).to_numpy(dtype=bool)
+        p20, p80 = (df.get(c) for c in ("time_ms_p20", "time_ms_p80"))
+        self.p20 = None if p20 is None else p20.to_numpy(dtype=object, na_value=None)
+        self.p80 = None if p80 is None else p80.to_numpy(dtype=object, na_value=None)
+
+    def key_row(self, i: int) -> dict:
+        """Row ``i``'s identity, as rounds.key reads it."""
+        return {c: self.df[c].iat[i] for c in CASE_KEY}
+
+
+def _win(kept: list[int], r: _Rows, rounds: Rounds | None) -> dict:
+    """The winner among a case's contestants (positions, fastest median first) and how sure
+    it is."""
+    winner = kept[0]
+    if len(kept) < 2:
         return {
-            "impl": winner["impl"],
-            "time_ms": float(winner["time_ms"]),
-            "caveat": caveat(bool(contended(cand).iloc[0])),
+            "impl": r.impl[winner],
+            "time_ms": float(r.time[winner]),
+            "caveat": caveat(bool(r.contended[winner])),
         }
-    runner = cand.iloc[1]
-    ratio = rounds.speedup_over(winner, runner["impl"]) if rounds else None
+    runner = kept[1]
+    ratio = rounds.speedup_over(r.key_row(winner), r.impl[runner]) if rounds else None
     if ratio is not None and ratio.hi is not None and ratio.hi < 1:  # paired, the other wins
         winner, runner = runner, winner
-        ratio = rounds.speedup_over(winner, runner["impl"])
+        ratio = rounds.speedup_over(r.key_row(winner), r.impl[runner])
     if ratio is not None and ratio.lo is None:
         ratio = None  # too few rounds for an interval: the older rule
-    pair = cand.loc[[winner.name, runner.name]]
-    margin = ratio or (float(runner["time_ms"] / winner["time_ms"]), math.nan, math.nan)
+    pair = [winner, runner]
+    margin = ratio or (float(r.time[runner] / r.time[winner]), math.nan, math.nan)
     return {
-        "impl": winner["impl"],
-        "time_ms": float(winner["time_ms"]),
-        "runner_up": runner["impl"],
-        "runner_up_time_ms": float(runner["time_ms"]),
+        "impl": r.impl[winner],
+        "time_ms": float(r.time[winner]),
+        "runner_up": r.impl[runner],
+        "runner_up_time_ms": float(r.time[runner]),
         "margin": margin[0],
         "margin_lo": margin[1],
         "margin_hi": margin[2],
-        "tie": ratio.tie if ratio else _within_noise(winner, runner),
+        "tie": ratio.tie if ratio else _within_noise(r, winner, runner),
         "paired": ratio is not None,
         "caveat": caveat(
-            bool(contended(pair).any()),
+            bool(r.contended[pair].any()),
             ratio.lo if ratio else None,
             ratio.hi if ratio else None,
-            bool(noisy(pair).any()),
+            bool(r.noisy[pair].any()),
         ),
     }
 
 
-def _within_noise(winner, runner_up) -> bool:
-    lo, hi = runner_up.get("time_ms_p20"), winner.get("time_ms_p80")
+def _within_noise(r: _Rows, winner: int, runner_up: int) -> bool:
+    lo = None if r.p20 is None else r.p20[runner_up]
+    hi = None if r.p80 is None else r.p80[winner]
     if pd.isna(lo) or pd.isna(hi):
-        return bool(runner_up["time_ms"] <= winner["time_ms"])
+        return bool(r.time[runner_up] <= r.time[winner])
     return bool(lo <= hi)
 
 
