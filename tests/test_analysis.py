@@ -6,7 +6,7 @@ import pytest
 from synth import failed_row, ok_row, write_run
 
 from attnbench.case import Case
-from attnbench.report.analyse import derived
+from attnbench.report.analyse import derived, scaling
 from attnbench.report.decide import verdicts
 from attnbench.store.results import read_results
 
@@ -35,7 +35,7 @@ def fit_of(fits, metric):
 
 def test_fit_recovers_known_exponents_with_noise_and_overhead(tmp_path):
     df = series(tmp_path, lambda n: 0.05 + 3e-6 * n**2, lambda n: 0.5 + 0.01 * n, noise=0.03)
-    fits = derived.scaling_exponents(df)
+    fits = scaling.scaling_exponents(df)
     t, m = fit_of(fits, "time_ms"), fit_of(fits, "peak_mem_mib")
     assert t["slope"] == pytest.approx(2.0, abs=0.1)
     assert m["slope"] == pytest.approx(1.0, abs=0.05)
@@ -45,7 +45,7 @@ def test_fit_recovers_known_exponents_with_noise_and_overhead(tmp_path):
 
 def test_fit_is_exact_on_a_pure_power_law():
     n = np.array(SEQS, dtype=float)
-    fit = derived.fit_loglog(n, 7e-4 * n**1.5)
+    fit = scaling.fit_loglog(n, 7e-4 * n**1.5)
     assert fit["slope"] == pytest.approx(1.5, abs=1e-9)
     assert fit["slope_se"] == pytest.approx(0.0, abs=1e-9)
 
@@ -54,7 +54,7 @@ def test_overhead_cut_drops_the_flat_region():
     n = np.array(SEQS, dtype=float)
     y = 0.2 + 1e-6 * n**2  # flat until N ~ 500
     naive = np.polyfit(np.log(n), np.log(y), 1)[0]
-    fit = derived.fit_loglog(n, y)
+    fit = scaling.fit_loglog(n, y)
     assert naive < 1.2  # a fit over every point would badly understate the exponent
     assert fit["slope"] == pytest.approx(2.0, abs=0.15)
     assert fit["seq_min"] == 1024 and not fit["overhead_limited"]
@@ -62,7 +62,7 @@ def test_overhead_cut_drops_the_flat_region():
 
 def test_overhead_limited_fit_is_flagged_as_lower_bound():
     n = np.array((64, 128, 256, 512, 1024), dtype=float)
-    fit = derived.fit_loglog(n, 1.0 + 1e-6 * n**2)  # reaches 4x its floor only at 2048+
+    fit = scaling.fit_loglog(n, 1.0 + 1e-6 * n**2)  # reaches 4x its floor only at 2048+
     assert fit["overhead_limited"] is True
     assert fit["n_points"] == 3 and fit["seq_min"] == 256
     assert fit["slope"] < 2.0
@@ -71,7 +71,7 @@ def test_overhead_limited_fit_is_flagged_as_lower_bound():
 
 def test_fewer_than_three_points_gives_no_fit(tmp_path):
     df = series(tmp_path, lambda n: n**2, lambda n: n, seqs=(512, 1024))
-    fits = derived.scaling_exponents(df)
+    fits = scaling.scaling_exponents(df)
     assert fits["slope"].isna().all()
     assert fits["reason"].str.contains("needs 3").all()
 
@@ -84,7 +84,7 @@ def test_failed_rows_are_not_fit_points(tmp_path):
         seqs=(256, 512, 1024, 2048),
         statuses={1024: "oom", 2048: "timeout"},
     )
-    fits = derived.scaling_exponents(df)
+    fits = scaling.scaling_exponents(df)
     assert fits["slope"].isna().all()
     assert (fits["n_ok"] == 2).all() and (fits["n_failed"] == 2).all()
     assert fits["failed"].str.contains("1 oom").all()
@@ -142,7 +142,7 @@ def test_seq_kv_rule_separates_fixed_and_following(tmp_path):
     df = read_results(write_run(tmp_path, "r", rows))
     relations = set(derived.seq_kv_rule(df))
     assert relations == {"Skv=Sq", "Skv=1024", "Skv=2*Sq"}
-    fits = derived.scaling_exponents(df, ["time_ms"])
+    fits = scaling.scaling_exponents(df, ["time_ms"])
     assert len(fits) == 3 and (fits["n_ok"] == 3).all()
 
 
@@ -160,7 +160,7 @@ def test_a_fixed_token_grid_is_one_series_over_n_and_a_batch_grid_is_not(tmp_pat
     df = derived.with_series(read_results(write_run(tmp_path, "r", rows)))
     assert set(df.loc[~df["causal"], "batch_rule"]) == {"B·N=4096"}
     assert set(df.loc[df["causal"], "batch_rule"]) == {"B=1", "B=2"}
-    fits = derived.scaling_exponents(df, ["time_ms"])
+    fits = scaling.scaling_exponents(df, ["time_ms"])
     race_fit = fits[fits["batch_rule"] == "B·N=4096"]
     assert len(race_fit) == 1 and race_fit["n_ok"].iloc[0] == 4
     assert race_fit["slope"].iloc[0] == pytest.approx(1.0)  # B·N² at fixed B·N: ~N
@@ -171,7 +171,7 @@ def test_a_fixed_token_grid_is_one_series_over_n_and_a_batch_grid_is_not(tmp_pat
 
 
 def test_nothing_fitted_from_status_not_ok():
-    assert math.isnan(derived.fit_loglog([], [])["slope"])
+    assert math.isnan(scaling.fit_loglog([], [])["slope"])
 
 
 def test_wins_are_spans_of_the_lengths_won_and_ties_are_marked(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from synth import ok_row
 
 from attnbench.case import Case
-from attnbench.report.analyse import derived
+from attnbench.report.analyse import derived, scaling
 from attnbench.report.analyse.rounds import _per_round
 from attnbench.report.decide import verdicts
 from attnbench.report.decide.recommend import _losses, _pick
@@ -61,7 +61,7 @@ def test_a_fit_counts_the_contended_points_it_used_and_the_failed_rows_by_status
         rows += rows_of({"tiled": t}, Case(1, 4, 4, n, n, 64))
     for n, status in ((2048, "oom"), (4096, "oom"), (8192, "timeout")):
         rows += [{**rows_of({"naive": 1.0}, Case(1, 4, 4, n, n, 64))[0], "status": status}]
-    fits = derived.scaling_exponents(pd.DataFrame(rows))
+    fits = scaling.scaling_exponents(pd.DataFrame(rows))
     naive = fits[(fits["impl"] == "naive") & (fits["metric"] == "time_ms")].iloc[0]
     # only N=512 and 1024 reach 4x the floor: the 3 largest N are fitted (a lower bound)
     assert naive["overhead_limited"] and (naive["seq_min"], naive["seq_max"]) == (256, 1024)

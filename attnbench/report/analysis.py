@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import pandas as pd
 
-from attnbench.report.analyse import derived, patterns
+from attnbench.report.analyse import derived, patterns, scaling
 from attnbench.report.analyse.agreement import Agreement, agreement
 from attnbench.report.analyse.coverage import Coverage, borrowed_kernels, coverage
 from attnbench.report.analyse.devices import across_devices
@@ -43,7 +43,7 @@ class DeviceAnalysis:
     frame: pd.DataFrame  # its rows, with seq_kv_rule, seq_n (derived.with_series), family
     colors: dict  # impl -> colour, alike in every figure of the run
     families: list  # case families, fwd before bwd, then by name
-    fits: pd.DataFrame  # derived.scaling_exponents, with each series' label (``series``)
+    fits: pd.DataFrame  # scaling.scaling_exponents, with each series' label (``series``)
     winners: pd.DataFrame  # verdicts.fastest_agreeing: one row per case
     wins: pd.DataFrame  # verdicts.wins_by_family
     speedups: pd.DataFrame | None  # verdicts.speedups; None without a baseline with ok rows
@@ -97,7 +97,7 @@ def analyse_device(
         name += f" · BUSY machine: load {env['load_avg_1m']} on {env['cpu_count']} cores"
     frame = derived.with_series(df)
     frame = frame.assign(family=derived.case_family(frame))
-    fits = derived.scaling_exponents(frame)
+    fits = scaling.scaling_exponents(frame)
     fits = fits.assign(series=derived.series_labels(fits))
     has_base = baseline and derived.ok_rows(frame[frame["impl"] == baseline]).shape[0]
     sparsity = patterns.sparsity_fits(frame)

@@ -1,5 +1,5 @@
 """The scaling exponents as the report lists them: per series its fits of each metric
-(derived.scaling_exponents), ordered by impl then mode, and the series without any fit
+(scaling.scaling_exponents), ordered by impl then mode, and the series without any fit
 counted per reason rather than listed one by one."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.measure.published import published
-from attnbench.report.analyse import derived
+from attnbench.report.analyse import derived, scaling
 from attnbench.report.analyse.figure_lines import LineFigure, line_figure, slope_suffix, title
 from attnbench.store.schema import STATUSES
 
@@ -54,7 +54,7 @@ class Roofs:
 
 def memory_lines(df, fits=None, device_name=None) -> LineFigure:
     """Peak memory above the inputs vs N, the fitted slope in the legend, growth guides."""
-    fits = derived.scaling_exponents(df) if fits is None else fits
+    fits = scaling.scaling_exponents(df) if fits is None else fits
     what = "Peak memory vs sequence length (above what was allocated before the call)"
     suffix = slope_suffix(fits, "peak_mem_mib")
     return line_figure(df, "peak_mem_mib", what, device_name, suffix=suffix, extra=_guides)
@@ -72,7 +72,7 @@ def _guides(g: pd.DataFrame) -> Guides | None:
 
 def time_lines(df, fits=None, device_name=None) -> LineFigure:
     """Median time per call vs N, the p20–p80 band, the fitted slope in the legend."""
-    fits = derived.scaling_exponents(df) if fits is None else fits
+    fits = scaling.scaling_exponents(df) if fits is None else fits
     what = (
         "Time per call vs sequence length (median, band: p20–p80; ≥ marks an overhead-limited fit)"
     )

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.dims import DIMS, SPEC_COLUMNS
-from attnbench.report.analyse import derived
+from attnbench.report.analyse import derived, scaling
 
 FACET_COLUMNS = ("mode", "causal")
 # every series key column besides the impl and the facets: its title prefix (dims.py)
@@ -240,10 +240,10 @@ def slope_suffix(fits: pd.DataFrame | None, metric: str) -> Callable | None:
         m = by_series.get((impl, *(_cell(first[c]) for c in key)))
         if m is None or pd.isna(m["slope"]):
             return "  (no fit)"
-        bound = derived.bound_mark(m)
+        bound = scaling.bound_mark(m)
         n_busy = m.get("n_contended")
         busy = f", {n_busy} contended pts" if not pd.isna(n_busy) and n_busy else ""
-        return f"  slope {bound}{derived.slope_text(m['slope'])} ± {m['slope_se']:.2f}{busy}"
+        return f"  slope {bound}{scaling.slope_text(m['slope'])} ± {m['slope_se']:.2f}{busy}"
 
     return suffix
 

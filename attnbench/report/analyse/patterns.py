@@ -6,7 +6,7 @@ impl's computation covers, as the impl declares it (registry ``work``). Their ra
 useful share; 1 - that share went to padding or masked entries.
 
 Sparsity: per series (one impl, N varies), the time is fitted against N with
-derived.fit_loglog (its overhead cut picks the points), and over exactly those points the
+scaling.fit_loglog (its overhead cut picks the points), and over exactly those points the
 kept pairs (``flops``, proportional to them within a series) against N (exponent ``a``) and
 the time against the kept pairs (exponent ``b``). An impl that skips the masked work has
 time proportional to the kept pairs, b = 1; one that computes every pair and masks has time
@@ -21,7 +21,7 @@ from __future__ import annotations
 import pandas as pd
 
 from attnbench.case import Case
-from attnbench.report.analyse import derived
+from attnbench.report.analyse import derived, scaling
 
 FLAT = 2.0  # a series whose time grows less than this over its lengths: overhead only
 TOL = 0.2  # how far the time-vs-pairs exponent may lie from a prediction (1, or 2/a)
@@ -59,11 +59,11 @@ def sparsity_fits(df: pd.DataFrame) -> pd.DataFrame:
     rows = derived.with_series(_pattern_rows(df))
     out = []
     for key, g in rows.groupby(list(derived.SERIES_KEY), dropna=False, sort=True):
-        by_n = derived.fit_loglog(g["seq_q"], g["time_ms"])
+        by_n = scaling.fit_loglog(g["seq_q"], g["time_ms"])
         if by_n["n_points"]:  # the points the time's fit kept, for all three fits
             g = g[g["seq_q"].between(by_n["seq_min"], by_n["seq_max"]) & (g["time_ms"] > 0)]
-        pairs = derived.fit_loglog(g["seq_q"], g["flops"], overhead_factor=0.0)
-        by_pairs = derived.fit_loglog(g["flops"], g["time_ms"], overhead_factor=0.0)
+        pairs = scaling.fit_loglog(g["seq_q"], g["flops"], overhead_factor=0.0)
+        by_pairs = scaling.fit_loglog(g["flops"], g["time_ms"], overhead_factor=0.0)
         out.append(
             {
                 **dict(zip(derived.SERIES_KEY, key)),
@@ -80,7 +80,7 @@ def sparsity_fits(df: pd.DataFrame) -> pd.DataFrame:
 def verdict(pairs_exp: float, pairs_time_exp: float, by_n: dict, times: pd.Series) -> str:
     """Whether the time follows the kept pairs, from the pairs' exponent in N, the time's
     exponent in the pairs (both over the points of the time's fit in N), that fit
-    (derived.fit_loglog's result) and the times themselves."""
+    (scaling.fit_loglog's result) and the times themselves."""
     reason = by_n["reason"]
     if pd.isna(by_n["slope"]) or pd.isna(pairs_exp) or pd.isna(pairs_time_exp):
         return f"no fit: {reason}" if not pd.isna(reason) else "no fit"

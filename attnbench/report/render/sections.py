@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from attnbench.measure import precision
-from attnbench.report.analyse import derived
+from attnbench.report.analyse import derived, scaling
 from attnbench.report.decide.verdicts import AXIS_NAME
 from attnbench.report.render.markdown import MISSING, fold_long, folded, table
 
@@ -144,9 +144,9 @@ def _speedup_text(r, label: str) -> str:
 def _slope_text(r) -> str:
     if pd.isna(r["slope"]):
         return MISSING
-    bound = derived.bound_mark(r)
+    bound = scaling.bound_mark(r)
     return (
-        f"{bound}{derived.slope_text(r['slope'])} ± {r['slope_se']:.2f} "
+        f"{bound}{scaling.slope_text(r['slope'])} ± {r['slope_se']:.2f} "
         f"({r['n_points']} pts, {AXIS_NAME.get(r['axis'], 'N')} {r['seq_min']}–{r['seq_max']})"
     )
 
@@ -154,7 +154,7 @@ def _slope_text(r) -> str:
 def _notes(s) -> str:
     """A fitted series' notes (exponents.SeriesFits): its fits' reasons, contention, failures."""
     notes = []
-    for m in derived.FIT_METRICS:
+    for m in scaling.FIT_METRICS:
         if m not in s.fits or pd.isna(s.fits[m]["reason"]):
             continue
         # the overhead-limited caveat is the ≥ sign, explained above the table
