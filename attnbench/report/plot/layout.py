@@ -43,6 +43,9 @@ PANEL_W_IN, PANEL_H_IN = 7.4, 3.9  # width includes the legend beside the axes
 LEFT_IN, LEGEND_IN, ABOVE_IN, BELOW_IN, SUPTITLE_IN = 0.85, 3.0, 0.4, 0.85, 0.9
 LEGEND_CHARS = 46  # a legend label wraps here, so it fits LEGEND_IN at its font size
 DPI = 130
+# zlib's level for the PNGs: 3 encodes a report's figures in 60% of the default's (6) time,
+# for files 5% larger (the same pixels)
+PNG_LEVEL = 3
 MAX_COLS = 2  # panels are wide: the legend sits beside each one
 LOG_SPAN = 2.0  # a log y axis only where a panel's values span this factor (64–65 MiB: linear)
 
@@ -53,7 +56,7 @@ def save_figure(fig, stem: Path, svg: bool = False, crop: bool = True) -> list[P
     stem = Path(stem)
     paths = [stem.with_suffix(".png")]
     bbox = "tight" if crop else None
-    fig.savefig(paths[0], dpi=DPI, bbox_inches=bbox)
+    fig.savefig(paths[0], dpi=DPI, bbox_inches=bbox, pil_kwargs={"compress_level": PNG_LEVEL})
     if svg:
         paths.append(stem.with_suffix(".svg"))
         fig.savefig(paths[1], bbox_inches=bbox)
