@@ -47,7 +47,7 @@ def render(run: RunAnalysis, out_dir: Path, drawing: Drawing, svg: bool = False)
         lines += [f"## Device: {a.name}", ""] if len(devices) > 1 else []
         lines += sections_lines + _plots_part(a, figures, level)
     for fig, drawn in speed:
-        lines += _figure_lines(fig, fig.stem, "##", drawn)
+        lines += _figure_lines(fig, "##", drawn)
     lines += closing
     return "\n".join(wrapped(lines)).rstrip() + "\n"
 
@@ -100,13 +100,14 @@ def _plots_part(a: DeviceAnalysis, figures: list, level: str) -> list[str]:
         why = "need two or more lengths; the tables above hold this run's numbers."
         lines += [f"Every ok row has N = {n}: the figures against N ({against}) {why}", ""]
     for fig, drawn in figures:
-        lines += _figure_lines(fig, drawn.job.path.name, f"{level}#", drawn)
+        lines += _figure_lines(fig, f"{level}#", drawn)
     return lines
 
 
-def _figure_lines(fig: Figure, stem: str, level: str, drawn: Drawn) -> list[str]:
+def _figure_lines(fig: Figure, level: str, drawn: Drawn) -> list[str]:
     """A figure's heading, caption and image; where it did not draw, why instead."""
     lines = [f"{level} {fig.heading}", "", fig.caption, ""]
+    stem = drawn.job.path.name
     if (reason := drawn.reason()) is None:
         return lines + [f"![{fig.heading}]({stem}.png)", ""]
     print(f"attnbench report: {stem}.png not drawn: {reason}", file=sys.stderr)
@@ -123,7 +124,8 @@ def write_report(
     """Write <reports_dir>/<run-id>/report.md and its figures; return the report's path.
 
     Everything is written into a temporary folder beside the target and renamed into place,
-    so a reader never sees half a report."""
+    so a reader never sees half a report. A figure that fails does not fail the report: its
+    place says why (drawing.Drawn.reason), and so does a line on stderr."""
     run_dir = Path(run_dir)
     df, env = load_run(run_dir)
     run = RunDir(run_dir)

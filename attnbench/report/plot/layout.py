@@ -44,7 +44,7 @@ LEFT_IN, LEGEND_IN, ABOVE_IN, BELOW_IN, SUPTITLE_IN = 0.85, 3.0, 0.4, 0.85, 0.9
 LEGEND_CHARS = 46  # a legend label wraps here, so it fits LEGEND_IN at its font size
 DPI = 130
 # zlib's level for the PNGs: 3 encodes a report's figures in 60% of the default's (6) time,
-# for files 5% larger (the same pixels)
+# for files 9% larger (the same pixels)
 PNG_LEVEL = 3
 MAX_COLS = 2  # panels are wide: the legend sits beside each one
 LOG_SPAN = 2.0  # a log y axis only where a panel's values span this factor (64–65 MiB: linear)
