@@ -130,7 +130,7 @@ def write_report(
     df, env = load_run(run_dir)
     run = RunDir(run_dir)
     kernels = pd.read_csv(run.kernels) if run.kernels.exists() else None
-    # the drawing processes start first: they get pyplot ready while the run is analysed
+    # the drawing processes start first, ready when the run is analysed
     with atomic_dir(run.report_dir(reports_dir)) as tmp, Drawing() as drawing:
         analysed = analyse(
             df,

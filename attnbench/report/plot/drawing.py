@@ -1,11 +1,11 @@
 """Drawing a report's figures in processes of their own, started before the run is analysed.
 
 matplotlib draws on one core, and a report's figures are independent of one another and of
-its text. So ``Drawing`` forks its processes first (one per core, at most one per figure a
-report draws), and each imports pyplot while the report's own process reads and analyses
-the run (that process imports no pyplot: figures.py and style.py need none). Each figure
-is then handed over once the run is analysed (a ``Job``: the plots.py function and its
-arguments, pickled), drawn while the text is rendered, and waited for last.
+its text. So ``Drawing`` imports pyplot, then forks its processes (one per core, at most one
+per figure a report draws): they share that one import (each importing it itself cost twice
+the CPU, on the cores the analysis runs on). Each figure is then handed over once the run is
+analysed (a ``Job``: the plots.py function and its arguments, pickled), drawn while the text
+is rendered, and waited for last.
 
 A figure that fails, or whose process dies, leaves no file and gives a one-line reason
 (``Drawn.reason``) instead: the report is still written, and says why the figure is not
@@ -39,13 +39,11 @@ class Job(NamedTuple):
 
 
 def _start() -> None:
-    """A drawing process' first step, while the report's process analyses the run: pyplot
-    imported, then every object it has (the report process' heap, inherited) frozen out of
-    the garbage collector's view. Drawing makes enough objects for the collector's full pass
-    to run (twice for the default sweep's figures), and each one walked that whole heap,
-    copying every page it touched: 0.4 s of 4 with torch imported, 0.1 s frozen."""
-    from attnbench.report.plot import plots  # noqa: F401  (pyplot, Agg)
-
+    """A drawing process' first step: every object it has (the report process' heap, pyplot
+    with it) frozen out of the garbage collector's view. Drawing makes enough objects for the
+    collector's full pass to run (twice for the default sweep's figures), and each one walked
+    that whole heap, copying every page it touched: 0.4 s of 4 with torch imported, 0.1 s
+    frozen."""
     gc.freeze()
 
 
@@ -92,6 +90,8 @@ class Drawing:
 
     def __enter__(self) -> Drawing:
         if n := processes():
+            from attnbench.report.plot import plots  # noqa: F401  (pyplot, for every process)
+
             self._pool = ProcessPoolExecutor(
                 n, mp_context=multiprocessing.get_context("fork"), initializer=_start
             )

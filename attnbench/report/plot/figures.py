@@ -2,8 +2,7 @@
 caption, the plots.py function that draws it and what it draws): FIGURES from one device's
 analysis (analysis.DeviceAnalysis, whose ``figures`` hold what each one draws), RUN_FIGURES
 from the whole run's (analysis.RunAnalysis). A figure's arguments are picked from the
-analysis where it was made and handed, pickled, to the process that draws it (drawing.py),
-so this table imports no pyplot."""
+analysis where it was made and handed, pickled, to the process that draws it (drawing.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """One colour and marker per impl, alike in every figure of a run. matplotlib's own module
-only (its palette), not pyplot: the analysis picks the run's colours before any figure is
-drawn, in a process that draws none of them (drawing.py)."""
+only (its palette), not pyplot: the analysis picks the run's colours, and draws nothing."""
 
 from __future__ import annotations
 
