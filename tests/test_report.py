@@ -83,13 +83,91 @@ def test_report_replaces_atomically_and_keeps_old_on_failure(tmp_path, stub_figu
     assert sorted(os.listdir(reports)) == ["r"]
 
     def boom(*a, **k):
-        raise RuntimeError("figure failed")
+        raise RuntimeError("section failed")
 
-    monkeypatch.setattr(plots, "plot_error_vs_seq", boom)
+    monkeypatch.setattr(checks, "failures_section", boom)
     with pytest.raises(RuntimeError):
         report.write_report(run, reports)
     assert path.read_text() == before  # the old report is untouched
     assert sorted(os.listdir(reports)) == ["r"]  # no temp folder left
+
+
+def _figures_said(path) -> dict[str, str]:
+    """stem -> "drawn" (linked, its file there) or the reason the report gives instead."""
+    said, text = {}, path.read_text()
+    for fig in report.FIGURES:
+        block = text.partition(f"# {fig.heading}\n")[2].split("\n#")[0]
+        if f"]({fig.stem}.png)" in block:
+            assert (path.parent / f"{fig.stem}.png").exists(), fig.stem
+            said[fig.stem] = "drawn"
+        elif "Not drawn: " in block:
+            assert not (path.parent / f"{fig.stem}.png").exists(), fig.stem  # nothing half-written
+            said[fig.stem] = block.split("Not drawn: ")[1].splitlines()[0]
+    return said
+
+
+@pytest.mark.parametrize("processes", [0, 2], ids=["here", "in-processes"])
+def test_a_figure_that_fails_leaves_the_report_and_says_why(
+    tmp_path, stub_figures, monkeypatch, capsys, processes
+):
+    """A figure that raises, here or in a drawing process, half-way through writing its file:
+    the report is written, the figure's place says why in one line (on stderr too), its
+    half-written file is gone, and every other figure is drawn."""
+    from attnbench.report.plot import drawing
+
+    run = write_run(tmp_path / "results", "r", smoke_rows("r", seqs=(64, 128, 256)))
+    save = plots.save_figure
+
+    def half_written(fig, stem, svg=False, crop=True):
+        if stem.name == "error_vs_seq":
+            stem.with_suffix(".png").write_bytes(b"\x89PNG half")
+            raise RuntimeError("disk full\nsecond line")
+        return save(fig, stem, svg, crop)
+
+    monkeypatch.setattr(plots, "save_figure", half_written)
+    monkeypatch.setattr(drawing, "processes", lambda: processes)
+    said = _figures_said(report.write_report(run, tmp_path / "reports"))
+    assert said.pop("error_vs_seq") == "RuntimeError: disk full second line"
+    assert set(said.values()) == {"drawn"} and len(said) >= 6
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "attnbench report: error_vs_seq.png not drawn: RuntimeError: disk full second line"
+    ]
+
+
+def test_drawing_processes_share_one_import_of_pyplot():
+    """pyplot is imported before the drawing processes fork, once for all of them: each
+    importing it itself cost its CPU again (half a second) on the cores the analysis runs on."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from attnbench.report.plot import drawing; "
+        "drawing.processes = lambda: 2; before = 'matplotlib.pyplot' in sys.modules\n"
+        "with drawing.Drawing(): print(before, 'matplotlib.pyplot' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_drawing_process_that_dies_leaves_the_report(tmp_path, stub_figures, monkeypatch):
+    """A drawing process killed mid-figure (out of memory, a crash in a library) neither hangs
+    the report nor loses it: the figures it took say why, the others are drawn."""
+    from attnbench.report.plot import drawing
+
+    parent = os.getpid()
+
+    def dies(*a, **k):
+        if os.getpid() != parent:
+            os._exit(9)
+
+    run = write_run(tmp_path / "results", "r", smoke_rows("r", seqs=(64, 128, 256)))
+    monkeypatch.setattr(plots, "plot_error_vs_seq", dies)
+    monkeypatch.setattr(drawing, "processes", lambda: 2)
+    said = _figures_said(report.write_report(run, tmp_path / "reports"))
+    assert said["error_vs_seq"].startswith("BrokenProcessPool: ")
+    assert len(said) == len([f for f in report.FIGURES if f.applies is None])
 
 
 def test_report_without_env_says_so(tmp_path, stub_figures):

@@ -29,7 +29,7 @@ from attnbench.report.decide.by_family import SpeedupTable, speedup_table, who_w
 from attnbench.report.decide.parts import part_verdicts
 from attnbench.report.decide.recommend import recommendations
 from attnbench.report.decide.tolerance import TOLERANCE
-from attnbench.report.plot.layout import run_colors
+from attnbench.report.plot.style import run_colors
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ run is analysed once (analysis.py), then each section and figure renders that an
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -10,8 +11,8 @@ import pandas as pd
 from attnbench.report.analyse.rounds import AnchorRounds, Rounds
 from attnbench.report.analysis import DeviceAnalysis, RunAnalysis, analyse
 from attnbench.report.decide.tolerance import TOLERANCE
-from attnbench.report.plot.drawing import Job, draw_all
-from attnbench.report.plot.figures import FIGURES, RUN_FIGURES
+from attnbench.report.plot.drawing import Drawing, Drawn, Job
+from attnbench.report.plot.figures import FIGURES, RUN_FIGURES, Figure
 from attnbench.report.render import checks, sections
 from attnbench.report.render.header import borrowed_lines, counts_line, header_lines
 from attnbench.report.render.markdown import wrapped
@@ -22,26 +23,32 @@ from attnbench.store.results import load_run
 from attnbench.store.rundir import RunDir
 
 
-def render(run: RunAnalysis, out_dir: Path, svg: bool = False) -> str:
+def render(run: RunAnalysis, out_dir: Path, drawing: Drawing, svg: bool = False) -> str:
     """Write the run's figures into out_dir and return the markdown text: every section and
-    figure renders the run's analysis (analysis.py), computed once. The figures are drawn
-    together at the end (drawing.draw_all), and the text names those that drew."""
-    jobs: list[Job] = []
+    figure renders the run's analysis (analysis.py), computed once. The figures are handed to
+    ``drawing`` first, drawn while the text is rendered, and waited for last: the text shows
+    each one that drew and says why any other did not."""
+    devices = [(a, _device_figures(a, out_dir, svg, drawing)) for a in run.devices]
+    speed = [  # the run's figures where it has data for them
+        (fig, drawing.draw(_job(fig, run, out_dir / fig.stem, svg)))
+        for fig in RUN_FIGURES
+        if fig.args(run) is not None
+    ]
     lines = first_screen(run)
     lines += header_lines(run)
     lines += ["## Summary", "", counts_line(run), ""]
     lines += borrowed_lines(run)
-    if len(run.devices) == 1:
-        lines += _device_part(run.devices[0], out_dir, svg, "##", jobs)
-    else:
+    level = "##" if len(devices) == 1 else "###"
+    parts = [(a, _device_sections(a, level), figures) for a, figures in devices]
+    closing = _closing(run)
+    if len(devices) > 1:
         lines += checks.across_devices_section(run)
-        for part in run.devices:
-            lines += [f"## Device: {part.name}", ""]
-            lines += _device_part(part, out_dir, svg, "###", jobs)
-    speed = [Job(fig, run, out_dir / fig.stem, svg, optional=True) for fig in RUN_FIGURES]
-    drawn = draw_all(jobs + speed)[len(jobs) :]
-    lines += _speed_part(speed, drawn)
-    lines += _closing(run)
+    for a, sections_lines, figures in parts:  # the figures are waited for from here on
+        lines += [f"## Device: {a.name}", ""] if len(devices) > 1 else []
+        lines += sections_lines + _plots_part(a, figures, level)
+    for fig, drawn in speed:
+        lines += _figure_lines(fig, "##", drawn)
+    lines += closing
     return "\n".join(wrapped(lines)).rstrip() + "\n"
 
 
@@ -51,47 +58,60 @@ def _closing(run: RunAnalysis) -> list[str]:
     return lines + checks.failures_section(run)
 
 
-def _speed_part(jobs: list[Job], drawn: list[bool]) -> list[str]:
-    """The machine's speed over the run (the run's figures: RUN_FIGURES), where it drew."""
-    lines = []
-    for job, done in zip(jobs, drawn):
-        fig = job.figure
-        if done:
-            lines += [f"## {fig.heading}", "", fig.caption, ""]
-            lines += [f"![{fig.heading}]({fig.stem}.png)", ""]
-    return lines
-
-
-def _device_part(
-    a: DeviceAnalysis, out_dir: Path, svg: bool, level: str, jobs: list[Job]
-) -> list[str]:
-    """Winners, speedups, scaling exponents, disagreements and figures of one device's rows
-    (figure files named <figure><suffix>.png, appended to ``jobs`` to be drawn)."""
+def _device_sections(a: DeviceAnalysis, level: str) -> list[str]:
+    """Winners, speedups, scaling exponents, disagreements of one device's rows."""
     lines = sections.winners_section(a)
     lines += sections.speedup_section(a)
     lines += sections.exponents_section(a.exponents)
     lines += sections.score_memory_lines(a)
     lines += pattern_sections(a, level)
-    lines += sections.disagreement_section(a)
-    lines += [f"{level} Plots", ""]
-    n = a.figures.one_n
-    figures = [
-        f
-        for f in FIGURES
-        if (a.baseline or not f.needs_baseline) and (f.applies is None or f.applies(a))
+    return lines + sections.disagreement_section(a)
+
+
+def _applying(a: DeviceAnalysis) -> list[Figure]:
+    """The figures one device's rows have data for (a baseline's, decode rows)."""
+    return [
+        fig
+        for fig in FIGURES
+        if (a.baseline or not fig.needs_baseline) and (fig.applies is None or fig.applies(a))
     ]
-    if n is not None:
-        against = ", ".join(f.heading.lower() for f in figures if f.over_n)
+
+
+def _device_figures(a: DeviceAnalysis, out_dir: Path, svg: bool, drawing: Drawing) -> list:
+    """One device's figures handed to ``drawing`` (files named <figure><suffix>.png), none
+    against N where every ok row has one N."""
+    one_n = a.figures.one_n is not None
+    return [
+        (fig, drawing.draw(_job(fig, a, out_dir / f"{fig.stem}{a.suffix}", svg)))
+        for fig in _applying(a)
+        if not (fig.over_n and one_n)
+    ]
+
+
+def _job(fig: Figure, subject, path: Path, svg: bool) -> Job:
+    return Job(fig.plot, fig.args(subject), path, svg, fig.crop)
+
+
+def _plots_part(a: DeviceAnalysis, figures: list, level: str) -> list[str]:
+    """One device's plots, each waited for: its figure, or why it did not draw."""
+    lines = [f"{level} Plots", ""]
+    if (n := a.figures.one_n) is not None:
+        against = ", ".join(f.heading.lower() for f in _applying(a) if f.over_n)
         why = "need two or more lengths; the tables above hold this run's numbers."
         lines += [f"Every ok row has N = {n}: the figures against N ({against}) {why}", ""]
-    for fig in figures:
-        if fig.over_n and n is not None:
-            continue
-        stem = f"{fig.stem}{a.suffix}"
-        jobs.append(Job(fig, a, out_dir / stem, svg))
-        lines += [f"{level}# {fig.heading}", "", fig.caption, "", f"![{fig.heading}]({stem}.png)"]
-        lines += [""]
+    for fig, drawn in figures:
+        lines += _figure_lines(fig, f"{level}#", drawn)
     return lines
+
+
+def _figure_lines(fig: Figure, level: str, drawn: Drawn) -> list[str]:
+    """A figure's heading, caption and image; where it did not draw, why instead."""
+    lines = [f"{level} {fig.heading}", "", fig.caption, ""]
+    stem = drawn.job.path.name
+    if (reason := drawn.reason()) is None:
+        return lines + [f"![{fig.heading}]({stem}.png)", ""]
+    print(f"attnbench report: {stem}.png not drawn: {reason}", file=sys.stderr)
+    return lines + [f"Not drawn: {reason}", ""]
 
 
 def write_report(
@@ -104,12 +124,14 @@ def write_report(
     """Write <reports_dir>/<run-id>/report.md and its figures; return the report's path.
 
     Everything is written into a temporary folder beside the target and renamed into place,
-    so a reader never sees half a report."""
+    so a reader never sees half a report. A figure that fails does not fail the report: its
+    place says why (drawing.Drawn.reason), and so does a line on stderr."""
     run_dir = Path(run_dir)
     df, env = load_run(run_dir)
     run = RunDir(run_dir)
     kernels = pd.read_csv(run.kernels) if run.kernels.exists() else None
-    with atomic_dir(run.report_dir(reports_dir)) as tmp:
+    # the drawing processes start first, ready when the run is analysed
+    with atomic_dir(run.report_dir(reports_dir)) as tmp, Drawing() as drawing:
         analysed = analyse(
             df,
             env,
@@ -120,6 +142,6 @@ def write_report(
             AnchorRounds.read(run_dir),
             tolerance,
         )
-        text = render(analysed, tmp, svg)
+        text = render(analysed, tmp, drawing, svg)
         (tmp / RunDir.REPORT).write_text(text, encoding="utf-8")
     return run.report(reports_dir)

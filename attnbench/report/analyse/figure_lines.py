@@ -66,7 +66,7 @@ class Panel:
 class LineFigure:
     title: str
     y: str  # the metric drawn
-    impls: tuple[str, ...]  # every impl of the rows (their colours: layout.impl_style)
+    impls: tuple[str, ...]  # every impl of the rows (their colours: style.impl_style)
     panels: tuple[Panel, ...]  # those with an ok point; none: nothing to plot
     absent: tuple[str, ...]  # impls without an ok point with a value
 

@@ -1,11 +1,11 @@
-"""The figures' shared layout: one colour and marker per impl, the panel grid, titles, axes,
-and the line figure every "metric vs N" plot is drawn with (plots.py), from what the
-analysis holds for it (analyse/figure_lines.py: its panels and lines, the rules they follow).
+"""The figures' shared layout: the panel grid, titles, axes, and the line figure every
+"metric vs N" plot is drawn with (plots.py), from what the analysis holds for it
+(analyse/figure_lines.py: its panels and lines, the rules they follow).
 
 Conventions shared by every figure:
   * only ok rows are drawn as measurements; failed rows are counted in the legend label
     ("naive (1 oom)") so a line that stops early is explained, never drawn as a number;
-  * an impl has the same colour and marker in every figure (``impl_style``);
+  * an impl has the same colour and marker in every figure (style.impl_style);
   * panels are facets of mode x causal and of whatever else varies besides the lengths;
     the suptitle names the device, the dtype and everything held fixed;
   * the x axis is the length N the series varies (seq_q, or the cache length seq_kv in a
@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import math
 import textwrap
-import zlib
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import (  # noqa: E402
     FixedLocator,
@@ -36,8 +34,8 @@ from matplotlib.ticker import (  # noqa: E402
 
 from attnbench.measure.flags import NOISY_SPREAD  # noqa: E402
 from attnbench.report.analyse.figure_lines import Line, LineFigure  # noqa: E402
+from attnbench.report.plot.style import impl_style  # noqa: E402
 
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "*", "p")
 PANEL_W_IN, PANEL_H_IN = 7.4, 3.9  # width includes the legend beside the axes
 # a panel's slot, in inches: the y axis' labels left of the axes, the legend right of them,
 # the panel's title above and the x axis' labels below; the figure's title over all panels.
@@ -45,36 +43,11 @@ PANEL_W_IN, PANEL_H_IN = 7.4, 3.9  # width includes the legend beside the axes
 LEFT_IN, LEGEND_IN, ABOVE_IN, BELOW_IN, SUPTITLE_IN = 0.85, 3.0, 0.4, 0.85, 0.9
 LEGEND_CHARS = 46  # a legend label wraps here, so it fits LEGEND_IN at its font size
 DPI = 130
+# zlib's level for the PNGs: 3 encodes a report's figures in 60% of the default's (6) time,
+# for files 9% larger (the same pixels)
+PNG_LEVEL = 3
 MAX_COLS = 2  # panels are wide: the legend sits beside each one
 LOG_SPAN = 2.0  # a log y axis only where a panel's values span this factor (64–65 MiB: linear)
-
-
-def impl_style(impls, colors: dict[str, str] | None = None) -> dict[str, tuple]:
-    """impl -> (colour, marker): the colour an impl declared at registration (recorded in the
-    run's env.json, ``colors``), else a palette colour in sorted-name order."""
-    colors = colors or {}
-    names = sorted(set(impls))
-    palette = [tuple(c) for c in matplotlib.colormaps["tab10"].colors]
-    if len(names) > len(palette):  # then husl hues (seaborn imported only here: seconds)
-        import seaborn as sns
-
-        palette += sns.color_palette("husl", len(names))
-    return {  # markers follow the name alone, so they too stay put from run to run
-        name: (colors.get(name) or palette[i], MARKERS[zlib.crc32(name.encode()) % len(MARKERS)])
-        for i, name in enumerate(names)
-    }
-
-
-def run_colors(env: dict, impls=()) -> dict[str, object]:
-    """Every impl's colour for all the figures of a run: the colour it declared (env.json
-    ``impls``), else a palette colour picked once among the run's impls (``impls`` and those
-    env.json names), so that a figure drawing fewer impls (speedups leave the baseline out)
-    colours each one as the others do."""
-    declared = {
-        name: info["color"] for name, info in (env.get("impls") or {}).items() if info.get("color")
-    }
-    names = {*(env.get("impls") or {}), *(str(i) for i in impls if not pd.isna(i))}
-    return {name: colour for name, (colour, _) in impl_style(names, declared).items()}
 
 
 def save_figure(fig, stem: Path, svg: bool = False, crop: bool = True) -> list[Path]:
@@ -83,7 +56,7 @@ def save_figure(fig, stem: Path, svg: bool = False, crop: bool = True) -> list[P
     stem = Path(stem)
     paths = [stem.with_suffix(".png")]
     bbox = "tight" if crop else None
-    fig.savefig(paths[0], dpi=DPI, bbox_inches=bbox)
+    fig.savefig(paths[0], dpi=DPI, bbox_inches=bbox, pil_kwargs={"compress_level": PNG_LEVEL})
     if svg:
         paths.append(stem.with_suffix(".svg"))
         fig.savefig(paths[1], bbox_inches=bbox)

@@ -12,7 +12,8 @@ from matplotlib.ticker import FuncFormatter
 from attnbench.report.analyse.figure_data import Ringed, Roofline, SpeedSeries, SupportGrid
 from attnbench.report.analyse.figure_lines import LineFigure, Panel
 from attnbench.report.plot import layout
-from attnbench.report.plot.layout import impl_style, plt, run_colors, save_figure  # noqa: F401
+from attnbench.report.plot.layout import plt, save_figure  # noqa: F401
+from attnbench.report.plot.style import impl_style, run_colors  # noqa: F401
 
 # the support matrix's family names: wrapped at this many characters (a 1.7 in column at
 # 8 pt), each line this many inches tall
