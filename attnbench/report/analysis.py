@@ -83,6 +83,18 @@ class RunAnalysis:
     speed: tuple[SpeedSeries, ...] | None = None
 
 
+@dataclass(frozen=True)
+class FigureSubject:
+    """What one device's figures draw (plot/figures.py reads these fields, alike on a
+    DeviceAnalysis), ready before the rest of its analysis: handed to ``analyse``'s
+    ``on_figures`` so that the figures are drawn while the analysis goes on."""
+
+    suffix: str
+    baseline: str | None
+    colors: dict
+    figures: DeviceFigures
+
+
 def analyse_device(
     df: pd.DataFrame,
     env: dict | None = None,
@@ -90,7 +102,10 @@ def analyse_device(
     name: str | None = None,
     suffix: str = "",
     rounds: Rounds | None = None,
+    on_figures=None,
 ) -> DeviceAnalysis:
+    """One device's analysis. Its figures' data come first, handed to ``on_figures`` (a
+    callable taking a FigureSubject) where given, then the rest."""
     env = env or {}
     name = name or device_title(env, df)
     if busy_machine(env):
@@ -100,18 +115,22 @@ def analyse_device(
     fits = scaling.scaling_exponents(frame)
     fits = fits.assign(series=derived.series_labels(fits))
     has_base = baseline and derived.ok_rows(frame[frame["impl"] == baseline]).shape[0]
+    recorded = baseline == env.get("baseline")  # the rows' own speedups are against it
+    speedups = verdicts.speedups(frame, baseline, rounds, recorded) if has_base else None
+    colors = run_colors(env, frame["impl"].dropna().unique())
+    figures = device_figures(frame, env, fits, speedups, baseline, name)
+    if on_figures is not None:
+        on_figures(FigureSubject(suffix, baseline, colors, figures))
     sparsity = patterns.sparsity_fits(frame)
     sparsity = sparsity.assign(series=derived.series_labels(sparsity, always=("mask", "pattern")))
     winners = verdicts.fastest_agreeing(frame, rounds)
-    recorded = baseline == env.get("baseline")  # the rows' own speedups are against it
-    speedups = verdicts.speedups(frame, baseline, rounds, recorded) if has_base else None
     a = DeviceAnalysis(
         name=name,
         suffix=suffix,
         env=env,
         baseline=baseline,
         frame=frame,
-        colors=run_colors(env, frame["impl"].dropna().unique()),
+        colors=colors,
         families=derived.family_order(frame),
         fits=fits,
         winners=winners,
@@ -120,7 +139,7 @@ def analyse_device(
         rounds=rounds,
         waste=patterns.wasted_work(frame),
         sparsity=sparsity,
-        figures=device_figures(frame, env, fits, speedups, baseline, name),
+        figures=figures,
     )
     return replace(a, **_shown(a))
 
@@ -156,13 +175,15 @@ def analyse(
     rounds: Rounds | None = None,
     anchor: AnchorRounds | None = None,
     tolerance: float = TOLERANCE,
+    on_figures=None,
 ) -> RunAnalysis:
     """The whole run's derived. ``baseline``: the impl speedups are relative to (default:
-    the one the run recorded); ``rounds`` and ``anchor``: the run's per-round times."""
+    the one the run recorded); ``rounds`` and ``anchor``: the run's per-round times;
+    ``on_figures``: called with each device's FigureSubject as soon as it exists."""
     baseline = baseline or env.get("baseline")
     names = device_names(df)
     if len(names) < 2:
-        devices = (analyse_device(df, env, baseline, rounds=rounds),)
+        devices = (analyse_device(df, env, baseline, rounds=rounds, on_figures=on_figures),)
     else:  # several kinds of device (a Ray run): every analysis and figure per device
         devices = tuple(
             analyse_device(
@@ -172,6 +193,7 @@ def analyse(
                 name,
                 "__" + re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_"),
                 rounds,
+                on_figures,
             )
             for name in names
         )

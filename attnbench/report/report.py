@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.report.analyse.rounds import AnchorRounds, Rounds
-from attnbench.report.analysis import DeviceAnalysis, RunAnalysis, analyse
+from attnbench.report.analysis import DeviceAnalysis, FigureSubject, RunAnalysis, analyse
 from attnbench.report.decide.tolerance import TOLERANCE
 from attnbench.report.plot.drawing import Drawing, Drawn, Job
 from attnbench.report.plot.figures import FIGURES, RUN_FIGURES, Figure
@@ -23,12 +23,16 @@ from attnbench.store.results import load_run
 from attnbench.store.rundir import RunDir
 
 
-def render(run: RunAnalysis, out_dir: Path, drawing: Drawing, svg: bool = False) -> str:
+def render(
+    run: RunAnalysis, handed: list, out_dir: Path, drawing: Drawing, svg: bool = False
+) -> str:
     """Write the run's figures into out_dir and return the markdown text: every section and
-    figure renders the run's analysis (analysis.py), computed once. The figures are handed to
-    ``drawing`` first, drawn while the text is rendered, and waited for last: the text shows
-    each one that drew and says why any other did not."""
-    devices = [(a, _device_figures(a, out_dir, svg, drawing)) for a in run.devices]
+    figure renders the run's analysis (analysis.py), computed once. Each device's figures
+    were handed to ``drawing`` as soon as their data existed (``handed``: one list per
+    device, from ``_device_figures``), drawn while the analysis went on and the text is
+    rendered, and are waited for last: the text shows each one that drew and says why any
+    other did not."""
+    devices = list(zip(run.devices, handed, strict=True))
     speed = [  # the run's figures where it has data for them
         (fig, drawing.draw(_job(fig, run, out_dir / fig.stem, svg)))
         for fig in RUN_FIGURES
@@ -68,7 +72,7 @@ def _device_sections(a: DeviceAnalysis, level: str) -> list[str]:
     return lines + sections.disagreement_section(a)
 
 
-def _applying(a: DeviceAnalysis) -> list[Figure]:
+def _applying(a: FigureSubject | DeviceAnalysis) -> list[Figure]:
     """The figures one device's rows have data for (a baseline's, decode rows)."""
     return [
         fig
@@ -77,7 +81,7 @@ def _applying(a: DeviceAnalysis) -> list[Figure]:
     ]
 
 
-def _device_figures(a: DeviceAnalysis, out_dir: Path, svg: bool, drawing: Drawing) -> list:
+def _device_figures(a: FigureSubject, out_dir: Path, svg: bool, drawing: Drawing) -> list:
     """One device's figures handed to ``drawing`` (files named <figure><suffix>.png), none
     against N where every ok row has one N."""
     one_n = a.figures.one_n is not None
@@ -130,8 +134,13 @@ def write_report(
     df, env = load_run(run_dir)
     run = RunDir(run_dir)
     kernels = pd.read_csv(run.kernels) if run.kernels.exists() else None
-    # the drawing processes start first, ready when the run is analysed
+    # the drawing processes start first, and draw each device's figures once their data exist
     with atomic_dir(run.report_dir(reports_dir)) as tmp, Drawing() as drawing:
+        handed = []  # per device, its figures handed to the drawing processes
+
+        def hand_over(subject: FigureSubject) -> None:
+            handed.append(_device_figures(subject, tmp, svg, drawing))
+
         analysed = analyse(
             df,
             env,
@@ -141,7 +150,8 @@ def write_report(
             Rounds.read(run_dir),
             AnchorRounds.read(run_dir),
             tolerance,
+            hand_over,
         )
-        text = render(analysed, tmp, drawing, svg)
+        text = render(analysed, handed, tmp, drawing, svg)
         (tmp / RunDir.REPORT).write_text(text, encoding="utf-8")
     return run.report(reports_dir)
