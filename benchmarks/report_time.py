@@ -1,41 +1,71 @@
 """How long `attnbench report` takes on one run folder, with the machine's load beside it.
 
     python benchmarks/report_time.py results/<run-id> [--repeat 3]
+    python benchmarks/report_time.py results/<run-id> --code /tmp/before --code . --repeat 5
 
 Prints one line per try: the wall time of the whole command (a fresh interpreter: imports,
-analysis, markdown, every figure) and the 1-minute load average before and after, since a
-loaded machine stretches the time. The report goes to a temporary folder."""
+analysis, markdown, every figure), the CPU time it and its drawing processes used, and the
+1-minute load average before and after, since a loaded machine stretches the time. With
+``--code`` (a checkout's root, given more than once to compare), each try runs every checkout
+in turn, so a before/after comparison sees the same load; the last line per checkout is its
+median. The report goes to a temporary folder."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
 
-def one_try(run_dir: str) -> float:
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def one_try(run_dir: str, code: str | None) -> tuple[float, float]:
+    """(wall s, CPU s) of one `attnbench report` of ``run_dir`` with the attnbench of
+    ``code`` (a checkout's root; None: the installed one)."""
+    env = dict(os.environ)
+    if code is not None:
+        env["PYTHONPATH"] = os.path.abspath(code)
     with tempfile.TemporaryDirectory() as out:
-        start = time.perf_counter()
+        cpu, start = _children_cpu_s(), time.perf_counter()
         cmd = [sys.executable, "-m", "attnbench", "report", run_dir, "--reports-dir", out]
-        subprocess.run(cmd, check=True, capture_output=True)
-        return time.perf_counter() - start
+        subprocess.run(cmd, check=True, capture_output=True, env=env)
+        return time.perf_counter() - start, _children_cpu_s() - cpu
 
 
-def main() -> None:
+def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run_dir")
     p.add_argument("--repeat", type=int, default=3)
-    args = p.parse_args()
+    p.add_argument(
+        "--code",
+        action="append",
+        metavar="DIR",
+        help="a checkout's root whose attnbench to time (repeat to compare; default: installed)",
+    )
+    args = p.parse_args(argv)
+    codes = args.code or [None]
+    walls: dict = {code: [] for code in codes}
     for i in range(args.repeat):
-        before = os.getloadavg()[0]
-        seconds = one_try(args.run_dir)
-        print(
-            f"try {i + 1}: {seconds:.1f} s  (load {before:.2f} before, "
-            f"{os.getloadavg()[0]:.2f} after, {os.cpu_count()} cores)"
-        )
+        for code in codes:
+            before = os.getloadavg()[0]
+            wall, cpu = one_try(args.run_dir, code)
+            walls[code].append(wall)
+            print(
+                f"try {i + 1}{f' {code}' if code else ''}: {wall:.1f} s, CPU {cpu:.1f} s  "
+                f"(load {before:.2f} before, {os.getloadavg()[0]:.2f} after, "
+                f"{os.cpu_count()} cores)"
+            )
+    for code, times in walls.items():
+        print(f"median{f' {code}' if code else ''}: {statistics.median(times):.1f} s")
+    return walls
 
 
 if __name__ == "__main__":

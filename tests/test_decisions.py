@@ -264,7 +264,7 @@ def test_no_n_squared_buffer_is_claimed_for_a_decode_series():
 
 
 def test_a_negative_or_noise_only_exponent_is_no_lower_bound():
-    from attnbench.report.analyse.derived import bound_mark
+    from attnbench.report.analyse.scaling import bound_mark
 
     fit = {"overhead_limited": True, "slope": 1.6, "slope_se": 0.1}
     assert bound_mark(fit) == "≥"
