@@ -27,16 +27,27 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def one_try(run_dir: str, code: str | None) -> tuple[float, float]:
-    """(wall s, CPU s) of one `attnbench report` of ``run_dir`` with the attnbench of
-    ``code`` (a checkout's root; None: the installed one)."""
+def _python(code: str | None, *args: str) -> subprocess.CompletedProcess:
+    """``python *args`` with the attnbench of ``code`` (a checkout's root; None: the
+    installed one): python -m puts its own folder first on the path, so it runs there."""
     env = dict(os.environ)
     if code is not None:
-        env["PYTHONPATH"] = os.path.abspath(code)
+        env["PYTHONPATH"] = code = os.path.abspath(code)
+    cmd = [sys.executable, *args]
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=code)
+
+
+def timed_package(code: str | None) -> str:
+    """The folder of the attnbench that ``code``'s tries import."""
+    probe = "import attnbench, os; print(os.path.dirname(attnbench.__file__))"
+    return _python(code, "-c", probe).stdout.strip()
+
+
+def one_try(run_dir: str, code: str | None) -> tuple[float, float]:
+    """(wall s, CPU s) of one `attnbench report` of ``run_dir`` with ``code``'s attnbench."""
     with tempfile.TemporaryDirectory() as out:
         cpu, start = _children_cpu_s(), time.perf_counter()
-        cmd = [sys.executable, "-m", "attnbench", "report", run_dir, "--reports-dir", out]
-        subprocess.run(cmd, check=True, capture_output=True, env=env)
+        _python(code, "-m", "attnbench", "report", os.path.abspath(run_dir), "--reports-dir", out)
         return time.perf_counter() - start, _children_cpu_s() - cpu
 
 
@@ -53,6 +64,8 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     codes = args.code or [None]
     walls: dict = {code: [] for code in codes}
+    for code in codes:
+        print(f"{code or 'installed'}: times {timed_package(code)}")
     for i in range(args.repeat):
         for code in codes:
             before = os.getloadavg()[0]
